@@ -1,0 +1,1 @@
+"""The ``slotfile`` command line (installed as the package ``slotfile.cli``)."""

@@ -1,0 +1,3 @@
+from slotfile.cli.app import main
+
+main()

@@ -1,0 +1,55 @@
+"""Shared pieces of the commands: opening files, loading the model, consoles."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+from slotfile.exitcodes import OK, OPERATIONAL, PROBLEMS
+from slotfile.model import ModelError, ModelInfo, escape_text, load_model_info
+from slotfile.reader import SlotFile, open_slot_file
+
+# stdout carries results; everything else (logs, operational errors) goes to stderr
+out = Console(highlight=False, markup=False, soft_wrap=False)
+err = Console(stderr=True, highlight=False, markup=False)
+
+
+def fail(message: str) -> None:
+    err.print(f"slotfile: {escape_text(message)}")
+
+
+def open_or_report(path: Path) -> SlotFile | None:
+    """Open a file; an unreadable path is reported on stderr and gives None."""
+    try:
+        if path.is_dir():
+            fail(f"{path}: is a directory")
+            return None
+        return open_slot_file(path)
+    except OSError as e:
+        fail(f"{path}: {e.strerror or e}")
+        return None
+
+
+def load_model_or_report(path: Path | None) -> tuple[ModelInfo | None, bool]:
+    """(model, ok): ok is False when a model was asked for and could not be read."""
+    if path is None:
+        return None, True
+    try:
+        return load_model_info(path), True
+    except ModelError as e:
+        fail(str(e))
+        return None, False
+
+
+def exit_code(files: list[SlotFile | None]) -> int:
+    if any(f is None for f in files):
+        return OPERATIONAL
+    if any(f.errors for f in files if f is not None):
+        return PROBLEMS
+    return OK
+
+
+def stdout_is_tty() -> bool:
+    return sys.stdout.isatty()

@@ -1,0 +1,52 @@
+"""``slotfile dump``: every field with its byte offset (gguf_dump style)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, Iterator
+
+from slotfile.exitcodes import OPERATIONAL
+from slotfile.model import escape_text
+from slotfile.report import to_json
+
+from .common import exit_code, load_model_or_report, open_or_report
+
+
+def run_dump(path: Path, as_json: bool, with_tokens: bool, model_path: Path | None) -> int:
+    model, ok = load_model_or_report(model_path)
+    if not ok:
+        return OPERATIONAL
+    sf = open_or_report(path)
+    if sf is None:
+        return OPERATIONAL
+    text = model.detokenize(sf.tokens.tokens) if model is not None and sf.tokens is not None else None
+    doc = to_json(sf, with_tokens=with_tokens, text=text)
+    if as_json:
+        json.dump(doc, sys.stdout, indent=1, ensure_ascii=True)
+        sys.stdout.write("\n")
+    else:
+        for offset, name, value in _fields(doc):
+            sys.stdout.write(f"{offset:>12}  {name:<64} {escape_text(str(value), 200)}\n")
+    return exit_code([sf])
+
+
+def _fields(node: Any, name: str = "") -> Iterator[tuple[int, str, Any]]:
+    """Flatten the JSON form to (offset, dotted name, value) lines, in file order per section."""
+    if isinstance(node, dict):
+        if set(node) == {"offset", "value"}:
+            yield node["offset"], name, node["value"]
+            return
+        if "offset" in node and name:
+            desc = ", ".join(f"{k}={node[k]}" for k in ("size", "length", "type", "row_size", "role", "layout")
+                             if k in node and not isinstance(node[k], (dict, list)))
+            yield node["offset"], name, desc
+        for k, v in node.items():
+            if k in ("offset", "sections") or (not name and k in ("file", "schema")):
+                continue
+            if isinstance(v, (dict, list)):
+                yield from _fields(v, f"{name}.{k}" if name else k)
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from _fields(v, f"{name}[{i}]")

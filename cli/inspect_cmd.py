@@ -1,0 +1,188 @@
+"""``slotfile inspect``: what a person needs to see at a glance."""
+
+from __future__ import annotations
+
+from itertools import groupby
+from pathlib import Path
+
+from rich.table import Table
+from rich.text import Text
+
+from slotfile.exitcodes import OPERATIONAL
+from slotfile.model import ModelInfo, escape_text
+from slotfile.reader import GGSN_VERSIONS, GGSQ_VERSIONS, MemoryBlock, SlotFile
+from slotfile.report import flash_attn_of
+
+from .common import exit_code, load_model_or_report, open_or_report, out
+
+PREVIEW_CHARS = 160
+
+
+def run_inspect(files: list[Path], model_path: Path | None, layers: bool) -> int:
+    model, ok = load_model_or_report(model_path)
+    if not ok:
+        return OPERATIONAL
+    results: list[SlotFile | None] = []
+    for i, path in enumerate(files):
+        sf = open_or_report(path)
+        results.append(sf)
+        if sf is None:
+            continue
+        if i:
+            out.print()
+        render(sf, model, layers)
+    return exit_code(results)
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return str(n)
+
+
+def _kv(table: Table, key: str, value: str | Text) -> None:
+    table.add_row(Text(key, style="bold"), value if isinstance(value, Text) else Text(value))
+
+
+def render(sf: SlotFile, model: ModelInfo | None, layers: bool) -> None:
+    out.print(Text(escape_text(sf.path), style="bold underline"))
+    summary = Table(show_header=False, box=None, pad_edge=False)
+    summary.add_column(no_wrap=True)
+    summary.add_column()
+    known = GGSQ_VERSIONS if sf.format == "GGSQ" else GGSN_VERSIONS
+    kind = {"GGSQ": "slot file (GGSQ)", "GGSN": "session file (GGSN)"}.get(sf.format, "not a slot file")
+    _kv(summary, "format", f"{kind}, version {sf.version}" if sf.version is not None else kind)
+    if sf.version in known:
+        _kv(summary, "written by", known[sf.version])  # type: ignore[index]
+    _kv(summary, "size", f"{sf.size} bytes ({_size(sf.size)})")
+    if sf.arch is not None:
+        _kv(summary, "architecture", escape_text(sf.arch))
+    _tokens(summary, sf, model)
+    _memory(summary, sf)
+    _appendices(summary, sf)
+    out.print(summary)
+    _sections(sf)
+    if sf.body is not None and sf.body.blocks:
+        _blocks(sf, layers)
+    if sf.checkpoints:
+        _checkpoints(sf)
+    _verdict(sf)
+
+
+def _tokens(t: Table, sf: SlotFile, model: ModelInfo | None) -> None:
+    tp = sf.tokens
+    if tp is None:
+        return
+    form = {"packed": "packed server_tokens v1", "plain": "plain token ids", "empty": "none"}[tp.form]
+    media = f", {len(tp.media)} media chunks" if tp.media else ""
+    _kv(t, "tokens", f"{tp.tokens.size} ({form}, {tp.n_words} words{media})")
+    if model is not None and tp.tokens.size:
+        text = model.detokenize(tp.tokens)
+        _kv(t, "text", Text(escape_text(text, PREVIEW_CHARS), style="italic"))
+
+
+def _memory(t: Table, sf: SlotFile) -> None:
+    body = sf.body
+    if body is None:
+        return
+    if body.layout is None:
+        _kv(t, "memory", Text("unreadable (see problems)", style="red"))
+        return
+    conf = {"unique": "detected from the bytes", "ambiguous": "ambiguous, best guess", "trailing": "best guess, trailing bytes follow", "model": "from the model"}.get(body.confidence, body.confidence)
+    _kv(t, "memory", f"{body.memory_class}: {body.layout.describe()} ({conf})")
+    _kv(t, "body", f"{body.size} bytes at offset {body.offset}")
+    for b in body.blocks:
+        _kv(t, f"  {b.role}", _block_line(b))
+    _kv(t, "flash attention", flash_attn_of(sf) + " (from v_trans)")
+    if sf.n_tokens:
+        _kv(t, "bytes per token", f"{body.size / sf.n_tokens:.0f}")
+
+
+def _block_line(b: MemoryBlock) -> str:
+    pos = b.positions()
+    prange = f", positions {int(pos.min())}..{int(pos.max())}" if pos.size else ""
+    if b.kind == "KV":
+        active = b.active_streams()
+        first = active[0] if active else None
+        n_layer = first.n_layer if first else 0
+        types = ""
+        if first:
+            kt = sorted({r.type_name for r in first.k})
+            vt = sorted({r.type_name for r in first.v})
+            types = f", K {'/'.join(kt)}" + (f", V {'/'.join(vt)}" if vt else ", no V")
+        where = ", ".join(f"stream {s.index}: {s.cell_count} cells" for s in active) or "no cells"
+        return f"{b.n_stream} stream(s); {where}{prange}; {n_layer} layers{types}"
+    rt = sorted({r.type_name for r in b.r})
+    return (f"{b.cell_count} cell(s){prange}; n_layer {b.n_layer}, {len(b.r)} recurrent layers"
+            f" (R {'/'.join(rt)}, {len(b.p)} P rows)")
+
+
+def _appendices(t: Table, sf: SlotFile) -> None:
+    if sf.sckp is not None:
+        state = "" if sf.sckp.complete else ", DAMAGED"
+        _kv(t, "checkpoints", f"SCKP v{sf.sckp.version}: {len(sf.checkpoints)} of {sf.sckp.count}{state}")
+    if sf.draft is not None:
+        d = sf.draft
+        if d.dft is not None:
+            lay = d.dft.body.layout.describe() if d.dft.body and d.dft.body.layout else "unreadable"
+            spec = d.spec.length if d.spec else 0
+            _kv(t, "draft state", f"SDFT v{d.version}: draft {d.dft.length} bytes ({lay}), speculative {spec} bytes")
+        else:
+            _kv(t, "draft state", f"SDFT v{d.version}: DAMAGED")
+
+
+def _sections(sf: SlotFile) -> None:
+    table = Table(title="sections", title_justify="left", show_lines=False)
+    for col, just in (("section", "left"), ("offset", "right"), ("size", "right"), ("content", "left")):
+        table.add_column(col, justify=just)  # type: ignore[arg-type]
+    for s in sf.sections:
+        table.add_row(Text(s.name), str(s.offset), str(s.size), Text(escape_text(s.note)))
+    out.print(table)
+
+
+def _blocks(sf: SlotFile, layers: bool) -> None:
+    table = Table(title="memory layers", title_justify="left")
+    for col, just in (("block", "left"), ("part", "left"), ("layers", "right"), ("type", "left"),
+                      ("row bytes", "right"), ("cells", "right"), ("offset", "right"), ("bytes", "right")):
+        table.add_column(col, justify=just)  # type: ignore[arg-type]
+    for b in sf.body.blocks:  # type: ignore[union-attr]
+        name = b.role
+        runs = b.runs()
+        if layers:
+            groups = [[r] for r in runs]
+        else:  # consecutive layers of one part with the same type and row size fold into one line
+            groups = [list(g) for _, g in groupby(runs, key=lambda r: (r.part, r.type_id, r.row_size))]
+        for grp in groups:
+            r0 = grp[0]
+            idx = f"{r0.index}" if len(grp) == 1 else f"{r0.index}-{grp[-1].index}"
+            part = r0.part + (" (transposed)" if r0.transposed else "")
+            table.add_row(name, part, idx, r0.type_name, str(r0.row_size), str(r0.n_cells), str(r0.offset),
+                          str(sum(r.data.length for r in grp)))
+    out.print(table)
+
+
+def _checkpoints(sf: SlotFile) -> None:
+    table = Table(title="context checkpoints (SCKP)", title_justify="left")
+    for col, just in (("#", "right"), ("n_tokens", "right"), ("positions", "left"), ("target", "right"),
+                      ("draft", "right"), ("spec", "right"), ("target holds", "left"), ("offset", "right")):
+        table.add_column(col, justify=just)  # type: ignore[arg-type]
+    for c in sf.checkpoints:
+        lay = c.tgt.body.layout.describe() if c.tgt.body and c.tgt.body.layout else "unreadable"
+        table.add_row(str(c.index), str(c.n_tokens), f"{c.pos_min}..{c.pos_max}", str(c.tgt.length),
+                      str(c.dft.length), str(c.spec.length), lay, str(c.offset))
+    out.print(table)
+
+
+def _verdict(sf: SlotFile) -> None:
+    style = {"ok": "bold green", "ok with warnings": "bold yellow"}.get(sf.verdict, "bold red")
+    line = Text("verdict: ", style="bold")
+    line.append(sf.verdict, style=style)
+    n = len(sf.problems)
+    if n:
+        line.append(f" ({n} problem{'s' if n > 1 else ''})")
+    out.print(line)
+    for p in sf.problems:
+        mark = "error" if p.severity == "error" else "warning"
+        out.print(Text(f"  {mark}: {escape_text(p.line())}", style="red" if mark == "error" else "yellow"))

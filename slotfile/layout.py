@@ -1,0 +1,366 @@
+"""Which memory blocks make up a body: trial parsing from the bytes alone.
+
+A body is a concatenation of KV and REC blocks with no separators, and which blocks, in
+which order, with which per-cell ext and whether the KV blocks carry V, is a property of the
+model (``llama_model::create_memory``), not of the file.  Without the model we parse every
+candidate and accept only a parse that ends exactly where the body must end: at EOF, at an
+appendix magic, or at the end of a checkpoint blob (slot-format.md §13.1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Iterator
+
+from construct import ConstructError
+
+from .grammar import (
+    MAX_LAYERS,
+    SCKP_MAGIC,
+    SDFT_MAGIC,
+    FormatError,
+    ViewStream,
+    _row_ok,
+    _type_ok,
+    kv_block,
+    rec_block,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class BlockSpec:
+    kind: str  # "KV" or "REC"
+    has_v: bool = True
+    n_rec: int = 0
+    has_p: bool = False
+
+    def describe(self) -> str:
+        if self.kind == "KV":
+            return "KV" if self.has_v else "KV(K-only)"
+        return f"REC({self.n_rec}{'+P' if self.has_p else ''})"
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    blocks: tuple[BlockSpec, ...]
+    ext: int = 0
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        return tuple(b.kind for b in self.blocks)
+
+    @property
+    def memory_class(self) -> str:
+        return MEMORY_CLASS.get(self.kinds, "+".join(self.kinds) or "none")
+
+    def roles(self) -> list[str]:
+        """A name for each block: kv, kv-base, kv-swa, rec, kv-index ..."""
+        names = ROLES.get(self.kinds)
+        if names:
+            return list(names)
+        return [f"{b.kind.lower()}{i}" for i, b in enumerate(self.blocks)]
+
+    def describe(self) -> str:
+        if not self.blocks:
+            return "empty body"
+        ext = f", cell ext {self.ext} B" if self.ext else ""
+        return " + ".join(b.describe() for b in self.blocks) + ext
+
+
+MEMORY_CLASS = {
+    (): "none",
+    ("KV",): "kv-cache",
+    ("KV", "KV"): "iswa",
+    ("REC",): "recurrent",
+    ("KV", "REC"): "hybrid",
+    ("KV", "KV", "REC"): "hybrid-iswa",
+    ("KV", "REC", "KV"): "hybrid-idx",
+    ("KV", "KV", "KV"): "dsa-iswa",
+}
+
+ROLES = {
+    (): (),
+    ("KV",): ("kv",),
+    ("KV", "KV"): ("kv-base", "kv-swa"),
+    ("REC",): ("rec",),
+    ("KV", "REC"): ("kv", "rec"),
+    ("KV", "KV", "REC"): ("kv-base", "kv-swa", "rec"),
+    ("KV", "REC", "KV"): ("kv", "rec", "kv-index"),
+    ("KV", "KV", "KV"): ("kv-mla", "kv-index", "kv-swa"),
+}
+
+# Ordered by likelihood (slot-format.md §13.1 step 4).
+SEQUENCES: tuple[tuple[str, ...], ...] = (
+    ("KV",),
+    ("KV", "REC"),
+    ("KV", "KV"),
+    ("KV", "KV", "REC"),
+    ("KV", "REC", "KV"),
+    ("REC",),
+    ("KV", "KV", "KV"),
+)
+EXT_SIZES = (0, 12, 8)
+# How far past a complete-but-short parse a truncated candidate must reach to win (bytes of
+# more than any block header: garbage after a body fails within a few words).
+TRAILING_MARGIN = 64
+
+# PARTIAL_ONLY keeps (llama_memory_*::state_write with LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY):
+PARTIAL_OF = {
+    "kv-cache": ("KV",),
+    "iswa": ("KV",),  # the SWA half only
+    "recurrent": ("REC",),
+    "hybrid": ("REC",),
+    "hybrid-iswa": ("KV", "REC"),  # SWA KV + REC
+    "hybrid-idx": ("REC",),
+    "dsa-iswa": ("KV",),
+    "none": (),
+}
+
+
+@dataclass(slots=True)
+class Failure:
+    """The deepest point a candidate reached before failing: the most telling error."""
+
+    offset: int
+    message: str
+    code: str
+    loc: str
+    layout: str
+
+
+@dataclass(slots=True)
+class Detection:
+    layout: Layout | None
+    blocks: list[Any]
+    end: int
+    confidence: str  # "model", "unique", "ambiguous", "trailing", "none"
+    alternatives: list[Layout] = field(default_factory=list)
+    failure: Failure | None = None
+
+
+class _Deepest:
+    """Search state: the deepest failure so far, and a memo of block parses by offset."""
+
+    def __init__(self) -> None:
+        self.best: Failure | None = None
+        self.memo: dict[tuple[Any, ...], Any] = {}
+
+    def note(self, exc: Exception, stream: ViewStream, layout: str) -> None:
+        f = failure_of(exc, stream, layout)
+        if self.best is None or f.offset > self.best.offset:
+            self.best = f
+
+
+def failure_of(exc: Exception, stream: ViewStream, layout: str = "") -> Failure:
+    """Turn a grammar exception into (offset, message, code, location)."""
+    loc = ".".join(stream.loc)
+    if isinstance(exc, FormatError):
+        return Failure(exc.offset, exc.message, exc.code, exc.loc or loc, layout)
+    if stream.short is not None:
+        off, want, have = stream.short
+        return Failure(off, f"needs {want} bytes, {have} remain", "truncated", loc, layout)
+    return Failure(stream.tell(), str(exc).split("\n")[0], "invalid", loc, layout)
+
+
+def _parse_kv(view: Any, off: int, end: int, ext: int, whole: bool, has_v: bool, deep: _Deepest, label: str) -> Any | None:
+    key = ("KV", off, end, ext, has_v)
+    if key in deep.memo:
+        return deep.memo[key]
+    s = ViewStream(view, off, end)
+    try:
+        blk = kv_block(has_v).parse_stream(s, ext=ext, whole=whole)
+    except (ConstructError, ValueError, OverflowError) as e:
+        deep.note(e, s, label)
+        blk = None
+    deep.memo[key] = blk
+    return blk
+
+
+def _rec_entry_counts(view: Any, off: int, end: int, whole: bool) -> tuple[int, int, list[tuple[int, int]]]:
+    """Scan a REC block greedily: (cell_count, n_layer, [(type, row_size), ...])."""
+    import struct
+
+    def u32(p: int) -> int | None:
+        return struct.unpack_from("<I", view, p)[0] if p + 4 <= end else None
+
+    cells = u32(off)
+    if cells is None:
+        return 0, 0, []
+    p = off + 4
+    for _ in range(cells):
+        if p + 8 > end:
+            return cells, 0, []
+        nseq = struct.unpack_from("<I", view, p + 4)[0]
+        p += 8 + (4 * nseq if whole else 0)
+    p += 4  # s_trans
+    n_layer = u32(p)
+    if n_layer is None or n_layer > MAX_LAYERS:
+        return cells, 0, []
+    p += 4
+    entries: list[tuple[int, int]] = []
+    while p + 12 <= end and len(entries) < 2 * n_layer:
+        t, row = struct.unpack_from("<iQ", view, p)
+        if not (_type_ok(t) and _row_ok(t, row)) or p + 12 + cells * row > end:
+            break
+        entries.append((t, row))
+        p += 12 + cells * row
+    return cells, n_layer, entries
+
+
+def _rec_candidates(view: Any, off: int, end: int, whole: bool) -> Iterator[tuple[int, bool]]:
+    """Plausible (n_rec, has_p) for the REC block at ``off``, most complete first."""
+    _, n_layer, entries = _rec_entry_counts(view, off, end, whole)
+    for k in range(min(len(entries) // 2, n_layer), 0, -1):
+        r, s = entries[:k], entries[k : 2 * k]
+        if len(set(r)) == 1 and len(set(s)) == 1:
+            yield k, False
+    for k in range(min(n_layer, MAX_LAYERS), 0, -1):  # PLE conv rows after each R
+        yield k, True
+
+
+def _parse_rec(view: Any, off: int, end: int, whole: bool, n_rec: int, has_p: bool, deep: _Deepest, label: str) -> Any | None:
+    key = ("REC", off, end, n_rec, has_p)
+    if key in deep.memo:
+        return deep.memo[key]
+    s = ViewStream(view, off, end)
+    try:
+        blk = rec_block(n_rec, has_p).parse_stream(s, whole=whole)
+    except (ConstructError, ValueError, OverflowError) as e:
+        deep.note(e, s, label)
+        blk = None
+    deep.memo[key] = blk
+    return blk
+
+
+def _walk(
+    view: Any,
+    off: int,
+    end: int,
+    kinds: tuple[str, ...],
+    has_v: tuple[bool, ...],
+    ext: int,
+    whole: bool,
+    deep: _Deepest,
+    specs: tuple[BlockSpec, ...] = (),
+    parsed: tuple[Any, ...] = (),
+) -> Iterator[tuple[tuple[BlockSpec, ...], tuple[Any, ...], int]]:
+    """Every complete parse of ``kinds`` starting at ``off``: (specs, blocks, end offset)."""
+    if not kinds:
+        yield specs, parsed, off
+        return
+    label = Layout(specs + (BlockSpec(kinds[0]),), ext).describe()
+    if kinds[0] == "KV":
+        blk = _parse_kv(view, off, end, ext, whole, has_v[0], deep, label)
+        if blk is not None:
+            yield from _walk(view, blk.end, end, kinds[1:], has_v[1:], ext, whole, deep,
+                             specs + (BlockSpec("KV", has_v[0]),), parsed + (blk,))
+        return
+    tried_p = 0
+    for n_rec, has_p in _rec_candidates(view, off, end, whole):
+        if has_p:
+            tried_p += 1
+            if tried_p > 64:
+                break
+        blk = _parse_rec(view, off, end, whole, n_rec, has_p, deep, label)
+        if blk is not None:
+            yield from _walk(view, blk.end, end, kinds[1:], has_v[1:], ext, whole, deep,
+                             specs + (BlockSpec("REC", True, n_rec, has_p),), parsed + (blk,))
+            if not has_p:
+                return  # the fullest plain split that parses wins; P rows only when none does
+
+
+def _has_v_options(kinds: tuple[str, ...]) -> list[tuple[bool, ...]]:
+    n = len(kinds)
+    opts = [tuple(True for _ in kinds), tuple(False for _ in kinds)]
+    if kinds.count("KV") >= 2:  # an indexer or MLA part next to a cache with V
+        opts.append(tuple(k != "KV" or i < n - 1 for i, k in enumerate(kinds)))
+        opts.append(tuple(k == "KV" and i == n - 1 for i, k in enumerate(kinds)))
+    if "KV" not in kinds:
+        opts = opts[:1]
+    seen: list[tuple[bool, ...]] = []
+    for o in opts:
+        if o not in seen:
+            seen.append(o)
+    return seen
+
+
+def appendix_at(view: Any, off: int, end: int) -> bool:
+    return off + 4 <= end and bytes(view[off : off + 4]) in (SCKP_MAGIC, SDFT_MAGIC)
+
+
+def detect(
+    view: Any,
+    start: int,
+    end: int,
+    *,
+    whole: bool = False,
+    exact: bool = False,
+    sequences: Iterable[tuple[str, ...]] = SEQUENCES,
+    ext_sizes: Iterable[int] = EXT_SIZES,
+    fixed: Layout | None = None,
+) -> Detection:
+    """Find the layout of the body in ``view[start:end]``.
+
+    ``exact``: the body must end exactly at ``end`` (a blob).  Otherwise it may also end at an
+    SCKP/SDFT magic; as a last resort the fullest parse is taken and the rest is trailing bytes.
+    ``fixed``: the layout is known (from the model); parse only that.
+    """
+    deep = _Deepest()
+    if start == end or (not exact and appendix_at(view, start, end)):
+        return Detection(Layout(()), [], start, "unique")
+
+    def ends_well(e: int) -> bool:
+        return e == end or (not exact and appendix_at(view, e, end))
+
+    accepted: list[tuple[Layout, tuple[Any, ...], int]] = []
+    partial: list[tuple[Layout, tuple[Any, ...], int]] = []
+    if fixed is not None:
+        plans = [(fixed.kinds, tuple(b.has_v for b in fixed.blocks), fixed.ext)]
+    else:
+        plans = [(k, hv, ext) for k in sequences for ext in ext_sizes for hv in _has_v_options(k)]
+    for kinds, hv, ext in plans:
+        if ext and "KV" not in kinds:
+            continue
+        for specs, blocks, e in _walk(view, start, end, kinds, hv, ext, whole, deep):
+            lay = Layout(specs, ext)
+            if fixed is not None and not _same_rec(fixed, lay):
+                continue
+            (accepted if ends_well(e) else partial).append((lay, blocks, e))
+    if accepted:
+        accepted = _distinct(accepted)
+        lay, blocks, e = accepted[0]
+        conf = "model" if fixed is not None else ("unique" if len(accepted) == 1 else "ambiguous")
+        return Detection(lay, list(blocks), e, conf, [a[0] for a in accepted[1:]], deep.best)
+    if partial and not exact:
+        partial.sort(key=lambda a: -a[2])  # the fullest parse; the rest is trailing bytes
+        lay, blocks, e = partial[0]
+        # A candidate that parsed well past this end before running out of bytes explains the
+        # file better: the body was cut, and a shorter layout only fits by accident.
+        cut = deep.best is not None and deep.best.code == "truncated" and deep.best.offset > e + TRAILING_MARGIN
+        if not cut:
+            return Detection(lay, list(blocks), e, "trailing", [a[0] for a in partial[1:4]], deep.best)
+    if partial and deep.best is not None and exact:
+        lay, _, e = max(partial, key=lambda a: a[2])
+        if e > deep.best.offset:
+            deep.best = Failure(e, f"body ends at {e}, {end - e} bytes before the end of the blob", "trailing-bytes", "", lay.describe())
+    return Detection(None, [], start, "none", [], deep.best)
+
+
+def _same_rec(fixed: Layout, got: Layout) -> bool:
+    for a, b in zip(fixed.blocks, got.blocks):
+        if a.kind == "REC" and a.n_rec and (a.n_rec, a.has_p) != (b.n_rec, b.has_p):
+            return False
+    return True
+
+
+def _distinct(found: list[tuple[Layout, tuple[Any, ...], int]]) -> list[tuple[Layout, tuple[Any, ...], int]]:
+    """Drop readings that split the bytes identically (e.g. an empty KV block reads the same
+    with or without V, with any ext): they are not a real ambiguity."""
+    seen: set[tuple[Any, ...]] = set()
+    out = []
+    for lay, blocks, e in found:
+        key = (lay.kinds, tuple(b.end for b in blocks), tuple((b.n_rec, b.has_p) for b in lay.blocks))
+        if key not in seen:
+            seen.add(key)
+            out.append((lay, blocks, e))
+    return out

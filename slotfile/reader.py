@@ -1,0 +1,713 @@
+"""Read a slot or session file into friendly, lazy objects (one place for meaning).
+
+``open_slot_file(path)`` maps the file read-only and never copies bulk data: every K/V/R/S
+run, every blob and every token array is a zero-copy numpy view over the mmap.  Parsing never
+raises on bad input: every problem becomes a :class:`Problem` naming the section and the
+byte offset, and everything that could be read before and after it is still described.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from construct import ConstructError
+
+from . import grammar as g
+from .ggml_types import TYPES, type_name
+from .layout import PARTIAL_OF, SEQUENCES, Detection, Layout, appendix_at, detect, failure_of
+
+# Which llama.cpp line writes and loads each state version (slot-format.md §12).
+GGSQ_VERSIONS = {
+    2: "llama.cpp builds of 2025 (before the cell ext and the io_magic blob prefix)",
+    3: "llama.cpp of 2026 up to about October (llama-cpp-python 0.3.36 vendors this)",
+    4: "llama.cpp from about October 2026 (adds K/V rotation metadata; layout not yet public)",
+}
+GGSN_VERSIONS = {
+    9: "llama.cpp builds of 2025 (session body with output ids, logits, embeddings)",
+    10: "llama.cpp of 2026 up to about October (llama-cpp-python 0.3.36)",
+    11: "llama.cpp v0.6.0 and later (layout not yet public)",
+}
+
+
+@dataclass(slots=True)
+class Problem:
+    severity: str  # "error" or "warning"
+    code: str
+    section: str
+    offset: int
+    message: str
+
+    def line(self) -> str:
+        return f"{self.section} at offset {self.offset}: {self.message}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"severity": self.severity, "code": self.code, "section": self.section,
+                "offset": self.offset, "message": self.message}
+
+
+@dataclass(slots=True)
+class Section:
+    name: str
+    offset: int
+    size: int
+    note: str = ""
+
+
+@dataclass(slots=True)
+class LayerRun:
+    """One layer's rows of one tensor (K, V, R, P or S) in one stream."""
+
+    part: str
+    index: int
+    offset: int  # where the entry's header starts
+    type_id: int
+    row_size: int  # bytes per cell (for transposed V: n_embd * el_size)
+    n_cells: int
+    data: g.Run
+    transposed: bool = False
+    n_embd: int | None = None
+
+    @property
+    def type_name(self) -> str:
+        return type_name(self.type_id)
+
+    @property
+    def elements(self) -> int | None:
+        if self.n_embd is not None:
+            return self.n_embd
+        t = TYPES.get(self.type_id)
+        return t.row_elements(self.row_size) if t else None
+
+    def array(self) -> np.ndarray:
+        """Zero-copy view: (cells, elements) for f32/f16/bf16-as-u16, (elements, cells) when
+        transposed, raw (cells, row bytes) uint8 for quantized types."""
+        dt = {0: "<f4", 1: "<f2", 30: "<u2"}.get(self.type_id)
+        if dt is None or self.elements is None:
+            return self.data.array(np.uint8).reshape(self.n_cells, -1) if self.n_cells else self.data.array(np.uint8)
+        arr = self.data.array(dt)
+        if self.transposed:
+            return arr.reshape(self.elements, self.n_cells)
+        return arr.reshape(self.n_cells, self.elements)
+
+
+@dataclass(slots=True)
+class KVStream:
+    index: int
+    offset: int
+    cell_count: int
+    cells: g.CellTable | None = None
+    v_trans: int | None = None
+    n_layer: int = 0
+    k: list[LayerRun] = field(default_factory=list)
+    v: list[LayerRun] = field(default_factory=list)
+
+    @property
+    def positions(self) -> np.ndarray:
+        return self.cells.cells["pos"] if self.cells is not None else np.empty(0, np.int32)
+
+
+@dataclass(slots=True)
+class MemoryBlock:
+    role: str
+    kind: str  # "KV" or "REC"
+    offset: int
+    end: int
+    has_v: bool = True
+    n_stream: int = 0
+    streams: list[KVStream] = field(default_factory=list)
+    # REC only
+    cell_count: int = 0
+    cells: g.CellTable | None = None
+    n_layer: int = 0
+    r: list[LayerRun] = field(default_factory=list)
+    p: list[LayerRun] = field(default_factory=list)
+    s: list[LayerRun] = field(default_factory=list)
+    raw: Any = None  # the construct Container, for building
+
+    @property
+    def size(self) -> int:
+        return self.end - self.offset
+
+    def active_streams(self) -> list[KVStream]:
+        return [s for s in self.streams if s.cell_count]
+
+    def runs(self) -> list[LayerRun]:
+        out: list[LayerRun] = []
+        for s in self.streams:
+            out += s.k + s.v
+        return out + self.r + self.p + self.s
+
+    def n_cells(self) -> int:
+        if self.kind == "REC":
+            return self.cell_count
+        return sum(s.cell_count for s in self.streams)
+
+    def positions(self) -> np.ndarray:
+        if self.kind == "REC":
+            return self.cells.cells["pos"] if self.cells is not None else np.empty(0, np.int32)
+        parts = [s.positions for s in self.streams if s.cell_count]
+        return np.concatenate(parts) if parts else np.empty(0, np.int32)
+
+
+@dataclass(slots=True)
+class Body:
+    offset: int
+    end: int
+    layout: Layout | None
+    confidence: str
+    blocks: list[MemoryBlock] = field(default_factory=list)
+    alternatives: list[Layout] = field(default_factory=list)
+
+    @property
+    def size(self) -> int:
+        return self.end - self.offset
+
+    @property
+    def memory_class(self) -> str:
+        return self.layout.memory_class if self.layout else "unknown"
+
+
+@dataclass(slots=True)
+class BlobInfo:
+    name: str
+    offset: int  # of the u64 length field
+    length: int
+    data: g.Run
+    seq_id: int | None = None
+    body: Body | None = None
+
+    @property
+    def data_offset(self) -> int:
+        return self.offset + 8
+
+
+@dataclass(slots=True)
+class Checkpoint:
+    index: int
+    offset: int
+    end: int
+    n_tokens: int
+    pos_min: int
+    pos_max: int
+    tgt: BlobInfo
+    dft: BlobInfo
+    spec: BlobInfo
+
+
+@dataclass(slots=True)
+class Appendix:
+    name: str  # "SCKP" or "SDFT"
+    offset: int
+    end: int
+    version: int
+    count: int = 0  # SCKP
+    complete: bool = True
+    dft: BlobInfo | None = None  # SDFT
+    spec: BlobInfo | None = None
+
+
+@dataclass(slots=True)
+class TokenPayload:
+    form: str  # "packed", "plain" or "empty"
+    offset: int
+    n_words: int
+    tokens: np.ndarray
+    version: int | None = None
+    media: list[dict[str, Any]] = field(default_factory=list)
+    padding: int = 0
+    raw: Any = None
+
+    @property
+    def size(self) -> int:
+        return 4 * self.n_words
+
+
+@dataclass(slots=True)
+class SlotFile:
+    path: str
+    size: int
+    format: str  # "GGSQ", "GGSN" or "unknown"
+    version: int | None = None
+    n_token_count: int | None = None
+    tokens: TokenPayload | None = None
+    arch: str | None = None
+    body: Body | None = None
+    sckp: Appendix | None = None
+    checkpoints: list[Checkpoint] = field(default_factory=list)
+    draft: Appendix | None = None
+    trailing: tuple[int, int] | None = None
+    sections: list[Section] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)
+    buffer: Any = None
+
+    @property
+    def errors(self) -> list[Problem]:
+        return [p for p in self.problems if p.severity == "error"]
+
+    @property
+    def verdict(self) -> str:
+        if self.errors:
+            return "damaged"
+        if self.problems:
+            return "ok with warnings"
+        return "ok"
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.tokens.tokens.size) if self.tokens is not None else 0
+
+    def problem(self, severity: str, code: str, section: str, offset: int, message: str) -> None:
+        self.problems.append(Problem(severity, code, section, offset, message))
+
+
+# ---------------------------------------------------------------------------------------
+
+
+def open_slot_file(path: str | os.PathLike[str]) -> SlotFile:
+    """Map ``path`` read-only and parse it.  Raises OSError only for an unreadable path."""
+    p = Path(path)
+    with open(p, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        buf: Any = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+    return parse_buffer(buf, str(p))
+
+
+def parse_buffer(buf: Any, path: str = "<buffer>") -> SlotFile:
+    """Parse a whole file held in ``buf`` (bytes, mmap or anything with the buffer protocol)."""
+    view = memoryview(buf).cast("B") if not isinstance(buf, memoryview) else buf
+    sf = SlotFile(path=path, size=len(view), format="unknown", buffer=buf)
+    try:
+        _parse_file(sf, view)
+    except (ConstructError, ValueError, OverflowError, IndexError) as e:  # a reader bug, never a crash
+        sf.problem("error", "internal", "file", 0, f"reader error: {type(e).__name__}: {e}")
+    return sf
+
+
+def _parse_file(sf: SlotFile, view: memoryview) -> None:
+    size = len(view)
+    if size < 12:
+        magic = bytes(view[:4])
+        sf.problem("error", "truncated", "header", size, f"file of {size} bytes: a header needs 12")
+        if magic in (b"qsgg", b"nsgg"):
+            sf.format = "GGSQ" if magic == b"qsgg" else "GGSN"
+        return
+    hdr = g.FileHeader.parse(bytes(view[:12]))
+    sf.version, sf.n_token_count = hdr.version, hdr.n_token_count
+    sf.sections.append(Section("header", 0, 12))
+    if hdr.magic == g.GGSQ_MAGIC:
+        sf.format = "GGSQ"
+        known = GGSQ_VERSIONS
+    elif hdr.magic == g.GGSN_MAGIC:
+        sf.format = "GGSN"
+        known = GGSN_VERSIONS
+    else:
+        sf.problem("error", "bad-magic", "header", 0,
+                   f"magic 0x{hdr.magic:08x} is neither GGSQ (slot file) nor GGSN (session file)")
+        return
+    if hdr.version not in known:
+        sf.problem("error", "bad-version", "header", 4,
+                   f"{sf.format} version {hdr.version} is unknown (known: {', '.join(map(str, known))})")
+        return
+    n = hdr.n_token_count
+    if n > (size - 12) // 4:  # the same check as llama_context::state_seq_load_file
+        sf.problem("error", "truncated", "tokens", 12,
+                   f"header declares {n} token words ({4 * n} bytes), {size - 12} bytes remain")
+        return
+    body_start = 12 + 4 * n
+    _parse_tokens(sf, view, n, packed_allowed=sf.format == "GGSQ")
+    if sf.format == "GGSN":
+        body_start = _parse_session_prefix(sf, view, body_start)
+        if body_start is None:
+            return
+    _parse_body(sf, view, body_start)
+    if sf.body is None or sf.body.layout is None:
+        return
+    end = sf.body.end
+    if sf.format == "GGSN":
+        if end != size:  # llama_context::state_load_file demands exact consumption
+            sf.trailing = (end, size - end)
+            sf.sections.append(Section("trailing", end, size - end))
+            sf.problem("error", "trailing-bytes", "trailing", end,
+                       f"{size - end} bytes after the session state (the loader refuses them)")
+        return
+    _parse_appendices(sf, view, end)
+    _check_semantics(sf)
+
+
+def _parse_tokens(sf: SlotFile, view: memoryview, n: int, packed_allowed: bool) -> None:
+    start, end = 12, 12 + 4 * n
+    sf.sections.append(Section("tokens", start, 4 * n))
+    words = np.frombuffer(view, dtype="<i4", count=n, offset=start)
+    if n == 0:
+        sf.tokens = TokenPayload("empty", start, 0, words)
+        return
+    if not packed_allowed or int(words[0]) != g.PACKED_MARKER:
+        sf.tokens = TokenPayload("plain", start, n, words)
+        return
+    s = g.ViewStream(view, start, end)
+    try:
+        c = g.PackedTokens.parse_stream(s)
+    except ConstructError as e:
+        f = failure_of(e, s)
+        where = f" ({f.loc})" if f.loc else ""
+        sf.problem("error", f.code, "tokens", f.offset, f"packed server_tokens payload{where}: {f.message}")
+        sf.tokens = TokenPayload("packed", start, n, np.empty(0, np.int32), version=int(words[1]) if n > 1 else None)
+        return
+    media = [
+        {"key": int(k), "offset": m["offset"], "length": m["length"],
+         "type": int(m["chunk"].type), "n_text": int(m["chunk"].n_text)}
+        for k, m in zip(c.media_keys, c.media)
+    ]
+    sf.tokens = TokenPayload("packed", start, n, c.tokens, c.version, media, c.padding.length, raw=c)
+
+
+def _parse_session_prefix(sf: SlotFile, view: memoryview, off: int) -> int | None:
+    s = g.ViewStream(view, off, len(view))
+    try:
+        a = g.ArchString.parse_stream(s)
+    except ConstructError as e:
+        f = failure_of(e, s)
+        sf.problem("error", f.code, "arch", f.offset, f"architecture name: {f.message}")
+        return None
+    sf.arch = bytes(a.data.view).decode("utf-8", "replace")
+    sf.sections.append(Section("arch", off, s.tell() - off, sf.arch))
+    if sf.version == 9:
+        start = s.tell()
+        try:
+            g.GgsnV9Extra.parse_stream(s)
+        except ConstructError as e:
+            f = failure_of(e, s)
+            sf.problem("error", f.code, "outputs", f.offset, f"v9 outputs/logits/embeddings: {f.message}")
+            return None
+        sf.sections.append(Section("outputs", start, s.tell() - start, "v9 output ids, logits, embeddings"))
+    return s.tell()
+
+
+def _parse_body(sf: SlotFile, view: memoryview, start: int) -> None:
+    whole = sf.format == "GGSN"
+    end = len(view)
+    if not whole and start + 4 <= end and int.from_bytes(view[start : start + 4], "little") == g.DSV4_MAGIC:
+        sf.problem("error", "unsupported-layout", "body", start, "DeepSeek-V4 (DSV4) state frame: not supported yet")
+        sf.body = Body(start, end, None, "none")
+        return
+    det = detect(view, start, end, whole=whole, exact=whole)
+    sf.body = _body_from(det, start)
+    if det.layout is None:
+        f = det.failure
+        if f is None:
+            sf.problem("error", "unknown-layout", "body", start, "no known block layout parses this body")
+        else:
+            where = f"{f.layout}, {f.loc}" if f.loc else f.layout
+            sev = "truncated" if f.code == "truncated" else f.code
+            msg = f"{'truncated' if f.code == 'truncated' else 'damaged'} inside the body ({where}): {f.message}"
+            sf.problem("error", sev, "body", f.offset, msg)
+        sf.sections.append(Section("body", start, end - start, "unreadable"))
+        return
+    sf.sections.append(Section("body", start, det.end - start, det.layout.describe()))
+    for b in sf.body.blocks:
+        sf.sections.append(Section(f"body.{b.role}", b.offset, b.size, b.kind))
+    if det.confidence == "ambiguous":
+        alts = "; ".join(a.describe() for a in det.alternatives)
+        sf.problem("warning", "ambiguous-layout", "body", start,
+                   f"the bytes also parse as {alts}; chose {det.layout.describe()} (give --model to decide)")
+
+
+def _body_from(det: Detection, start: int) -> Body:
+    body = Body(start, det.end, det.layout, det.confidence, alternatives=det.alternatives)
+    if det.layout is None:
+        return body
+    for role, spec, raw in zip(det.layout.roles(), det.layout.blocks, det.blocks):
+        body.blocks.append(_kv_from(role, raw, spec.has_v) if spec.kind == "KV" else _rec_from(role, raw))
+    return body
+
+
+def _kv_from(role: str, c: Any, has_v: bool) -> MemoryBlock:
+    blk = MemoryBlock(role, "KV", c.offset, c.end, has_v=has_v, n_stream=c.n_stream, raw=c)
+    for i, sc in enumerate(c.streams):
+        st = KVStream(i, sc.offset, sc.cell_count)
+        d = sc.data
+        if d is not None:
+            st.cells, st.v_trans, st.n_layer = d.meta, d.v_trans, d.n_layer
+            st.k = [LayerRun("K", j, L.offset, L.type, L.row_size, sc.cell_count, L.data) for j, L in enumerate(d.k)]
+            for j, L in enumerate(d.v):
+                if d.v_trans:
+                    st.v.append(LayerRun("V", j, L.offset, L.type, L.n_embd * L.el_size, sc.cell_count, L.data,
+                                         transposed=True, n_embd=L.n_embd))
+                else:
+                    st.v.append(LayerRun("V", j, L.offset, L.type, L.row_size, sc.cell_count, L.data))
+        blk.streams.append(st)
+    return blk
+
+
+def _rec_from(role: str, c: Any) -> MemoryBlock:
+    blk = MemoryBlock(role, "REC", c.offset, c.end, cell_count=c.cell_count, cells=c.meta, n_layer=c.n_layer, raw=c)
+    for j, e in enumerate(c.r):
+        if "r" in e:  # an R entry followed by its PLE conv rows
+            blk.r.append(LayerRun("R", j, e.r.offset, e.r.type, e.r.row_size, c.cell_count, e.r.data))
+            blk.p.append(LayerRun("P", j, e.p.offset, e.r.type, e.p.row_size, c.cell_count, e.p.data))
+        else:
+            blk.r.append(LayerRun("R", j, e.offset, e.type, e.row_size, c.cell_count, e.data))
+    blk.s = [LayerRun("S", j, e.offset, e.type, e.row_size, c.cell_count, e.data) for j, e in enumerate(c.s)]
+    return blk
+
+
+# ---------------------------------------------------------------------------------------
+# appendices
+# ---------------------------------------------------------------------------------------
+
+
+def _parse_appendices(sf: SlotFile, view: memoryview, off: int) -> None:
+    end = len(view)
+    while off < end:
+        magic = bytes(view[off : off + 4])
+        if magic == g.SCKP_MAGIC and sf.sckp is None and sf.draft is None:
+            off = _parse_sckp(sf, view, off)
+        elif magic == g.SDFT_MAGIC and sf.draft is None:
+            off = _parse_sdft(sf, view, off)
+        else:
+            break
+        if off is None:
+            return
+    if off < end:
+        sf.trailing = (off, end - off)
+        sf.sections.append(Section("trailing", off, end - off))
+        magic = bytes(view[off : off + 4])
+        what = {g.SCKP_MAGIC: "a second or misplaced SCKP appendix", g.SDFT_MAGIC: "a second SDFT appendix"}.get(
+            magic, "unexplained bytes")
+        sf.problem("warning" if sf.checkpoints or sf.draft or sf.sckp else "warning", "trailing-bytes", "trailing", off,
+                   f"{end - off} bytes after the last section ({what}); the loader ignores them")
+
+
+def _blob(name: str, c: Any) -> BlobInfo:
+    return BlobInfo(name, c.offset, c.length, c.data)
+
+
+def _parse_sckp(sf: SlotFile, view: memoryview, off: int) -> int | None:
+    end = len(view)
+    s = g.ViewStream(view, off, end)
+    try:
+        h = g.SckpHeader.parse_stream(s)
+    except ConstructError as e:
+        f = failure_of(e, s)
+        sf.sckp = Appendix("SCKP", off, end, 0, complete=False)
+        sf.sections.append(Section("sckp", off, end - off, "damaged"))
+        sf.problem("error", f.code, "sckp", f.offset, f"SCKP header: {f.message}")
+        return None
+    app = Appendix("SCKP", off, end, h.version, h.count)
+    sf.sckp = app
+    if h.version != 1:
+        sf.sections.append(Section("sckp", off, end - off, f"version {h.version}"))
+        sf.problem("error", "bad-version", "sckp", off + 4,
+                   f"SCKP version {h.version} (only 1 is known; the server ignores the appendix)")
+        app.complete = False
+        return None
+    if h.count > g.MAX_CHECKPOINTS:
+        sf.sections.append(Section("sckp", off, end - off, "count over cap"))
+        sf.problem("error", "over-cap", "sckp", off + 8,
+                   f"checkpoint count {h.count} over the cap {g.MAX_CHECKPOINTS} (the server drops the appendix)")
+        app.complete = False
+        return None
+    for i in range(h.count):
+        start = s.tell()
+        s.loc = [f"checkpoint[{i}]"]
+        try:
+            c = g.CheckpointEntry.parse_stream(s)
+        except ConstructError as e:
+            f = failure_of(e, s)
+            app.complete, app.end = False, end
+            sf.sections.append(Section("sckp", off, end - off, f"{i} of {h.count} checkpoints complete"))
+            sf.problem("error", f.code, f"sckp.{f.loc or f'checkpoint[{i}]'}", f.offset,
+                       f"checkpoint {i} of {h.count}: {f.message} (the server drops the whole appendix)")
+            return None
+        ck = Checkpoint(i, start, c.end, c.n_tokens, c.pos_min, c.pos_max,
+                        _blob("data_tgt", c.tgt), _blob("data_dft", c.dft), _blob("data_spec", c.spec))
+        sf.checkpoints.append(ck)
+    app.end = s.tell()
+    sf.sections.append(Section("sckp", off, app.end - off, f"{h.count} checkpoints"))
+    for ck in sf.checkpoints:
+        sf.sections.append(Section(f"sckp.checkpoint[{ck.index}]", ck.offset, ck.end - ck.offset))
+    _parse_checkpoint_blobs(sf, view)
+    return app.end
+
+
+def _parse_sdft(sf: SlotFile, view: memoryview, off: int) -> int | None:
+    end = len(view)
+    s = g.ViewStream(view, off, end)
+    try:
+        h = g.SdftHeader.parse_stream(s)
+    except ConstructError as e:
+        f = failure_of(e, s)
+        sf.problem("error", f.code, "sdft", f.offset, f"SDFT header: {f.message}")
+        return None
+    app = Appendix("SDFT", off, end, h.version)
+    sf.draft = app
+    if h.version != 1:
+        app.complete = False
+        sf.sections.append(Section("sdft", off, end - off, f"version {h.version}"))
+        sf.problem("error", "bad-version", "sdft", off + 4, f"SDFT version {h.version} (only 1 is known)")
+        return None
+    try:
+        b = g.SdftBody.parse_stream(s)
+    except ConstructError as e:
+        f = failure_of(e, s)
+        app.complete = False
+        sf.sections.append(Section("sdft", off, end - off, "damaged"))
+        sf.problem("error", f.code, f"sdft.{f.loc}" if f.loc else "sdft", f.offset,
+                   f"draft appendix: {f.message} (the server drops the draft state)")
+        return None
+    app.end = b.end
+    app.dft, app.spec = _blob("data_dft", b.dft), _blob("data_spec", b.spec)
+    sf.sections.append(Section("sdft", off, app.end - off, "draft state"))
+    if app.dft.length:
+        _parse_seq_blob(sf, view, app.dft, "sdft.data_dft", partial=None)
+    return app.end
+
+
+def _parse_checkpoint_blobs(sf: SlotFile, view: memoryview) -> None:
+    body_class = sf.body.memory_class if sf.body else "unknown"
+    partial = PARTIAL_OF.get(body_class)
+    for ck in sf.checkpoints:
+        sec = f"sckp.checkpoint[{ck.index}]"
+        if ck.tgt.length == 0:
+            sf.problem("error", "empty-blob", sec, ck.tgt.offset,
+                       "data_tgt is empty (the server drops the whole appendix)")
+        else:
+            _parse_seq_blob(sf, view, ck.tgt, f"{sec}.data_tgt", partial=partial)
+        if ck.dft.length:
+            dl = sf.draft.dft.body.layout if sf.draft and sf.draft.dft and sf.draft.dft.body else None
+            _parse_seq_blob(sf, view, ck.dft, f"{sec}.data_dft",
+                            partial=PARTIAL_OF.get(dl.memory_class) if dl else None)
+
+
+def _parse_seq_blob(sf: SlotFile, view: memoryview, blob: BlobInfo, section: str, partial: tuple[str, ...] | None) -> None:
+    """A ``llama_state_seq_get_data`` blob: io_magic, seq_id, then a body that fills the blob."""
+    start, end = blob.data_offset, blob.data_offset + blob.length
+    s = g.ViewStream(view, start, end)
+    try:
+        pre = g.SeqBlobPrefix.parse_stream(s)
+    except ConstructError as e:
+        f = failure_of(e, s)
+        sf.problem("error", f.code, section, f.offset, f"blob prefix: {f.message}")
+        return
+    blob.seq_id = pre.seq_id
+    seqs = [partial] + [q for q in SEQUENCES if q != partial] if partial else list(SEQUENCES)
+    det = detect(view, start + 8, end, exact=True, sequences=seqs)
+    blob.body = _body_from(det, start + 8)
+    if det.layout is None:
+        f = det.failure
+        msg = f"{f.message} ({f.layout}{', ' + f.loc if f.loc else ''})" if f else "no known layout fills the blob"
+        sf.problem("error", f.code if f else "unknown-layout", section, f.offset if f else start + 8,
+                   f"blob body does not parse: {msg}")
+    elif partial is not None and det.layout.kinds != partial:
+        sf.problem("warning", "unexpected-layout", section, start + 8,
+                   f"blob holds {det.layout.describe()}; a PARTIAL_ONLY blob of this body should be "
+                   f"{' + '.join(partial) or 'empty'}")
+
+
+# ---------------------------------------------------------------------------------------
+# consistency checks across sections
+# ---------------------------------------------------------------------------------------
+
+
+def _check_semantics(sf: SlotFile) -> None:
+    body = sf.body
+    if body is None or body.layout is None:
+        return
+    if not body.blocks:
+        sf.problem("warning", "empty-body", "body", body.offset,
+                   "no memory state: a model without memory, or a file cut right after the tokens")
+    for blk in body.blocks:
+        _check_block(sf, blk, f"body.{blk.role}")
+    for ck in sf.checkpoints:
+        for b in (ck.tgt, ck.dft):
+            if b.body is not None:
+                for blk in b.body.blocks:
+                    _check_block(sf, blk, f"sckp.checkpoint[{ck.index}].{b.name}.{blk.role}")
+    if sf.draft and sf.draft.dft and sf.draft.dft.body:
+        for blk in sf.draft.dft.body.blocks:
+            _check_block(sf, blk, f"sdft.data_dft.{blk.role}")
+    _check_tokens_vs_cells(sf)
+    _check_checkpoints(sf)
+
+
+def _check_block(sf: SlotFile, blk: MemoryBlock, sec: str) -> None:
+    if blk.kind == "KV":
+        active = blk.active_streams()
+        if len(active) > 1 and sf.format == "GGSQ":
+            sf.problem("error", "invalid", sec, blk.offset,
+                       f"{len(active)} non-empty streams in a single-sequence save (at most 1)")
+        for st in active:
+            cells = st.cells.cells if st.cells is not None else None
+            if cells is None:
+                continue
+            _check_positions(sf, cells["pos"], st.cells.offset, 12 + _ext(cells), f"{sec}.stream[{st.index}]")
+            seq = np.unique(st.cells.seq_ids)
+            if sf.format == "GGSQ" and seq.size > 1:
+                sf.problem("warning", "invalid", f"{sec}.stream[{st.index}]", st.cells.offset,
+                           f"cells carry {seq.size} different seq ids in a single-sequence save")
+    elif blk.cells is not None and blk.cell_count:
+        _check_positions(sf, blk.cells.cells["pos"], blk.cells.offset, 8, sec)
+    for run in blk.runs():
+        if run.type_id not in TYPES:
+            sf.problem("warning", "unknown-type", sec, run.offset,
+                       f"{run.part} layer {run.index}: ggml type id {run.type_id} is not known to this "
+                       "build (newer llama.cpp or a fork)")
+
+
+def _ext(cells: np.ndarray) -> int:
+    return 12 if "tok" in cells.dtype.names else (8 if "x" in cells.dtype.names else 0)
+
+
+def _check_positions(sf: SlotFile, pos: np.ndarray, off: int, stride: int, sec: str) -> None:
+    if not pos.size:
+        return
+    neg = np.flatnonzero(pos < 0)
+    if neg.size:
+        i = int(neg[0])
+        sf.problem("error", "bad-position", sec, off + i * stride, f"cell {i} has negative position {int(pos[i])}")
+    back = np.flatnonzero(np.diff(pos) < 0)
+    if back.size:
+        i = int(back[0]) + 1
+        sf.problem("warning", "position-order", sec, off + i * stride,
+                   f"cell {i}: position {int(pos[i])} after {int(pos[i - 1])} (positions go backwards)")
+
+
+def _check_tokens_vs_cells(sf: SlotFile) -> None:
+    if sf.tokens is None or sf.body is None or not sf.body.blocks or sf.tokens.form == "packed" and sf.tokens.raw is None:
+        return
+    t = sf.n_tokens
+    first = sf.body.blocks[0]
+    pos = first.positions()
+    if first.kind == "KV" and first.role in ("kv", "kv-base") and not (sf.tokens.media):
+        n = first.n_cells()
+        if n != t:
+            sf.problem("warning", "token-mismatch", f"body.{first.role}", first.offset,
+                       f"token payload holds {t} tokens but the cache holds {n} cells")
+    if pos.size and int(pos.max()) + 1 > t and not sf.tokens.media:
+        sf.problem("warning", "token-mismatch", "body", sf.body.offset,
+                   f"highest cell position {int(pos.max())} is beyond the {t} stored tokens")
+
+
+def _check_checkpoints(sf: SlotFile) -> None:
+    t = sf.n_tokens
+    prev = -1
+    for ck in sf.checkpoints:
+        sec = f"sckp.checkpoint[{ck.index}]"
+        if ck.pos_min > ck.pos_max or ck.pos_min < 0:
+            sf.problem("error", "bad-position", sec, ck.offset + 8, f"position range {ck.pos_min}..{ck.pos_max}")
+        if ck.n_tokens < 0 or (t and ck.n_tokens > t):
+            sf.problem("warning", "token-mismatch", sec, ck.offset,
+                       f"n_tokens {ck.n_tokens} is beyond the {t} stored tokens")
+        if ck.n_tokens < prev:
+            sf.problem("warning", "checkpoint-order", sec, ck.offset,
+                       f"n_tokens {ck.n_tokens} after {prev} (checkpoints are written oldest first)")
+        prev = ck.n_tokens
+
+
+def body_end_or_appendix(view: memoryview, off: int) -> bool:
+    return appendix_at(view, off, len(view))
