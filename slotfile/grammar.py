@@ -571,6 +571,12 @@ def rec_block(n_rec: int, has_p: bool = False) -> Struct:
     return Struct(
         "offset" / Tell,
         "cell_count" / Int32ul,
+        # a sequence occupies one recurrent cell: a single-sequence save has 0 or 1
+        Ensure(
+            lambda c: c.cell_count <= (MAX_STREAMS if c._params.get("whole") else 1),
+            lambda c: f"recurrent cell_count {c.cell_count} (a single-sequence save has at most 1)",
+            code="over-cap",
+        ),
         "meta" / Named("cells", CellMeta(this.cell_count, rec=True)),
         "s_trans_offset" / Tell,
         "s_trans" / Int32ul,

@@ -100,9 +100,10 @@ SEQUENCES: tuple[tuple[str, ...], ...] = (
     ("KV", "KV", "KV"),
 )
 EXT_SIZES = (0, 12, 8)
-# How far past a complete-but-short parse a truncated candidate must reach to win (bytes of
-# more than any block header: garbage after a body fails within a few words).
-TRAILING_MARGIN = 64
+# How far past a complete-but-short parse a truncated candidate must reach to win.  Zero: a
+# killed save (the common damage) must never read as "a shorter layout plus trailing bytes";
+# garbage after a body rarely gets a candidate to a short read (the caps stop it first).
+TRAILING_MARGIN = 0
 
 # PARTIAL_ONLY keeps (llama_memory_*::state_write with LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY):
 PARTIAL_OF = {
@@ -143,12 +144,15 @@ class _Deepest:
 
     def __init__(self) -> None:
         self.best: Failure | None = None
+        self.cut: Failure | None = None  # the deepest short read: where a truncated file ends
         self.memo: dict[tuple[Any, ...], Any] = {}
 
     def note(self, exc: Exception, stream: ViewStream, layout: str) -> None:
         f = failure_of(exc, stream, layout)
         if self.best is None or f.offset > self.best.offset:
             self.best = f
+        if f.code == "truncated" and (self.cut is None or f.offset > self.cut.offset):
+            self.cut = f
 
 
 def failure_of(exc: Exception, stream: ViewStream, layout: str = "") -> Failure:
@@ -210,6 +214,9 @@ def _rec_entry_counts(view: Any, off: int, end: int, whole: bool) -> tuple[int, 
 def _rec_candidates(view: Any, off: int, end: int, whole: bool) -> Iterator[tuple[int, bool]]:
     """Plausible (n_rec, has_p) for the REC block at ``off``, most complete first."""
     _, n_layer, entries = _rec_entry_counts(view, off, end, whole)
+    if len(entries) // 2 < n_layer:
+        # one more than the entries present: fails, but records where a cut file runs out
+        yield len(entries) // 2 + 1, False
     for k in range(min(len(entries) // 2, n_layer), 0, -1):
         r, s = entries[:k], entries[k : 2 * k]
         if len(set(r)) == 1 and len(set(s)) == 1:
@@ -285,7 +292,9 @@ def _has_v_options(kinds: tuple[str, ...]) -> list[tuple[bool, ...]]:
 
 
 def appendix_at(view: Any, off: int, end: int) -> bool:
-    return off + 4 <= end and bytes(view[off : off + 4]) in (SCKP_MAGIC, SDFT_MAGIC)
+    """An SCKP/SDFT magic starts at ``off`` (or the file ends inside one: a cut appendix)."""
+    head = bytes(view[off : min(off + 4, end)])
+    return bool(head) and any(m.startswith(head) for m in (SCKP_MAGIC, SDFT_MAGIC))
 
 
 def detect(
@@ -328,6 +337,12 @@ def detect(
             (accepted if ends_well(e) else partial).append((lay, blocks, e))
     if accepted:
         accepted = _distinct(accepted)
+        strong = [a for a in accepted if not _weak(a[1])]
+        cut = deep.cut is not None and deep.cut.offset >= accepted[0][2]
+        if strong:
+            accepted = strong + [a for a in accepted if a not in strong]
+        elif cut:  # only a reading with R rows standing in for S rows fits: the file was cut
+            return Detection(None, [], start, "none", [a[0] for a in accepted], deep.cut)
         lay, blocks, e = accepted[0]
         conf = "model" if fixed is not None else ("unique" if len(accepted) == 1 else "ambiguous")
         return Detection(lay, list(blocks), e, conf, [a[0] for a in accepted[1:]], deep.best)
@@ -336,8 +351,9 @@ def detect(
         lay, blocks, e = partial[0]
         # A candidate that parsed well past this end before running out of bytes explains the
         # file better: the body was cut, and a shorter layout only fits by accident.
-        cut = deep.best is not None and deep.best.code == "truncated" and deep.best.offset > e + TRAILING_MARGIN
-        if not cut:
+        if deep.cut is not None and deep.cut.offset >= e + TRAILING_MARGIN:
+            deep.best = deep.cut
+        else:
             return Detection(lay, list(blocks), e, "trailing", [a[0] for a in partial[1:4]], deep.best)
     if partial and deep.best is not None and exact:
         lay, _, e = max(partial, key=lambda a: a[2])
@@ -364,3 +380,14 @@ def _distinct(found: list[tuple[Layout, tuple[Any, ...], int]]) -> list[tuple[La
             seen.add(key)
             out.append((lay, blocks, e))
     return out
+
+
+def _weak(blocks: tuple[Any, ...]) -> bool:
+    """A REC reading whose S rows look exactly like its R rows.  No recurrent model has
+    n_embd_r == n_embd_s (conv state vs SSM/WKV state), but a file cut right after its R
+    entries reads this way, with the second half of R taken for S."""
+    for b in blocks:
+        if "s_trans" in b and b.r and b.s and "r" not in b.r[0]:
+            if (b.r[0].type, b.r[0].row_size) == (b.s[0].type, b.s[0].row_size):
+                return True
+    return False

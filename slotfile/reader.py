@@ -334,6 +334,7 @@ def _parse_file(sf: SlotFile, view: memoryview) -> None:
             sf.sections.append(Section("trailing", end, size - end))
             sf.problem("error", "trailing-bytes", "trailing", end,
                        f"{size - end} bytes after the session state (the loader refuses them)")
+        _check_semantics(sf)
         return
     _parse_appendices(sf, view, end)
     _check_semantics(sf)
@@ -411,6 +412,11 @@ def _parse_body(sf: SlotFile, view: memoryview, start: int) -> None:
     sf.sections.append(Section("body", start, det.end - start, det.layout.describe()))
     for b in sf.body.blocks:
         sf.sections.append(Section(f"body.{b.role}", b.offset, b.size, b.kind))
+    for b in sf.body.blocks:
+        if b.kind == "KV" and not b.has_v and b.n_cells():
+            sf.problem("warning", "k-only", f"body.{b.role}", b.end,
+                       "KV block without V (an MLA or indexer cache); for any other model the file "
+                       f"was cut at offset {b.end}, where V should start (give --model to decide)")
     if det.confidence == "ambiguous":
         alts = "; ".join(a.describe() for a in det.alternatives)
         sf.problem("warning", "ambiguous-layout", "body", start,
@@ -465,6 +471,13 @@ def _parse_appendices(sf: SlotFile, view: memoryview, off: int) -> None:
     end = len(view)
     while off < end:
         magic = bytes(view[off : off + 4])
+        if len(magic) < 4 and any(m.startswith(magic) for m in (g.SCKP_MAGIC, g.SDFT_MAGIC)):
+            names = [m.decode() for m in (g.SCKP_MAGIC, g.SDFT_MAGIC) if m.startswith(magic)]
+            name = names[0].lower() if len(names) == 1 else "appendix"
+            sf.sections.append(Section(name, off, end - off, "cut inside the magic"))
+            sf.problem("error", "truncated", name, off,
+                       f"{' or '.join(names)} appendix cut after {len(magic)} bytes of its magic")
+            return
         if magic == g.SCKP_MAGIC and sf.sckp is None and sf.draft is None:
             off = _parse_sckp(sf, view, off)
         elif magic == g.SDFT_MAGIC and sf.draft is None:
@@ -479,7 +492,9 @@ def _parse_appendices(sf: SlotFile, view: memoryview, off: int) -> None:
         magic = bytes(view[off : off + 4])
         what = {g.SCKP_MAGIC: "a second or misplaced SCKP appendix", g.SDFT_MAGIC: "a second SDFT appendix"}.get(
             magic, "unexplained bytes")
-        sf.problem("warning" if sf.checkpoints or sf.draft or sf.sckp else "warning", "trailing-bytes", "trailing", off,
+        # The loader ignores these bytes, so the body still restores; but they are no known
+        # appendix, which is how a cut or overwritten SCKP/SDFT looks: an error to report.
+        sf.problem("error", "trailing-bytes", "trailing", off,
                    f"{end - off} bytes after the last section ({what}); the loader ignores them")
 
 

@@ -1,0 +1,128 @@
+"""Every fixture parses with the counts its generator recorded (the manifests)."""
+
+from __future__ import annotations
+
+import pytest
+
+from slotfile.reader import open_slot_file
+from slotfile.report import flash_attn_of
+
+from .conftest import EXTRA, MANIFEST, SLOTS
+
+TYPE_IDS = {"f32": 0, "f16": 1, "q8_0": 8}
+
+
+def _check_kv(blk, want: dict) -> None:
+    assert blk.kind == "KV"
+    assert blk.offset == want["offset"]
+    assert blk.size == want["length"]
+    assert blk.n_stream == want["n_stream"]
+    assert [s.cell_count for s in blk.streams] == want["cell_count"]
+    for st in blk.active_streams():
+        assert st.v_trans == want["v_trans"]
+        assert st.n_layer == want["n_layer"] == len(st.k) == len(st.v)
+        assert {r.type_id for r in st.k} == {want["k_type_id"]}
+        assert {r.row_size for r in st.k} == {want["k_size_row"]}
+        assert {r.type_id for r in st.v} == {want["v_type_id"]}
+        assert int(st.positions.min()) == want["cell_pos_min"]
+        assert int(st.positions.max()) == want["cell_pos_max"]
+        if want["v_trans"]:
+            assert {r.n_embd for r in st.v} == {want["n_embd_v_gqa"]}
+        else:
+            assert {r.row_size for r in st.v} == {want["v_size_row"]}
+
+
+@pytest.mark.parametrize("entry", MANIFEST["slots"], ids=lambda e: e["file"])
+def test_fixture_matches_manifest(entry):
+    sf = open_slot_file(SLOTS.parent / entry["file"])
+    assert sf.problems == [], [p.line() for p in sf.problems]
+    assert (sf.format, sf.version) == ("GGSQ", entry["state_version"])
+    assert sf.size == entry["file_size"]
+    assert sf.n_token_count == entry["n_token_words"]
+    assert sf.n_tokens == entry["n_tokens"]
+    assert list(sf.tokens.tokens) == entry["tokens"]
+    assert sf.tokens.form == {"packed_v1": "packed", "plain": "plain"}[entry["token_format"]]
+    assert (sf.body.offset, sf.body.end) == (entry["body_start"], entry["body_end"])
+    assert len(sf.body.blocks) == len(entry["body_blocks"])
+    for blk, want in zip(sf.body.blocks, entry["body_blocks"]):
+        _check_kv(blk, want)
+    assert flash_attn_of(sf) == ("on" if entry["flash_attn"] else "off")
+    if entry["sckp"] is None:
+        assert sf.sckp is None
+    else:
+        want = entry["sckp"]
+        assert (sf.sckp.offset, sf.sckp.end - sf.sckp.offset) == (want["offset"], want["length"])
+        assert sf.sckp.count == want["count"] == len(sf.checkpoints)
+        for ck, wc in zip(sf.checkpoints, want["checkpoints"]):
+            assert (ck.offset, ck.n_tokens, ck.pos_min, ck.pos_max) == (
+                wc["offset"], wc["n_tokens"], wc["pos_min"], wc["pos_max"])
+            assert (ck.tgt.length, ck.dft.length, ck.spec.length) == (wc["len_tgt"], wc["len_dft"], wc["len_spec"])
+            assert ck.tgt.data_offset == wc["tgt_offset"]
+            assert ck.tgt.seq_id == entry["seq_id"]
+            for blk, wb in zip(ck.tgt.body.blocks, wc["tgt_blocks"]):
+                _check_kv(blk, wb)
+            if wc["dft_blocks"]:
+                for blk, wb in zip(ck.dft.body.blocks, wc["dft_blocks"]):
+                    _check_kv(blk, wb)
+    if entry["sdft"] is None:
+        assert sf.draft is None
+    else:
+        want = entry["sdft"]
+        assert sf.draft.offset == want["offset"]
+        assert sf.draft.dft.length == want["len_dft"] and sf.draft.spec.length == want["len_spec"]
+        for blk, wb in zip(sf.draft.dft.body.blocks, want["dft_blocks"]):
+            _check_kv(blk, wb)
+
+
+def _check_extra_block(blk, want: dict) -> None:
+    assert blk.kind == want["type"]
+    assert (blk.offset, blk.end) == (want["offset"], want["end"])
+    if blk.kind == "KV":
+        assert [s.cell_count for s in blk.streams] == want["cell_counts"]
+        for st, ws in zip(blk.active_streams(), [s for s in want["streams"] if s["cell_count"]]):
+            assert st.v_trans == ws["v_trans"] and st.n_layer == ws["n_layer"]
+            assert len(st.k) == ws["n_k"] and len(st.v) == ws["n_v"]
+    else:
+        assert blk.cell_count == want["cell_count"]
+        assert blk.n_layer == want["n_layer"]
+        assert len(blk.r) == want["n_r"] and len(blk.s) == want["n_s"]
+        assert [(r.type_id, r.row_size) for r in blk.r] == [(x["type"], x["row_size"]) for x in want["r"]]
+        assert [(r.type_id, r.row_size) for r in blk.s] == [(x["type"], x["row_size"]) for x in want["s"]]
+
+
+@pytest.mark.parametrize("entry", EXTRA["files"], ids=lambda e: e["file"])
+def test_extra_fixture_matches_manifest(entry):
+    sf = open_slot_file(SLOTS.parent / entry["file"])
+    assert sf.problems == [], [p.line() for p in sf.problems]
+    assert sf.format == ("GGSQ" if entry["kind"] == "slot" else "GGSN")
+    assert sf.size == entry["size"]
+    assert sf.n_tokens == entry["n_tokens"]
+    assert list(sf.body.layout.kinds) == entry["block_sequence"]
+    assert (sf.body.offset, sf.body.end) == (entry["body_offset"], entry["body_end"])
+    for blk, want in zip(sf.body.blocks, entry["blocks"]):
+        _check_extra_block(blk, want)
+    kv = [w for w in entry["blocks"] if w["type"] == "KV"]
+    if kv:
+        assert sf.body.layout.ext == kv[0]["ext_size"]
+    if entry["kind"] == "session":
+        assert sf.arch == entry["arch_string"]
+    apps = [a for a in entry["appendix"] if a["type"] == "SCKP"]
+    assert (sf.sckp is not None) == bool(apps)
+    for a in apps:
+        assert len(sf.checkpoints) == a["count"]
+        for ck, wc in zip(sf.checkpoints, a["checkpoints"]):
+            assert (ck.n_tokens, ck.pos_min, ck.pos_max, ck.tgt.length) == (
+                wc["n_tokens"], wc["pos_min"], wc["pos_max"], wc["len_tgt"])
+            assert list(ck.tgt.body.layout.kinds) == wc["tgt"]["block_sequence"]
+            base = ck.tgt.data_offset
+            for blk, wb in zip(ck.tgt.body.blocks, wc["tgt"]["blocks"]):
+                shifted = dict(wb, offset=wb["offset"] + base, end=wb["end"] + base)
+                _check_extra_block(blk, shifted)
+
+
+def test_session_with_shared_cells_reads_every_seq_id():
+    sf = open_slot_file(SLOTS / "extra-llama.session")
+    st = sf.body.blocks[0].streams[0]
+    counts = st.cells.cells["n_seq_id"]
+    assert counts.max() == 2  # the shared prefix belongs to both sequences
+    assert st.cells.seq_ids.size == int(counts.sum())
