@@ -185,4 +185,6 @@ def _verdict(sf: SlotFile) -> None:
     out.print(line)
     for p in sf.problems:
         mark = "error" if p.severity == "error" else "warning"
-        out.print(Text(f"  {mark}: {escape_text(p.line())}", style="red" if mark == "error" else "yellow"))
+        # one problem, one line, never wrapped: people grep for these
+        out.print(Text(f"  {mark}: {escape_text(p.line())}", style="red" if mark == "error" else "yellow"),
+                  soft_wrap=True)
