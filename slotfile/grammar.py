@@ -230,6 +230,19 @@ class NumpyArray(Construct):
         return obj
 
 
+class ExtraWords(NumpyArray):
+    """Optional u32 words (v4 trial parses); absent from a build object means zeros."""
+
+    def __init__(self, count: Any, what: str) -> None:
+        super().__init__("<u4", count, what)
+        self.flagbuildnone = True
+
+    def _build(self, obj: Any, stream: Any, context: Any, path: str) -> Any:
+        if obj is None:
+            obj = np.zeros(int(evaluate(self.count, context)), "<u4")
+        return super()._build(obj, stream, context, path)
+
+
 class Ensure(Construct):
     """Fail the parse with a clear message when ``predicate(context)`` is false."""
 
@@ -375,6 +388,12 @@ class CellMeta(Construct):
         avail = min(n, stream.remaining() // dtype.itemsize)
         cells = np.frombuffer(stream.view, dtype=dtype, count=avail, offset=start)
         bad = np.flatnonzero(cells["n_seq_id"] != fixed)
+        neg = np.flatnonzero(cells["pos"] < 0)
+        if neg.size and (not bad.size or neg[0] < bad[0]):
+            # empty cells (pos -1) are never written: a negative position is damage
+            i = int(neg[0])
+            raise FormatError(f"cell {i}: negative position {int(cells['pos'][i])}",
+                              start + i * dtype.itemsize, code="bad-position", loc=_loc(stream))
         if avail == n and not bad.size:
             end = start + n * dtype.itemsize
             stream.seek(end)
@@ -492,11 +511,15 @@ def _kv_stream_data(has_v: bool) -> Struct:
     fields: list[Any] = [
         "cell_count" / Computed(this._.cell_count),
         "meta" / Named("cells", CellMeta(this._.cell_count, rec=False)),
+        # GGSQ v4 adds K/V rotation metadata at a position not yet public: trial parses
+        # allow a few u32 words before v_trans and after n_layer (params v4_pre / v4_post)
+        "v4_pre" / ExtraWords(lambda c: c._params.get("v4_pre", 0), "v4 metadata words"),
         "v_trans_offset" / Tell,
         "v_trans" / Int32ul,
         Ensure(lambda c: c.v_trans in (0, 1), lambda c: f"v_trans {c.v_trans} (must be 0 or 1)"),
         "n_layer" / Int32ul,
         Ensure(lambda c: c.n_layer <= MAX_LAYERS, lambda c: f"n_layer {c.n_layer} over the cap {MAX_LAYERS}", code="over-cap"),
+        "v4_post" / ExtraWords(lambda c: c._params.get("v4_post", 0), "v4 metadata words"),
         "k" / Seq("K", this.n_layer, KVLayer, 12),
     ]
     if has_v:

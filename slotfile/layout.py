@@ -44,6 +44,7 @@ class BlockSpec:
 class Layout:
     blocks: tuple[BlockSpec, ...]
     ext: int = 0
+    extra: tuple[int, int] = (0, 0)  # v4 trial: u32 words before v_trans / after n_layer
 
     @property
     def kinds(self) -> tuple[str, ...]:
@@ -64,6 +65,8 @@ class Layout:
         if not self.blocks:
             return "empty body"
         ext = f", cell ext {self.ext} B" if self.ext else ""
+        if self.extra != (0, 0):
+            ext += f", {self.extra[0]}+{self.extra[1]} unknown v4 words per stream"
         return " + ".join(b.describe() for b in self.blocks) + ext
 
 
@@ -99,6 +102,16 @@ SEQUENCES: tuple[tuple[str, ...], ...] = (
     ("REC",),
     ("KV", "KV", "KV"),
 )
+# The block sequence an arch name implies (llama_model::create_memory), for GGSN files, which
+# name their arch.  Only families whose memory class does not depend on hparams are listed.
+ARCH_SEQUENCE: dict[str, tuple[str, ...]] = {
+    **{a: ("KV",) for a in ("llama", "qwen2", "qwen3", "qwen2vl", "qwen3vl", "deepseek2")},
+    **{a: ("KV", "KV") for a in ("gemma2", "gemma3", "cohere2")},
+    **{a: ("REC",) for a in ("mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7")},
+    **{a: ("KV", "REC") for a in ("jamba", "falcon-h1", "lfm2", "lfm2moe", "granitehybrid", "nemotron_h",
+                                  "qwen3next", "qwen35", "qwen35moe", "plamo2")},
+}
+
 EXT_SIZES = (0, 12, 8)
 # How far past a complete-but-short parse a truncated candidate must reach to win.  Zero: a
 # killed save (the common damage) must never read as "a shorter layout plus trailing bytes";
@@ -166,13 +179,14 @@ def failure_of(exc: Exception, stream: ViewStream, layout: str = "") -> Failure:
     return Failure(stream.tell(), str(exc).split("\n")[0], "invalid", loc, layout)
 
 
-def _parse_kv(view: Any, off: int, end: int, ext: int, whole: bool, has_v: bool, deep: _Deepest, label: str) -> Any | None:
-    key = ("KV", off, end, ext, has_v)
+def _parse_kv(view: Any, off: int, end: int, ext: int, whole: bool, has_v: bool, deep: _Deepest, label: str,
+              extra: tuple[int, int] = (0, 0)) -> Any | None:
+    key = ("KV", off, end, ext, has_v, extra)
     if key in deep.memo:
         return deep.memo[key]
     s = ViewStream(view, off, end)
     try:
-        blk = kv_block(has_v).parse_stream(s, ext=ext, whole=whole)
+        blk = kv_block(has_v).parse_stream(s, ext=ext, whole=whole, v4_pre=extra[0], v4_post=extra[1])
     except (ConstructError, ValueError, OverflowError) as e:
         deep.note(e, s, label)
         blk = None
@@ -214,6 +228,9 @@ def _rec_entry_counts(view: Any, off: int, end: int, whole: bool) -> tuple[int, 
 def _rec_candidates(view: Any, off: int, end: int, whole: bool) -> Iterator[tuple[int, bool]]:
     """Plausible (n_rec, has_p) for the REC block at ``off``, most complete first."""
     _, n_layer, entries = _rec_entry_counts(view, off, end, whole)
+    if not n_layer:
+        yield 1, False  # not even a header: parse one entry to record where it fails
+        return
     if len(entries) // 2 < n_layer:
         # one more than the entries present: fails, but records where a cut file runs out
         yield len(entries) // 2 + 1, False
@@ -250,6 +267,7 @@ def _walk(
     deep: _Deepest,
     specs: tuple[BlockSpec, ...] = (),
     parsed: tuple[Any, ...] = (),
+    extra: tuple[int, int] = (0, 0),
 ) -> Iterator[tuple[tuple[BlockSpec, ...], tuple[Any, ...], int]]:
     """Every complete parse of ``kinds`` starting at ``off``: (specs, blocks, end offset)."""
     if not kinds:
@@ -257,10 +275,10 @@ def _walk(
         return
     label = Layout(specs + (BlockSpec(kinds[0]),), ext).describe()
     if kinds[0] == "KV":
-        blk = _parse_kv(view, off, end, ext, whole, has_v[0], deep, label)
+        blk = _parse_kv(view, off, end, ext, whole, has_v[0], deep, label, extra)
         if blk is not None:
             yield from _walk(view, blk.end, end, kinds[1:], has_v[1:], ext, whole, deep,
-                             specs + (BlockSpec("KV", has_v[0]),), parsed + (blk,))
+                             specs + (BlockSpec("KV", has_v[0]),), parsed + (blk,), extra)
         return
     tried_p = 0
     for n_rec, has_p in _rec_candidates(view, off, end, whole):
@@ -271,7 +289,7 @@ def _walk(
         blk = _parse_rec(view, off, end, whole, n_rec, has_p, deep, label)
         if blk is not None:
             yield from _walk(view, blk.end, end, kinds[1:], has_v[1:], ext, whole, deep,
-                             specs + (BlockSpec("REC", True, n_rec, has_p),), parsed + (blk,))
+                             specs + (BlockSpec("REC", True, n_rec, has_p),), parsed + (blk,), extra)
             if not has_p:
                 return  # the fullest plain split that parses wins; P rows only when none does
 
@@ -307,6 +325,7 @@ def detect(
     sequences: Iterable[tuple[str, ...]] = SEQUENCES,
     ext_sizes: Iterable[int] = EXT_SIZES,
     fixed: Layout | None = None,
+    extras: Iterable[tuple[int, int]] = ((0, 0),),
 ) -> Detection:
     """Find the layout of the body in ``view[start:end]``.
 
@@ -324,14 +343,14 @@ def detect(
     accepted: list[tuple[Layout, tuple[Any, ...], int]] = []
     partial: list[tuple[Layout, tuple[Any, ...], int]] = []
     if fixed is not None:
-        plans = [(fixed.kinds, tuple(b.has_v for b in fixed.blocks), fixed.ext)]
+        plans = [(fixed.kinds, tuple(b.has_v for b in fixed.blocks), fixed.ext, fixed.extra)]
     else:
-        plans = [(k, hv, ext) for k in sequences for ext in ext_sizes for hv in _has_v_options(k)]
-    for kinds, hv, ext in plans:
-        if ext and "KV" not in kinds:
+        plans = [(k, hv, ext, x) for x in extras for k in sequences for ext in ext_sizes for hv in _has_v_options(k)]
+    for kinds, hv, ext, x in plans:
+        if (ext or x != (0, 0)) and "KV" not in kinds:
             continue
-        for specs, blocks, e in _walk(view, start, end, kinds, hv, ext, whole, deep):
-            lay = Layout(specs, ext)
+        for specs, blocks, e in _walk(view, start, end, kinds, hv, ext, whole, deep, extra=x):
+            lay = Layout(specs, ext, x)
             if fixed is not None and not _same_rec(fixed, lay):
                 continue
             (accepted if ends_well(e) else partial).append((lay, blocks, e))

@@ -396,8 +396,21 @@ def _parse_body(sf: SlotFile, view: memoryview, start: int) -> None:
         sf.problem("error", "unsupported-layout", "body", start, "DeepSeek-V4 (DSV4) state frame: not supported yet")
         sf.body = Body(start, end, None, "none")
         return
-    det = detect(view, start, end, whole=whole, exact=whole)
+    extras = V4_EXTRAS if _is_v4(sf) else ((0, 0),)
+    det = detect(view, start, end, whole=whole, exact=whole, sequences=_sequences_for(sf), extras=extras)
     sf.body = _body_from(det, start)
+    if det.layout is None and _is_v4(sf):
+        f = det.failure
+        sf.problem("error", "unsupported-version", "body", f.offset if f else start,
+                   "GGSQ version 4: the position of its K/V rotation metadata is not public and no "
+                   "trial layout fits this body; refused" + (f" (deepest parse: {f.message})" if f else ""))
+        sf.sections.append(Section("body", start, end - start, "version 4, unreadable"))
+        return
+    if det.layout is not None and _is_v4(sf):
+        how = (f"with {det.layout.extra[0]} unknown u32 word(s) before v_trans and {det.layout.extra[1]} "
+               "after n_layer in each stream" if det.layout.extra != (0, 0) else "exactly like version 3")
+        sf.problem("warning", "trial-version", "body", start,
+                   f"GGSQ version 4 parsed by trial, {how}; the meaning of the new fields is unknown")
     if det.layout is None:
         f = det.failure
         if f is None:
@@ -421,6 +434,22 @@ def _parse_body(sf: SlotFile, view: memoryview, start: int) -> None:
         alts = "; ".join(a.describe() for a in det.alternatives)
         sf.problem("warning", "ambiguous-layout", "body", start,
                    f"the bytes also parse as {alts}; chose {det.layout.describe()} (give --model to decide)")
+
+
+# GGSQ v4 trial shapes: (u32 words before v_trans, after n_layer) in each KV stream
+V4_EXTRAS = ((0, 0), (1, 0), (2, 0), (0, 1), (0, 2), (1, 1), (2, 2))
+
+
+def _is_v4(sf: SlotFile) -> bool:
+    return sf.format == "GGSQ" and sf.version == 4
+
+
+def _sequences_for(sf: SlotFile) -> list[tuple[str, ...]]:
+    """Candidate block sequences: only the one a session's arch name implies, when it does."""
+    from .layout import ARCH_SEQUENCE
+
+    hint = ARCH_SEQUENCE.get(sf.arch or "")
+    return [hint] if hint is not None else list(SEQUENCES)
 
 
 def _body_from(det: Detection, start: int) -> Body:
@@ -611,7 +640,8 @@ def _parse_seq_blob(sf: SlotFile, view: memoryview, blob: BlobInfo, section: str
         return
     blob.seq_id = pre.seq_id
     seqs = [partial] + [q for q in SEQUENCES if q != partial] if partial else list(SEQUENCES)
-    det = detect(view, start + 8, end, exact=True, sequences=seqs)
+    det = detect(view, start + 8, end, exact=True, sequences=seqs,
+                 extras=V4_EXTRAS if _is_v4(sf) else ((0, 0),))
     blob.body = _body_from(det, start + 8)
     if det.layout is None:
         f = det.failure

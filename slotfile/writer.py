@@ -23,7 +23,8 @@ def body_chunks(body: Body, *, whole: bool = False) -> Iterator[bytes]:
     assert body.layout is not None
     for spec, blk in zip(body.layout.blocks, body.blocks):
         if spec.kind == "KV":
-            yield g.build(g.kv_block(spec.has_v), blk.raw, ext=body.layout.ext, whole=whole)
+            pre, post = body.layout.extra
+            yield g.build(g.kv_block(spec.has_v), blk.raw, ext=body.layout.ext, whole=whole, v4_pre=pre, v4_post=post)
         else:
             yield g.build(g.rec_block(spec.n_rec, spec.has_p), blk.raw, whole=whole)
 

@@ -1,0 +1,72 @@
+"""State versions 2-4 and the older 8-byte cell ext."""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+
+from slotfile import grammar as g
+from slotfile.reader import open_slot_file, parse_buffer
+
+from .conftest import SLOTS
+
+
+def _with_version(data: bytes, v: int) -> bytes:
+    return data[:4] + struct.pack("<I", v) + data[8:]
+
+
+def test_version_2_parses_like_3():
+    data = (SLOTS / "llama_f16_fa.slot").read_bytes()
+    sf = parse_buffer(_with_version(data, 2))
+    assert sf.version == 2 and sf.problems == []
+
+
+def test_version_4_with_a_v3_body_parses_by_trial():
+    data = (SLOTS / "gemma3_iswa_fa.slot").read_bytes()
+    sf = parse_buffer(_with_version(data, 4))
+    assert not sf.errors
+    assert any(p.code == "trial-version" and "exactly like version 3" in p.message for p in sf.problems)
+
+
+def test_version_4_with_extra_words_parses_by_trial():
+    src = open_slot_file(SLOTS / "llama_f16_fa.slot")
+    data = bytearray((SLOTS / "llama_f16_fa.slot").read_bytes()[: src.body.end])
+    vt = src.body.blocks[0].raw.streams[0].data.v_trans_offset
+    data[vt:vt] = struct.pack("<I", 32)  # a made-up n_rot word before v_trans
+    sf = parse_buffer(_with_version(bytes(data), 4))
+    assert not sf.errors, [p.line() for p in sf.errors]
+    assert sf.body.layout.extra == (1, 0)
+    assert any("1 unknown u32 word(s) before v_trans" in p.message for p in sf.problems)
+
+
+def test_version_4_that_no_trial_fits_is_refused_in_one_line():
+    src = open_slot_file(SLOTS / "llama_f16_fa.slot")
+    data = bytearray((SLOTS / "llama_f16_fa.slot").read_bytes()[: src.body.end])
+    vt = src.body.blocks[0].raw.streams[0].data.v_trans_offset
+    data[vt:vt] = bytes(range(1, 41))  # 40 unknown bytes: more than any trial allows
+    sf = parse_buffer(_with_version(bytes(data), 4))
+    (err,) = sf.errors
+    assert err.code == "unsupported-version" and "version 4" in err.message and "\n" not in err.message
+
+
+def test_unknown_version_is_refused():
+    data = (SLOTS / "llama_f16_fa.slot").read_bytes()
+    sf = parse_buffer(_with_version(data, 7))
+    assert [p.code for p in sf.errors] == ["bad-version"]
+    assert sf.errors[0].offset == 4
+
+
+def test_eight_byte_cell_ext_of_older_trees():
+    src = open_slot_file(SLOTS / "extra-qwen2vl.slot")
+    data = (SLOTS / "extra-qwen2vl.slot").read_bytes()[: src.body.end]
+    st = src.body.blocks[0].streams[0]
+    cells = st.cells.cells
+    old = np.zeros(cells.size, g.kv_cell_dtype(8))
+    for name in ("pos", "n_seq_id", "x", "y", "seq_id"):
+        old[name] = cells[name]
+    start, end = st.cells.offset, st.cells.offset + st.cells.size
+    sf = parse_buffer(data[:start] + old.tobytes() + data[end:])
+    assert not sf.errors, [p.line() for p in sf.errors]
+    assert sf.body.layout.ext == 8
+    assert (sf.body.blocks[0].streams[0].cells.cells["x"] == cells["x"]).all()
