@@ -20,13 +20,14 @@ def fail(message: str) -> None:
     err.print(f"slotfile: {escape_text(message)}")
 
 
-def open_or_report(path: Path) -> SlotFile | None:
-    """Open a file; an unreadable path is reported on stderr and gives None."""
+def open_or_report(path: Path, model: ModelInfo | None = None, draft_model: ModelInfo | None = None) -> SlotFile | None:
+    """Open a file (with the model's layout when given); an unreadable path is reported on
+    stderr and gives None."""
     try:
         if path.is_dir():
             fail(f"{path}: is a directory")
             return None
-        return open_slot_file(path)
+        return open_slot_file(path, model=model, draft_model=draft_model)
     except OSError as e:
         fail(f"{path}: {e.strerror or e}")
         return None

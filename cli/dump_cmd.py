@@ -18,7 +18,7 @@ def run_dump(path: Path, as_json: bool, with_tokens: bool, model_path: Path | No
     model, ok = load_model_or_report(model_path)
     if not ok:
         return OPERATIONAL
-    sf = open_or_report(path)
+    sf = open_or_report(path, model)
     if sf is None:
         return OPERATIONAL
     text = model.detokenize(sf.tokens.tokens) if model is not None and sf.tokens is not None else None

@@ -24,7 +24,7 @@ def run_inspect(files: list[Path], model_path: Path | None, layers: bool) -> int
         return OPERATIONAL
     results: list[SlotFile | None] = []
     for i, path in enumerate(files):
-        sf = open_or_report(path)
+        sf = open_or_report(path, model)
         results.append(sf)
         if sf is None:
             continue

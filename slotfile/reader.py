@@ -244,6 +244,8 @@ class SlotFile:
     sections: list[Section] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
     buffer: Any = None
+    expect: Any = None  # slotfile.expect.ModelExpect of --model, when given
+    draft_expect: Any = None  # the same for --draft-model
 
     @property
     def errors(self) -> list[Problem]:
@@ -268,20 +270,28 @@ class SlotFile:
 # ---------------------------------------------------------------------------------------
 
 
-def open_slot_file(path: str | os.PathLike[str]) -> SlotFile:
-    """Map ``path`` read-only and parse it.  Raises OSError only for an unreadable path."""
+def open_slot_file(path: str | os.PathLike[str], model: Any = None, draft_model: Any = None) -> SlotFile:
+    """Map ``path`` read-only and parse it.  Raises OSError only for an unreadable path.
+
+    ``model`` / ``draft_model``: :class:`slotfile.model.ModelInfo` of the target and draft
+    GGUF; the layout then comes from the model and every disagreement is a problem."""
     p = Path(path)
     with open(p, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         buf: Any = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
-    return parse_buffer(buf, str(p))
+    return parse_buffer(buf, str(p), model=model, draft_model=draft_model)
 
 
-def parse_buffer(buf: Any, path: str = "<buffer>") -> SlotFile:
+def parse_buffer(buf: Any, path: str = "<buffer>", model: Any = None, draft_model: Any = None) -> SlotFile:
     """Parse a whole file held in ``buf`` (bytes, mmap or anything with the buffer protocol)."""
     view = memoryview(buf).cast("B") if not isinstance(buf, memoryview) else buf
     sf = SlotFile(path=path, size=len(view), format="unknown", buffer=buf)
     try:
+        if model is not None or draft_model is not None:
+            from .expect import expect_from_model
+
+            sf.expect = expect_from_model(model) if model is not None else None
+            sf.draft_expect = expect_from_model(draft_model) if draft_model is not None else None
         _parse_file(sf, view)
     except (ConstructError, ValueError, OverflowError, IndexError) as e:  # a reader bug, never a crash
         sf.problem("error", "internal", "file", 0, f"reader error: {type(e).__name__}: {e}")
@@ -397,8 +407,11 @@ def _parse_body(sf: SlotFile, view: memoryview, start: int) -> None:
         sf.body = Body(start, end, None, "none")
         return
     extras = V4_EXTRAS if _is_v4(sf) else ((0, 0),)
-    det = detect(view, start, end, whole=whole, exact=whole, sequences=_sequences_for(sf), extras=extras)
+    det = _detect_with_model(sf, view, start, end, sf.expect, False, "body",
+                             whole=whole, exact=whole, sequences=_sequences_for(sf), extras=extras)
     sf.body = _body_from(det, start)
+    if sf.expect is not None and sf.body.layout is not None:
+        _model_problems(sf, sf.expect, sf.body, False, "body")
     if det.layout is None and _is_v4(sf):
         f = det.failure
         sf.problem("error", "unsupported-version", "body", f.offset if f else start,
@@ -434,6 +447,32 @@ def _parse_body(sf: SlotFile, view: memoryview, start: int) -> None:
         alts = "; ".join(a.describe() for a in det.alternatives)
         sf.problem("warning", "ambiguous-layout", "body", start,
                    f"the bytes also parse as {alts}; chose {det.layout.describe()} (give --model to decide)")
+
+
+def _detect_with_model(sf: SlotFile, view: memoryview, start: int, end: int, exp: Any, partial: bool,
+                       section: str, **kw: Any) -> Detection:
+    """Detect with the model's layout when there is one; when the bytes do not fit it, say so
+    and fall back to what the bytes alone say (so the rest can still be described)."""
+    if exp is None or not exp.modelled:
+        return detect(view, start, end, **kw)
+    from .expect import layout_of
+
+    want = layout_of(exp, partial=partial)
+    fixed = detect(view, start, end, fixed=want, **{k: v for k, v in kw.items() if k == "whole" or k == "exact"})
+    if fixed.layout is not None:
+        return fixed
+    free = detect(view, start, end, **kw)
+    return free if free.layout is not None else fixed  # compare() then names each disagreement
+
+
+def _model_problems(sf: SlotFile, exp: Any, body: Body, partial: bool, section: str) -> None:
+    from .expect import compare
+
+    for sec, off, msg in compare(exp, body, partial=partial, prefix=section):
+        if msg.startswith("not checked"):
+            sf.problem("warning", "not-modelled", sec, off, msg)
+        else:
+            sf.problem("error", "model-mismatch", sec, off, msg)
 
 
 # GGSQ v4 trial shapes: (u32 words before v_trans, after n_layer) in each KV stream
@@ -608,7 +647,7 @@ def _parse_sdft(sf: SlotFile, view: memoryview, off: int) -> int | None:
     app.dft, app.spec = _blob("data_dft", b.dft), _blob("data_spec", b.spec)
     sf.sections.append(Section("sdft", off, app.end - off, "draft state"))
     if app.dft.length:
-        _parse_seq_blob(sf, view, app.dft, "sdft.data_dft", partial=None)
+        _parse_seq_blob(sf, view, app.dft, "sdft.data_dft", partial=None, exp=sf.draft_expect)
     return app.end
 
 
@@ -621,14 +660,16 @@ def _parse_checkpoint_blobs(sf: SlotFile, view: memoryview) -> None:
             sf.problem("error", "empty-blob", sec, ck.tgt.offset,
                        "data_tgt is empty (the server drops the whole appendix)")
         else:
-            _parse_seq_blob(sf, view, ck.tgt, f"{sec}.data_tgt", partial=partial)
+            _parse_seq_blob(sf, view, ck.tgt, f"{sec}.data_tgt", partial=partial, exp=sf.expect, exp_partial=True)
         if ck.dft.length:
             dl = sf.draft.dft.body.layout if sf.draft and sf.draft.dft and sf.draft.dft.body else None
             _parse_seq_blob(sf, view, ck.dft, f"{sec}.data_dft",
-                            partial=PARTIAL_OF.get(dl.memory_class) if dl else None)
+                            partial=PARTIAL_OF.get(dl.memory_class) if dl else None,
+                            exp=sf.draft_expect, exp_partial=True)
 
 
-def _parse_seq_blob(sf: SlotFile, view: memoryview, blob: BlobInfo, section: str, partial: tuple[str, ...] | None) -> None:
+def _parse_seq_blob(sf: SlotFile, view: memoryview, blob: BlobInfo, section: str, partial: tuple[str, ...] | None,
+                    exp: Any = None, exp_partial: bool = False) -> None:
     """A ``llama_state_seq_get_data`` blob: io_magic, seq_id, then a body that fills the blob."""
     start, end = blob.data_offset, blob.data_offset + blob.length
     s = g.ViewStream(view, start, end)
@@ -640,9 +681,12 @@ def _parse_seq_blob(sf: SlotFile, view: memoryview, blob: BlobInfo, section: str
         return
     blob.seq_id = pre.seq_id
     seqs = [partial] + [q for q in SEQUENCES if q != partial] if partial else list(SEQUENCES)
-    det = detect(view, start + 8, end, exact=True, sequences=seqs,
-                 extras=V4_EXTRAS if _is_v4(sf) else ((0, 0),))
+    det = _detect_with_model(sf, view, start + 8, end, exp, exp_partial, section, exact=True, sequences=seqs,
+                             extras=V4_EXTRAS if _is_v4(sf) else ((0, 0),))
     blob.body = _body_from(det, start + 8)
+    if exp is not None and blob.body.layout is not None:
+        _model_problems(sf, exp, blob.body, exp_partial, section)
+        return
     if det.layout is None:
         f = det.failure
         msg = f"{f.message} ({f.layout}{', ' + f.loc if f.loc else ''})" if f else "no known layout fills the blob"
@@ -678,6 +722,8 @@ def _check_semantics(sf: SlotFile) -> None:
             _check_block(sf, blk, f"sdft.data_dft.{blk.role}")
     _check_tokens_vs_cells(sf)
     _check_checkpoints(sf)
+    if sf.expect is not None:
+        _check_against_model(sf, sf.expect)
 
 
 def _check_block(sf: SlotFile, blk: MemoryBlock, sec: str) -> None:
@@ -756,3 +802,23 @@ def _check_checkpoints(sf: SlotFile) -> None:
 
 def body_end_or_appendix(view: memoryview, off: int) -> bool:
     return appendix_at(view, off, len(view))
+
+
+def _check_against_model(sf: SlotFile, exp: Any) -> None:
+    """Token ids within the vocabulary, positions within the trained context."""
+    tp = sf.tokens
+    if tp is not None and tp.tokens.size and exp.n_vocab:
+        ids = tp.tokens
+        bad = np.flatnonzero(((ids < 0) & (ids != -1)) | (ids >= exp.n_vocab))
+        if bad.size:
+            i = int(bad[0])
+            base = tp.offset + (12 if tp.form == "packed" else 0)
+            sf.problem("error", "token-out-of-vocab", "tokens", base + 4 * i,
+                       f"token {i} is id {int(ids[i])}, outside the model's vocabulary of {exp.n_vocab} "
+                       f"({bad.size} such tokens)")
+    if sf.body is not None and exp.n_ctx_train:
+        for blk in sf.body.blocks:
+            pos = blk.positions()
+            if pos.size and int(pos.max()) >= exp.n_ctx_train:
+                sf.problem("warning", "position-range", f"body.{blk.role}", blk.offset,
+                           f"position {int(pos.max())} is beyond the model's trained context {exp.n_ctx_train}")

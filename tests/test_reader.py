@@ -126,3 +126,25 @@ def test_session_with_shared_cells_reads_every_seq_id():
     counts = st.cells.cells["n_seq_id"]
     assert counts.max() == 2  # the shared prefix belongs to both sequences
     assert st.cells.seq_ids.size == int(counts.sum())
+
+
+def test_model_settles_a_cut_between_blocks():
+    from slotfile.model import load_model_info
+    from slotfile.reader import parse_buffer
+
+    path = SLOTS / "gemma3_iswa_fa.slot"
+    full = open_slot_file(path)
+    cut = path.read_bytes()[: full.body.blocks[0].end]  # only the base half survived
+    assert not parse_buffer(cut).errors  # from the bytes alone: a valid plain-KV file
+    sf = parse_buffer(cut, model=load_model_info(SLOTS.parent / "models" / "gemma3.gguf"))
+    assert any(p.code == "model-mismatch" and "KV + KV" in p.message for p in sf.errors), [p.line() for p in sf.problems]
+
+
+def test_model_layout_is_used_and_wrong_models_are_named():
+    from slotfile.model import load_model_info
+
+    models = SLOTS.parent / "models"
+    sf = open_slot_file(SLOTS / "llama_f16_fa.slot", model=load_model_info(models / "llama.gguf"))
+    assert sf.body.confidence == "model" and sf.problems == []
+    sf = open_slot_file(SLOTS / "llama_f16_fa.slot", model=load_model_info(models / "draft.gguf"))
+    assert any(p.code == "model-mismatch" and "row size" in p.message for p in sf.errors)
