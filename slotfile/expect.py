@@ -602,6 +602,8 @@ def _plan(hp: _HParams) -> tuple[str, tuple[BlockExpect, ...], tuple[BlockExpect
     if hp.swa_type != "none":
         base, swa = _iswa(hp, keep)
         return "iswa", (base, swa), (swa,)
+    if any(hp.is_swa):
+        raise _Refused("SWA layers without an SWA type (llama.cpp asserts !is_swa_any())")
     kv = _kv(hp, "kv", keep)
     return "kv-cache", (kv,), (kv,)  # plain llama_kv_cache ignores PARTIAL_ONLY
 
@@ -713,6 +715,11 @@ def _check_rows(sec: str, part: str, runs: list[LayerRun], layers: tuple[int, ..
                 out.append((sec, run.offset + 4, f"{part} layer {j} (model layer {il}): element size {el} B "
                             f"for {t.name} (needs {t.type_size})"))
             continue
+        if ne % t.blck_size:
+            out.append((sec, run.offset, f"{part} layer {j} (model layer {il}): row size {run.row_size} B of "
+                        f"{t.name}, but the model's {what} {ne} is not a whole number of {t.name} blocks "
+                        f"({t.blck_size}): llama.cpp cannot cache this model in {t.name}"))
+            continue
         want = t.row_size(ne)
         if run.row_size != want:
             out.append((sec, run.offset, f"{part} layer {j} (model layer {il}): row size {run.row_size} B; "
@@ -725,7 +732,7 @@ def _compare_kv_stream(sec: str, st: KVStream, exp: CacheExpect, raw: Any) -> li
     n_layer_off = int(raw.data.v_trans_offset) + 4 if raw is not None and raw.data is not None else st.offset
     if st.n_layer != len(exp.layers):
         out.append((sec, n_layer_off, f"n_layer {st.n_layer}; the model's {exp.role} cache has "
-                    f"{len(exp.layers)} layers {list(exp.layers)}"))
+                    f"{_layers(len(exp.layers))} {list(exp.layers)}"))
     out += _check_rows(sec, "K", st.k, exp.layers, exp.n_embd_k, "n_embd_k_gqa")
     if not exp.has_v and st.v:
         out.append((sec, st.v[0].offset, f"{len(st.v)} V entries, but the model's {exp.role} cache has no V "
@@ -750,12 +757,12 @@ def _compare_rec(sec: str, blk: MemoryBlock, exp: RecExpect) -> list[Problem]:
     out: list[Problem] = []
     n_layer_off = int(blk.raw.s_trans_offset) + 4 if blk.raw is not None else blk.offset
     if blk.n_layer != exp.n_layer_field:
-        out.append((sec, n_layer_off, f"n_layer word {blk.n_layer}; the model has {exp.n_layer_field} layers "
+        out.append((sec, n_layer_off, f"n_layer word {blk.n_layer}; the model has {_layers(exp.n_layer_field)} "
                     "(hparams.n_layer(), layers without recurrent state included)"))
     for part, runs in (("R", blk.r), ("S", blk.s)):
         if len(runs) != len(exp.layers):
             out.append((sec, runs[0].offset if runs else n_layer_off, f"{len(runs)} {part} entries; the model has "
-                        f"recurrent state in {len(exp.layers)} layers {list(exp.layers)}"))
+                        f"recurrent state in {_layers(len(exp.layers))} {list(exp.layers)}"))
     if bool(blk.p) != exp.has_p:
         out.append((sec, blk.offset, "PLE conv (P) rows after each R entry" if blk.p else
                     "no PLE conv (P) rows, but the model has them"))
@@ -767,6 +774,27 @@ def _compare_rec(sec: str, blk: MemoryBlock, exp: RecExpect) -> list[Problem]:
             out.append((sec, bad[0].offset, f"{part} layer {bad[0].index}: type {type_name(bad[0].type_id)}; "
                         "llama.cpp always keeps recurrent state in f32"))
     return out
+
+
+def _pair(got: list[MemoryBlock], want: tuple[BlockExpect, ...]) -> list[tuple[MemoryBlock, BlockExpect]]:
+    """Found blocks with the expected block they stand for: in order when the kinds agree,
+    else each found block with the next expected block of its kind (so a REC is still
+    checked against the model's REC when a KV is missing or extra)."""
+    if tuple(b.kind for b in got) == tuple(b.kind for b in want):
+        return list(zip(got, want))
+    out: list[tuple[MemoryBlock, BlockExpect]] = []
+    i = 0
+    for blk in got:
+        j = next((j for j in range(i, len(want)) if want[j].kind == blk.kind), None)
+        if j is None:
+            continue
+        out.append((blk, want[j]))
+        i = j + 1
+    return out
+
+
+def _layers(n: int) -> str:
+    return f"{n} layer{'' if n == 1 else 's'}"
 
 
 def _has_cells(blk: MemoryBlock) -> bool:
@@ -789,10 +817,8 @@ def compare(exp: ModelExpect, body: Body, *, partial: bool = False, prefix: str 
         found = body.layout.describe() if got else "an empty body"
         what = f"{exp.memory_class}{', PARTIAL_ONLY' if partial else ''}"
         out.append((prefix, body.offset, f"blocks are {found}; the model ({exp.arch}, {what}) writes {_describe(want)}"))
-    for blk, eb in zip(got, want):
+    for blk, eb in _pair(got, want):
         sec = f"{prefix}.{blk.role}"
-        if blk.kind != eb.kind:
-            continue
         if isinstance(eb, CacheExpect):
             out += _compare_kv(sec, blk, eb)
         else:
