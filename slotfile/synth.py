@@ -1,0 +1,120 @@
+"""Write large valid slot files with slotfile's own grammars (benchmarks, scale tests).
+
+The layout is that of a real llama-server save: GGSQ header, packed tokens, one KV block
+(one stream), optional SCKP checkpoints (PARTIAL_ONLY blobs of a plain KV cache hold the whole
+cache up to the checkpoint) and an optional SDFT draft state.  The data is random bytes
+(finite f16/f32 or valid q8_0 blocks) shared between layers, and is streamed to disk by
+construct's ``build_stream``: nothing proportional to the file is held in memory.
+"""
+
+from __future__ import annotations
+
+import io
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+
+from . import grammar as g
+from .ggml_types import BY_NAME
+
+
+@dataclass(frozen=True)
+class SynthSpec:
+    n_cells: int = 4096
+    n_layer: int = 32
+    n_embd_k: int = 8 * 128  # n_head_kv x head_dim of a 7-8B-class model
+    n_embd_v: int = 8 * 128
+    type_k: str = "f16"
+    type_v: str = "f16"
+    v_trans: bool = False
+    checkpoints: int = 0  # each at an even fraction of the cells
+    draft_layers: int = 0  # a draft model's state in SDFT (0: none)
+    n_vocab: int = 32000
+    seed: int = 0
+
+
+def _random_rows(type_name: str, n_bytes: int, rng: np.random.Generator) -> bytes:
+    t = BY_NAME[type_name]
+    if type_name == "f16":
+        return rng.standard_normal(n_bytes // 2, dtype=np.float32).astype("<f2").tobytes()
+    if type_name == "f32":
+        return rng.standard_normal(n_bytes // 4, dtype=np.float32).tobytes()
+    # quantized: random bytes, with each block's leading f16 scale(s) made finite
+    blocks = np.frombuffer(bytearray(rng.integers(0, 256, n_bytes, dtype=np.uint8).tobytes()), np.uint8)
+    blocks = blocks.reshape(-1, t.type_size)
+    blocks[:, 0:2] = np.frombuffer(np.float16(0.01).tobytes(), np.uint8)
+    return blocks.tobytes()
+
+
+def _cells(n: int, start: int = 0) -> g.CellTable:
+    cells = np.zeros(n, g.kv_cell_dtype(0))
+    cells["pos"] = np.arange(start, start + n)
+    cells["n_seq_id"] = 1
+    return g.CellTable(0, cells, cells["seq_id"], cells.tobytes())
+
+
+def kv_block_obj(spec: SynthSpec, n_cells: int, n_layer: int, pool: dict[str, bytes]) -> dict[str, Any]:
+    """The construct object of one single-stream KV block; rows are views of shared data."""
+    tk, tv = BY_NAME[spec.type_k], BY_NAME[spec.type_v]
+    k_row, v_row = tk.row_size(spec.n_embd_k), tv.row_size(spec.n_embd_v)
+
+    def run(key: str, n: int) -> g.Run:
+        return g.Run(0, n, memoryview(pool[key])[:n])
+
+    k = [{"type": tk.id, "row_size": k_row, "data": run("k", n_cells * k_row)} for _ in range(n_layer)]
+    if spec.v_trans:
+        v = [{"type": tv.id, "el_size": tv.type_size, "n_embd": spec.n_embd_v,
+              "data": run("v", n_cells * spec.n_embd_v * tv.type_size)} for _ in range(n_layer)]
+    else:
+        v = [{"type": tv.id, "row_size": v_row, "data": run("v", n_cells * v_row)} for _ in range(n_layer)]
+    data = {"meta": _cells(n_cells), "v_trans": int(spec.v_trans), "n_layer": n_layer, "k": k, "v": v}
+    return {"n_stream": 1, "streams": [{"cell_count": n_cells, "data": data if n_cells else None}]}
+
+
+def _pool(spec: SynthSpec, rng: np.random.Generator) -> dict[str, bytes]:
+    tk, tv = BY_NAME[spec.type_k], BY_NAME[spec.type_v]
+    return {"k": _random_rows(spec.type_k, spec.n_cells * tk.row_size(spec.n_embd_k), rng),
+            "v": _random_rows(spec.type_v, spec.n_cells * tv.row_size(spec.n_embd_v), rng)}
+
+
+def _blob_bytes(spec: SynthSpec, n_cells: int, n_layer: int, pool: dict[str, bytes]) -> bytes:
+    out = io.BytesIO()
+    out.write(struct.pack("<Ii", g.IO_MAGIC, 0))
+    g.kv_block(True).build_stream(kv_block_obj(spec, n_cells, n_layer, pool), out, ext=0)
+    return out.getvalue()
+
+
+def write_slot(path: str | Path, spec: SynthSpec) -> int:
+    """Write the file; returns its size."""
+    rng = np.random.default_rng(spec.seed)
+    pool = _pool(spec, rng)
+    tokens = rng.integers(0, spec.n_vocab, spec.n_cells, dtype=np.int32)
+    with open(path, "wb") as f:
+        _write(f, spec, pool, tokens)
+        return f.tell()
+
+
+def _write(f: BinaryIO, spec: SynthSpec, pool: dict[str, bytes], tokens: np.ndarray) -> None:
+    n = spec.n_cells
+    payload = {"marker": -1, "version": 1, "n_tokens": n, "tokens": tokens, "n_media": 0,
+               "media_keys": np.empty(0, "<u4"), "media": [], "padding": b""}
+    words = (16 + 4 * n) // 4
+    f.write(g.FileHeader.build({"magic": g.GGSQ_MAGIC, "version": 3, "n_token_count": words}))
+    g.PackedTokens.build_stream(payload, f)
+    g.kv_block(True).build_stream(kv_block_obj(spec, n, spec.n_layer, pool), f, ext=0)
+    if spec.checkpoints:
+        g.SckpHeader.build_stream({"version": 1, "count": spec.checkpoints}, f)
+        for i in range(spec.checkpoints):
+            c = n * (i + 1) // (spec.checkpoints + 1)
+            blob = _blob_bytes(spec, c, spec.n_layer, pool)
+            g.CheckpointEntry.build_stream({
+                "n_tokens": c, "pos_min": 0, "pos_max": max(c - 1, 0),
+                "tgt": {"length": len(blob), "data": blob}, "dft": {"length": 0, "data": b""},
+                "spec": {"length": 0, "data": b""}}, f)
+    if spec.draft_layers:
+        blob = _blob_bytes(spec, n, spec.draft_layers, pool)
+        g.SdftHeader.build_stream({"version": 1}, f)
+        g.SdftBody.build_stream({"dft": {"length": len(blob), "data": blob}, "spec": {"length": 0, "data": b""}}, f)
