@@ -169,10 +169,22 @@ def _checkpoints(sf: SlotFile) -> None:
                       ("draft", "right"), ("spec", "right"), ("target holds", "left"), ("offset", "right")):
         table.add_column(col, justify=just)  # type: ignore[arg-type]
     for c in sf.checkpoints:
-        lay = c.tgt.body.layout.describe() if c.tgt.body and c.tgt.body.layout else "unreadable"
+        lay = _blob_line(c.tgt.body)
         table.add_row(str(c.index), str(c.n_tokens), f"{c.pos_min}..{c.pos_max}", str(c.tgt.length),
                       str(c.dft.length), str(c.spec.length), lay, str(c.offset))
     out.print(table)
+
+
+def _blob_line(body: object) -> str:
+    """What a checkpoint blob holds: its layout, cells and positions."""
+    if body is None or body.layout is None:  # type: ignore[attr-defined]
+        return "unreadable"
+    parts = []
+    for b in body.blocks:  # type: ignore[attr-defined]
+        pos = b.positions()
+        span = f" {int(pos.min())}..{int(pos.max())}" if pos.size else ""
+        parts.append(f"{b.kind} {b.n_cells()} cells{span}")
+    return ", ".join(parts) or "empty"
 
 
 def _verdict(sf: SlotFile) -> None:
