@@ -70,3 +70,17 @@ def test_eight_byte_cell_ext_of_older_trees():
     assert not sf.errors, [p.line() for p in sf.errors]
     assert sf.body.layout.ext == 8
     assert (sf.body.blocks[0].streams[0].cells.cells["x"] == cells["x"]).all()
+
+
+def test_session_version_9_with_outputs_logits_embeddings():
+    src = open_slot_file(SLOTS / "extra-llama.session")
+    data = (SLOTS / "extra-llama.session").read_bytes()
+    arch = next(s for s in src.sections if s.name == "arch")
+    at = arch.offset + arch.size
+    # v9 (llama_context::state_write_data before 2026) wrote outputs, logits and embeddings here
+    extra = struct.pack("<I", 2) + struct.pack("<2i", 0, 1) + struct.pack("<Q", 3) + struct.pack("<3f", 0.5, 1, 2)
+    extra += struct.pack("<Q", 0)
+    sf = parse_buffer(_with_version(data[:at] + extra + data[at:], 9))
+    assert not sf.errors, [p.line() for p in sf.errors]
+    assert any(s.name == "outputs" and s.size == len(extra) for s in sf.sections)
+    assert sf.body.offset == at + len(extra)
