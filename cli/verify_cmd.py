@@ -1,0 +1,235 @@
+"""``slotfile verify``: a table (or JSON, or JUnit XML) of what each level found.
+
+JSON (``--json``), schema ``slotfile.verify/1``; keys are only ever added::
+
+    {"schema": "slotfile.verify/1",
+     "loader": {"llama_cpp_python": "0.3.36", "state_seq_version": 3, "session_version": 10} | null,
+     "model": str | null, "draft_model": str | null, "deep": bool,
+     "tolerances": {"row": {"float": .05, "8-bit": .08, "low-bit": .25},
+                    "logits": {"float": .05, "8-bit": .10, "low-bit": .10}},
+     "files": [{
+        "path": str, "size": int | null, "n_tokens": int | null, "format": "GGSQ"|"GGSN"|"unknown"|null,
+        "version": int | null,
+        "levels": {"structure" | "model" | "load" | "deep": {
+            "status": "pass" | "fail" | "skipped",
+            "problems": [{"severity": "error"|"warning", "code": str, "section": str,
+                          "offset": int | null, "message": str}],
+            "reason": str (only when skipped), "details": {...} (level-specific), "seconds": float}},
+        "level_reached": 0..4,       # highest n with levels 1..n all "pass"
+        "verdict": "pass" | "fail" | "error",   # error: the file could not be read
+        "first_problem": str | null, # "<level>: <section> at offset <o>: <message>"
+        "error": str | null, "seconds": float}],
+     "errors": [str],                # paths that do not exist
+     "summary": {"files": n, "pass": n, "fail": n, "error": n, "seconds": float},
+     "exit_code": 0 | 4 | 8}
+
+``details``: structure {format, version, layout, checkpoints, draft}; model {arch, n_vocab,
+n_ctx_train, memory_class}; load {settings, body_bytes, crashed, message, checkpoints,
+checkpoint_drafts, draft, log}; deep {layers: [{section, part, layer, type, cells, max_abs,
+mean_abs, rel, worst_cell_rel, worst_cell, worst_pos, tolerance}], logits {max_abs, mean_abs,
+rel, scale, top5_restored, top5_recomputed, all_finite, tolerance}, probe_token,
+row_tolerance, logits_tolerance}.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import time
+import xml.etree.ElementTree as ET
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from rich.text import Text
+
+from slotfile.exitcodes import OK, OPERATIONAL, PROBLEMS, USAGE
+from slotfile.model import escape_text
+from slotfile.verify import (
+    LEVELS,
+    LOGITS_TOLERANCE,
+    ROW_TOLERANCE,
+    SCHEMA,
+    FileReport,
+    Options,
+    Verifier,
+    VerifyError,
+    collect,
+)
+
+from .common import err, out
+from .inspect_cmd import _size
+
+TABLE_WIDTH = 200  # when stdout is not a terminal: one line per file where possible
+
+
+def fail(message: str) -> None:
+    """One operational message, one line on stderr (never wrapped: people grep for these)."""
+    err.print(f"slotfile: {escape_text(message)}", soft_wrap=True)
+
+
+def run_verify(paths: list[Path], model: Path | None, draft_model: Path | None, deep: bool, n_gpu_layers: int,
+               jobs: int, json_out: bool, junit: Path | None, timeout: float = 300.0) -> int:
+    if deep and model is None:
+        fail("--deep needs --model (the recompute runs the model)")
+        return USAGE
+    if draft_model is not None and model is None:
+        fail("--draft-model needs --model")
+        return USAGE
+    if jobs < 1:
+        fail("--jobs must be at least 1")
+        return USAGE
+    t0 = time.monotonic()
+    files, errors = collect(paths)
+    for e in errors:
+        fail(e)
+    opts = Options(model=str(model) if model else None, draft_model=str(draft_model) if draft_model else None,
+                   deep=deep, n_gpu_layers=n_gpu_layers, jobs=jobs, timeout=timeout)
+    try:
+        verifier = Verifier(opts)
+    except VerifyError as e:
+        fail(str(e))
+        return OPERATIONAL
+    show = err.is_terminal and (any(p.is_dir() for p in paths) or model is not None or len(files) > 1)
+    reports: list[FileReport] = []
+    try:
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=err, transient=True, disable=not show) as progress:
+            task = progress.add_task("verifying", total=len(files))
+
+            def done(r: FileReport) -> None:
+                progress.update(task, advance=1, description=f"verified {escape_text(Path(r.path).name, 40)}")
+
+            reports = verifier.run(files, done)
+        loader = dict(verifier.pool.info) if verifier.pool is not None else None
+    finally:
+        verifier.close()
+    elapsed = time.monotonic() - t0
+    if any(r.error for r in reports):
+        for r in reports:
+            if r.error:
+                fail(r.error)
+    if errors or any(r.verdict == "error" for r in reports):
+        rc = OPERATIONAL
+    elif any(r.verdict == "fail" for r in reports):
+        rc = PROBLEMS
+    else:
+        rc = OK
+    doc = document(reports, errors, opts, loader, elapsed, rc)
+    if junit is not None:
+        try:
+            write_junit(junit, reports, errors, opts, elapsed)
+        except OSError as e:
+            fail(f"{junit}: {e.strerror or e}")
+            rc = OPERATIONAL
+            doc["exit_code"] = rc
+    if json_out:
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+    else:
+        render(reports, loader, elapsed)
+    return rc
+
+
+def document(reports: list[FileReport], errors: list[str], opts: Options, loader: dict[str, Any] | None,
+             elapsed: float, rc: int) -> dict[str, Any]:
+    counts = {v: sum(1 for r in reports if r.verdict == v) for v in ("pass", "fail", "error")}
+    return {
+        "schema": SCHEMA,
+        "loader": None if loader is None else {k: loader.get(k) for k in
+                                               ("llama_cpp_python", "state_seq_version", "session_version")},
+        "model": opts.model,
+        "draft_model": opts.draft_model,
+        "deep": opts.deep,
+        "tolerances": {"row": ROW_TOLERANCE, "logits": LOGITS_TOLERANCE},
+        "files": [r.to_dict() for r in reports],
+        "errors": errors,
+        "summary": {"files": len(reports), **counts, "seconds": round(elapsed, 3)},
+        "exit_code": rc,
+    }
+
+
+_VERDICT_STYLE = {"pass": "bold green", "fail": "bold red", "error": "bold magenta"}
+_STATUS_MARK = {"pass": "ok", "fail": "FAIL", "skipped": "-"}
+
+
+def _reached(r: FileReport) -> str:
+    if r.error:
+        return "-"
+    n = r.level_reached
+    return f"{n} {LEVELS[n - 1]}" if n else "0"
+
+
+def render(reports: list[FileReport], loader: dict[str, Any] | None, elapsed: float) -> None:
+    table = Table(title="slotfile verify", title_justify="left")
+    for col, just in (("file", "left"), ("size", "right"), ("tokens", "right"), ("levels", "left"),
+                      ("level reached", "left"), ("verdict", "left"), ("first problem", "left")):
+        table.add_column(col, justify=just, overflow="fold")  # type: ignore[arg-type]
+    for r in reports:
+        levels = " ".join(f"{name[0].upper()}:{_STATUS_MARK[r.levels[name].status]}" for name in LEVELS) if not r.error else "-"
+        table.add_row(Text(escape_text(r.path)), _size(r.size) if r.size is not None else "-",
+                      str(r.n_tokens) if r.n_tokens is not None else "-", levels, _reached(r),
+                      Text(r.verdict, style=_VERDICT_STYLE[r.verdict]),
+                      Text(escape_text(r.first_problem or "")))
+    if out.is_terminal or os.environ.get("COLUMNS"):
+        out.print(table)
+    else:  # a pipe or a file: wide enough for one line per file
+        Console(highlight=False, markup=False, soft_wrap=False, width=TABLE_WIDTH).print(table)
+    counts = {v: sum(1 for r in reports if r.verdict == v) for v in ("pass", "fail", "error")}
+    line = f"{len(reports)} file(s): {counts['pass']} pass, {counts['fail']} fail"
+    if counts["error"]:
+        line += f", {counts['error']} unreadable"
+    line += f" in {elapsed:.1f} s"
+    if loader:
+        line += (f"; loader llama-cpp-python {loader.get('llama_cpp_python')} "
+                 f"(state version {loader.get('state_seq_version')})")
+    out.print(line, soft_wrap=True)
+
+
+def _x(s: Any) -> str:
+    """Text safe for XML 1.0 (control characters escaped)."""
+    return escape_text(str(s))
+
+
+def write_junit(path: Path, reports: list[FileReport], errors: list[str], opts: Options, elapsed: float) -> None:
+    """JUnit XML: one testcase per file (and one per missing path)."""
+    failures = sum(1 for r in reports if r.verdict == "fail")
+    errs = sum(1 for r in reports if r.verdict == "error") + len(errors)
+    total = len(reports) + len(errors)
+    root = ET.Element("testsuites", name="slotfile verify", tests=str(total), failures=str(failures),
+                      errors=str(errs), time=f"{elapsed:.3f}")
+    suite = ET.SubElement(root, "testsuite", name="slotfile.verify", tests=str(total), failures=str(failures),
+                          errors=str(errs), skipped="0", time=f"{elapsed:.3f}",
+                          timestamp=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S"),
+                          hostname=_x(platform.node()))
+    props = ET.SubElement(suite, "properties")
+    for k, v in (("model", opts.model), ("draft_model", opts.draft_model), ("deep", opts.deep)):
+        ET.SubElement(props, "property", name=k, value=_x(v if v is not None else ""))
+    for r in reports:
+        tc = ET.SubElement(suite, "testcase", classname="slotfile.verify", name=_x(r.path), time=f"{r.seconds:.3f}")
+        lines = []
+        for name in LEVELS:
+            lv = r.levels[name]
+            lines.append(f"{name}: {lv.status}" + (f" ({lv.reason})" if lv.reason else ""))
+            for p in lv.problems:
+                off = f" at offset {p['offset']}" if p.get("offset") is not None else ""
+                lines.append(f"  {p['severity']}: {p['section']}{off}: {p['message']}")
+        body = "\n".join(_x(ln) for ln in lines)
+        if r.verdict == "error":
+            el = ET.SubElement(tc, "error", message=_x(r.error), type="unreadable")
+            el.text = _x(r.error)
+        elif r.verdict == "fail":
+            lvl = next(n for n in LEVELS if r.levels[n].status == "fail")
+            el = ET.SubElement(tc, "failure", message=_x(r.first_problem), type=lvl)
+            el.text = body
+        ET.SubElement(tc, "system-out").text = body
+    for e in errors:
+        tc = ET.SubElement(suite, "testcase", classname="slotfile.verify", name=_x(e.split(":")[0]), time="0")
+        ET.SubElement(tc, "error", message=_x(e), type="missing").text = _x(e)
+    ET.indent(root)
+    data = ET.tostring(root, encoding="unicode", xml_declaration=False)
+    path.write_text('<?xml version="1.0" encoding="UTF-8"?>\n' + data + "\n", encoding="utf-8")

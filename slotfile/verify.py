@@ -1,0 +1,716 @@
+"""``slotfile verify``: four levels of evidence that a slot file is what it claims to be.
+
+Each level is reported on its own, per file (status ``pass``, ``fail`` or ``skipped``):
+
+1. **structure**: the reader's problems (no model needed);
+2. **model** (``--model``): the body and every checkpoint blob against the layout the GGUF
+   implies (:mod:`slotfile.expect`), token ids below ``n_vocab``, positions below
+   ``n_ctx_train``, the draft blobs against ``--draft-model``;
+3. **load** (``--model``): the real llama.cpp loader in a worker process
+   (:class:`slotfile.loader.LoaderPool`), every checkpoint's ``data_tgt`` and the draft state;
+4. **deep** (``--deep``): the stored tokens prefilled again in a fresh context with the same
+   settings; the recomputed K/V (R/S) compared with the file's, layer by layer, and the
+   next-token logits after restoring the file compared with those after the recompute.
+
+The deep check's tolerances (:data:`ROW_TOLERANCE`, :data:`LOGITS_TOLERANCE`) are per cell
+(``||file row - recomputed row|| / max(||file row||, ||recomputed row||)``, the worst cell of a
+layer counts) because damage is local: one zeroed row, one swapped layer, one altered token.
+They were calibrated by re-prefilling files written with mixed ``llama_decode`` splits
+(1/3/17/64/5 tokens per call, ``n_ubatch`` 16) with one call of up to 512 tokens and with one
+token per call, 1 and 2 threads, on a 4-layer llama-shaped model with head size 64, for f32,
+f16, bf16, q8_0 and q4_0 caches (CPU).  The worst per-cell errors seen were 2e-6 (f32), 8e-3
+(f16, flash attention), 2.4e-3 (bf16), 6.4e-3 (q8_0) and 4.6e-2 (q4_0); logits differed by at
+most 2.4e-3 (relative L2).  The tolerances leave a margin of about 6x for float and 8-bit caches
+and 5x for 4/5-bit ones, for deeper models and other backends.  Every kind of damage the tests
+build gives errors of 0.5 or more on some cell.  The committed tiny fixtures re-prefill
+bit-identically.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from .loader import LoaderError, LoaderPool, LoadResult, LoadSettings, settings_for
+from .model import ModelError, ModelInfo, load_model_info
+from .reader import GGSN_VERSIONS, GGSQ_VERSIONS, Body, LayerRun, MemoryBlock, SlotFile, open_slot_file
+
+SCHEMA = "slotfile.verify/1"
+LEVELS = ("structure", "model", "load", "deep")
+SLOT_SUFFIXES = (".slot", ".bin")
+MAGICS = (b"qsgg", b"nsgg")
+
+FLOAT_TYPES = (0, 1, 30)  # f32, f16, bf16
+EIGHT_BIT = (8, 9)  # q8_0, q8_1
+ROW_TOLERANCE = {"float": 0.05, "8-bit": 0.08, "low-bit": 0.25}
+LOGITS_TOLERANCE = {"float": 0.05, "8-bit": 0.10, "low-bit": 0.10}
+CHUNK_CELLS = 4096  # cells dequantized at a time (bounded memory on big files)
+
+# What llama-cpp-python releases vendor which state version, for the version message.
+LOADER_LINES = {
+    2: "llama-cpp-python releases of 2025 (before 0.3.36)",
+    3: "llama-cpp-python 0.3.36 (vendors llama.cpp of 2026-10-01)",
+    4: "llama-cpp-python releases after 0.3.36 that vendor llama.cpp from October 2026 on",
+}
+
+
+def tolerance_class(type_id: int) -> str:
+    if type_id in FLOAT_TYPES:
+        return "float"
+    if type_id in EIGHT_BIT:
+        return "8-bit"
+    return "low-bit"
+
+
+# ---------------------------------------------------------------------------------------
+# results
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class Level:
+    status: str = "skipped"  # pass, fail, skipped
+    problems: list[dict[str, Any]] = field(default_factory=list)
+    reason: str = ""  # why it was skipped
+    details: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    def add(self, severity: str, code: str, section: str, offset: int | None, message: str) -> None:
+        self.problems.append({"severity": severity, "code": code, "section": section, "offset": offset,
+                              "message": message})
+
+    def error(self, code: str, section: str, offset: int | None, message: str) -> None:
+        self.add("error", code, section, offset, message)
+
+    def warn(self, code: str, section: str, offset: int | None, message: str) -> None:
+        self.add("warning", code, section, offset, message)
+
+    def finish(self) -> "Level":
+        self.status = "fail" if any(p["severity"] == "error" for p in self.problems) else "pass"
+        return self
+
+    def skip(self, reason: str) -> "Level":
+        self.status, self.reason = "skipped", reason
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"status": self.status, "problems": self.problems}
+        if self.reason:
+            d["reason"] = self.reason
+        if self.details:
+            d["details"] = self.details
+        d["seconds"] = round(self.seconds, 4)
+        return d
+
+
+@dataclass
+class FileReport:
+    path: str
+    size: int | None = None
+    n_tokens: int | None = None
+    format: str | None = None
+    version: int | None = None
+    levels: dict[str, Level] = field(default_factory=lambda: {k: Level() for k in LEVELS})
+    error: str | None = None  # operational: the file could not be read at all
+    seconds: float = 0.0
+
+    @property
+    def verdict(self) -> str:
+        if self.error is not None:
+            return "error"
+        return "fail" if any(lv.status == "fail" for lv in self.levels.values()) else "pass"
+
+    @property
+    def level_reached(self) -> int:
+        """The highest level n such that levels 1..n all ran and passed (0: structure failed)."""
+        n = 0
+        for i, name in enumerate(LEVELS, start=1):
+            if self.levels[name].status != "pass":
+                break
+            n = i
+        return n
+
+    @property
+    def first_problem(self) -> str | None:
+        if self.error is not None:
+            return self.error
+        for name in LEVELS:
+            for p in self.levels[name].problems:
+                if p["severity"] == "error":
+                    return f"{name}: {_where(p)}{p['message']}"
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "size": self.size,
+            "n_tokens": self.n_tokens,
+            "format": self.format,
+            "version": self.version,
+            "levels": {k: v.to_dict() for k, v in self.levels.items()},
+            "level_reached": self.level_reached,
+            "verdict": self.verdict,
+            "first_problem": self.first_problem,
+            "error": self.error,
+            "seconds": round(self.seconds, 4),
+        }
+
+
+def _where(p: dict[str, Any]) -> str:
+    sec, off = p.get("section"), p.get("offset")
+    if sec and off is not None:
+        return f"{sec} at offset {off}: "
+    return f"{sec}: " if sec else ""
+
+
+class VerifyError(Exception):
+    """Operational: the model is missing or the loader cannot start."""
+
+
+@dataclass
+class Options:
+    model: str | None = None
+    draft_model: str | None = None
+    deep: bool = False
+    n_gpu_layers: int = 0
+    jobs: int = 1
+    timeout: float = 300.0
+    # tests and callers: change the derived load settings (e.g. to mirror a given server)
+    settings_hook: Callable[[SlotFile, LoadSettings], LoadSettings] | None = None
+
+
+# ---------------------------------------------------------------------------------------
+# which files
+# ---------------------------------------------------------------------------------------
+
+
+def _has_magic(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) in MAGICS
+    except OSError:
+        return True  # unreadable: report it rather than hide it
+
+
+def collect(args: list[Path]) -> tuple[list[Path], list[str]]:
+    """Files to verify, and operational errors for paths that do not exist.
+
+    A file argument is taken as is.  A directory contributes every regular file under it
+    (recursively, sorted, symlinks not followed) named ``*.slot`` or ``*.bin``, and every other
+    regular file that starts with a GGSQ or GGSN magic (the server saves slots under any name)."""
+    files: list[Path] = []
+    errors: list[str] = []
+    for a in args:
+        if a.is_dir():
+            found: list[Path] = []
+            for root, dirs, names in os.walk(a, followlinks=False):
+                dirs.sort()
+                for n in names:
+                    p = Path(root) / n
+                    if p.is_symlink() or not p.is_file():
+                        continue
+                    if p.suffix.lower() in SLOT_SUFFIXES or _has_magic(p):
+                        found.append(p)
+            files += sorted(found)
+        elif a.exists():
+            files.append(a)
+        else:
+            errors.append(f"{a}: no such file or directory")
+    return files, errors
+
+
+# ---------------------------------------------------------------------------------------
+# level 1: structure
+# ---------------------------------------------------------------------------------------
+
+
+def level_structure(sf: SlotFile) -> Level:
+    lv = Level()
+    for p in sf.problems:
+        lv.add(p.severity, p.code, p.section, p.offset, p.message)
+    lv.details = {"format": sf.format, "version": sf.version,
+                  "layout": sf.body.layout.describe() if sf.body and sf.body.layout else None,
+                  "checkpoints": len(sf.checkpoints), "draft": sf.draft is not None}
+    return lv.finish()
+
+
+# ---------------------------------------------------------------------------------------
+# level 2: model metadata
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class ModelSide:
+    info: ModelInfo
+    expect: Any = None  # slotfile.expect.ModelExpect, or None when expect is unavailable
+    note: str = ""
+
+
+def _model_side(path: str | None) -> ModelSide | None:
+    if path is None:
+        return None
+    try:
+        info = load_model_info(path)
+    except ModelError as e:
+        raise VerifyError(str(e)) from e
+    side = ModelSide(info)
+    try:
+        from . import expect as _expect
+
+        side.expect = _expect.expect_from_model(info)
+    except ImportError:
+        side.note = "slotfile.expect is not available: layouts not checked against the model"
+    except Exception as e:  # noqa: BLE001 - a model the expectation code cannot read
+        side.note = f"no expected layout for this model ({type(e).__name__}: {e})"
+    return side
+
+
+def _compare(exp: Any, body: Body | None, partial: bool, prefix: str) -> list[tuple[str, int, str]]:
+    from . import expect as _expect
+
+    if body is None:
+        return []
+    return _expect.compare(exp, body, partial=partial, prefix=prefix)
+
+
+def _token_offsets(sf: SlotFile) -> int:
+    tp = sf.tokens
+    if tp is None:
+        return 12
+    return tp.offset + (12 if tp.form == "packed" else 0)
+
+
+def level_model(sf: SlotFile, side: ModelSide | None, dside: ModelSide | None) -> Level:
+    lv = Level()
+    if side is None:
+        return lv.skip("no --model")
+    info, exp = side.info, side.expect
+    if side.note:
+        lv.warn("not-modelled", "body", sf.body.offset if sf.body else None, side.note)
+    if sf.format == "GGSN" and sf.arch is not None and sf.arch != info.arch:
+        lv.error("wrong-arch", "arch", 12 + 4 * (sf.n_token_count or 0),
+                 f"the session was written by a {sf.arch!r} model; --model is {info.arch!r}")
+    if exp is not None and sf.body is not None:
+        modelled = bool(getattr(exp, "modelled", True))
+        for sec, off, msg in _compare(exp, sf.body, False, "body"):
+            (lv.error if modelled else lv.warn)("model-mismatch" if modelled else "not-modelled", sec, off, msg)
+        for ck in sf.checkpoints:
+            if ck.tgt.body is not None and modelled:
+                for sec, off, msg in _compare(exp, ck.tgt.body, True, f"sckp.checkpoint[{ck.index}].data_tgt"):
+                    lv.error("model-mismatch", sec, off, msg)
+    # token ids: the server rejects ids outside [0, n_vocab) (server_tokens::validate)
+    n_vocab = (getattr(exp, "n_vocab", 0) if exp is not None else 0) or info.n_vocab
+    if sf.tokens is not None and sf.tokens.tokens.size and n_vocab:
+        toks = np.asarray(sf.tokens.tokens)
+        media = sf.tokens.form == "packed" and bool(sf.tokens.media)
+        bad = np.flatnonzero(((toks < 0) & ~(media & (toks == -1))) | (toks >= n_vocab))
+        if bad.size:
+            i = int(bad[0])
+            lv.error("token-out-of-vocab", "tokens", _token_offsets(sf) + 4 * i,
+                     f"token {i} is id {int(toks[i])}, outside the model's vocabulary [0, {n_vocab})"
+                     + (f" ({bad.size} such tokens)" if bad.size > 1 else ""))
+    # positions: beyond the training context only works with rope scaling
+    n_ctx_train = (getattr(exp, "n_ctx_train", 0) if exp is not None else 0) or int(info.get("context_length", 0) or 0)
+    if n_ctx_train and sf.body is not None:
+        scaled = str(info.get("rope.scaling.type", "none") or "none") not in ("none", "")
+        for blk in sf.body.blocks:
+            pos = blk.positions()
+            if pos.size and int(pos.max()) >= n_ctx_train:
+                msg = (f"highest position {int(pos.max())} is beyond the model's training context {n_ctx_train}"
+                       + (" (the model has rope scaling, so this may be intended)" if scaled else ""))
+                (lv.warn if scaled else lv.error)("position-beyond-context", f"body.{blk.role}", blk.offset, msg)
+                break
+    # the draft state against the draft model
+    dft_blobs = []
+    if sf.draft is not None and sf.draft.dft is not None and sf.draft.dft.length:
+        dft_blobs.append((sf.draft.dft, False, "sdft.data_dft"))
+    dft_blobs += [(ck.dft, True, f"sckp.checkpoint[{ck.index}].data_dft") for ck in sf.checkpoints if ck.dft.length]
+    if dft_blobs:
+        if dside is None:
+            lv.warn("draft-not-checked", dft_blobs[0][2], dft_blobs[0][0].offset,
+                    f"{len(dft_blobs)} draft blob(s) not checked (no --draft-model)")
+        elif dside.expect is not None and getattr(dside.expect, "modelled", True):
+            for blob, partial, sec in dft_blobs:
+                for s2, off, msg in _compare(dside.expect, blob.body, partial, sec):
+                    lv.error("draft-mismatch", s2, off, msg)
+    lv.details = {"arch": info.arch, "n_vocab": n_vocab, "n_ctx_train": n_ctx_train,
+                  "memory_class": getattr(exp, "memory_class", None)}
+    return lv.finish()
+
+
+# ---------------------------------------------------------------------------------------
+# level 3: test-load
+# ---------------------------------------------------------------------------------------
+
+
+def version_message(sf: SlotFile, loader_version: int | None, loader_name: str) -> str | None:
+    """A plain sentence when the file's state version is not the installed loader's."""
+    if sf.format != "GGSQ" or sf.version is None or loader_version is None or sf.version == loader_version:
+        return None
+    v = sf.version
+    who = GGSQ_VERSIONS.get(v)
+    line = LOADER_LINES.get(v)
+    msg = (f"this file has state version {v}, the installed loader ({loader_name}) only loads version "
+           f"{loader_version}: llama.cpp refuses any other version, so it cannot be test-loaded here.")
+    if who:
+        msg += f" Version {v} is written and loaded by {who}"
+        msg += f"; use {line} to load it." if line else "."
+    else:
+        msg += f" No known llama.cpp line writes version {v}."
+    return msg
+
+
+def level_load(sf: SlotFile, res: LoadResult | None, pool: LoaderPool | None, draft_model: bool) -> Level:
+    lv = Level()
+    if pool is None or res is None:
+        return lv.skip("no --model")
+    info = pool.info
+    vmsg = version_message(sf, info.get("state_seq_version"), f"llama-cpp-python {info.get('llama_cpp_python')}")
+    if sf.format == "GGSN" and sf.version is not None and sf.version != info.get("session_version"):
+        known = GGSN_VERSIONS.get(sf.version, "no known llama.cpp line")
+        vmsg = (f"this session file has version {sf.version}, the installed loader only loads session version "
+                f"{info.get('session_version')}; version {sf.version} is written by {known}.")
+    lv.details = {"body_bytes": res.body_bytes, "crashed": res.crashed, "message": res.message,
+                  "checkpoints": [list(c) for c in res.checkpoints], "draft": list(res.draft) if res.draft else None,
+                  "checkpoint_drafts": [list(c) for c in res.checkpoint_drafts], "log": res.log}
+    if not res.ok:
+        if vmsg and not res.crashed:
+            lv.error("version-mismatch", "header", 4, vmsg)
+        else:
+            lv.error("crashed" if res.crashed else "load-failed", "body", sf.body.offset if sf.body else None,
+                     ("llama.cpp crashed: " if res.crashed else "llama.cpp refused the file: ") + res.message)
+        return lv.finish()
+    if sf.format == "GGSQ" and sf.body is not None and sf.body.layout is not None and res.body_bytes != sf.body.end:
+        lv.error("loader-disagrees", "body", sf.body.offset,
+                 f"llama.cpp's loader stopped at offset {res.body_bytes}; the reader's body ends at {sf.body.end}")
+    for note in res.notes:
+        lv.warn("appendix-ignored", "sckp" if "SCKP" in note or "checkpoint" in note else "sdft", None,
+                f"{note} (the restore itself succeeds)")
+    for i, (ok, msg) in enumerate(res.checkpoints):
+        if not ok:
+            off = sf.checkpoints[i].tgt.data_offset if i < len(sf.checkpoints) else None
+            lv.error("checkpoint-rejected", f"sckp.checkpoint[{i}].data_tgt", off, msg)
+    for i, (ok, msg) in enumerate(res.checkpoint_drafts):
+        if not ok:
+            off = sf.checkpoints[i].dft.data_offset if i < len(sf.checkpoints) else None
+            lv.error("checkpoint-draft-rejected", f"sckp.checkpoint[{i}].data_dft", off, msg)
+    if res.draft is not None and not res.draft[0]:
+        off = sf.draft.dft.data_offset if sf.draft is not None and sf.draft.dft is not None else None
+        lv.error("draft-rejected", "sdft.data_dft", off, res.draft[1])
+    has_dft = (sf.draft is not None and sf.draft.dft is not None and sf.draft.dft.length) or any(
+        ck.dft.length for ck in sf.checkpoints)
+    if has_dft and not draft_model:
+        lv.warn("draft-not-loaded", "sdft" if sf.draft is not None else "sckp", None,
+                "the file holds draft state; give --draft-model to test-load it")
+    return lv.finish()
+
+
+# ---------------------------------------------------------------------------------------
+# level 4: deep
+# ---------------------------------------------------------------------------------------
+
+
+def _dequant_rows(run: LayerRun, c0: int, c1: int) -> np.ndarray:
+    """Cells c0..c1 of a run as float64 (cells, elements)."""
+    t = run.type_id
+    if run.n_cells == 0 or run.row_size == 0:
+        return np.zeros((c1 - c0, 0))
+    if run.transposed:
+        a = run.array()[:, c0:c1]
+        a = (a.astype(np.uint32) << 16).view(np.float32) if t == 30 else a
+        return np.asarray(a, dtype=np.float64).T
+    if t in (0, 1):
+        return np.asarray(run.array()[c0:c1], dtype=np.float64)
+    if t == 30:
+        return (run.array()[c0:c1].astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    import gguf.quants as gq
+    from gguf import GGMLQuantizationType
+
+    raw = run.data.array(np.uint8).reshape(run.n_cells, run.row_size)[c0:c1]
+    return gq.dequantize(np.ascontiguousarray(raw), GGMLQuantizationType(t)).astype(np.float64).reshape(c1 - c0, -1)
+
+
+def compare_run(a: LayerRun, b: LayerRun) -> dict[str, Any]:
+    """File run ``a`` against recomputed run ``b`` (same cells, same type), in chunks of cells."""
+    n = a.n_cells
+    max_abs = sum_abs = ss_d = ss_b = 0.0
+    count = 0
+    worst, worst_i = 0.0, -1
+    first_bad = -1
+    for c0 in range(0, n, CHUNK_CELLS):
+        c1 = min(n, c0 + CHUNK_CELLS)
+        x, y = _dequant_rows(a, c0, c1), _dequant_rows(b, c0, c1)
+        ok = np.isfinite(x).all(axis=1)
+        if not ok.all():
+            if first_bad < 0:
+                first_bad = c0 + int(np.flatnonzero(~ok)[0])
+            x = np.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0)
+        d = x - y
+        if not d.size:
+            continue
+        max_abs = max(max_abs, float(np.max(np.abs(d))))
+        sum_abs += float(np.sum(np.abs(d)))
+        count += d.size
+        ss_d += float(np.sum(d * d))
+        ss_b += float(np.sum(y * y))
+        den = np.maximum(np.maximum(np.linalg.norm(x, axis=1), np.linalg.norm(y, axis=1)), 1e-30)
+        rr = np.linalg.norm(d, axis=1) / den
+        i = int(np.argmax(rr))
+        if rr[i] > worst:
+            worst, worst_i = float(rr[i]), c0 + i
+    if first_bad >= 0:
+        worst, worst_i = float("inf"), first_bad
+    return {"max_abs": max_abs, "mean_abs": sum_abs / count if count else 0.0,
+            "rel": (ss_d ** 0.5) / (ss_b ** 0.5) if ss_b > 0 else (0.0 if ss_d == 0 else float("inf")),
+            "worst_cell_rel": worst, "worst_cell": worst_i, "finite": first_bad < 0}
+
+
+def _pairs(fb: MemoryBlock, rb: MemoryBlock) -> Iterator[tuple[str, LayerRun | None, LayerRun | None, np.ndarray | None]]:
+    """(section, file run, recomputed run, positions) for every layer entry of two blocks."""
+    if fb.kind == "KV":
+        for fs, rs in zip(fb.streams, rb.streams):
+            if not fs.cell_count and not rs.cell_count:
+                continue
+            sec = f"body.{fb.role}.stream[{fs.index}]"
+            for part_f, part_r in ((fs.k, rs.k), (fs.v, rs.v)):
+                for j in range(max(len(part_f), len(part_r))):
+                    yield (sec, part_f[j] if j < len(part_f) else None, part_r[j] if j < len(part_r) else None,
+                           fs.positions)
+    else:
+        sec = f"body.{fb.role}"
+        for part_f, part_r in ((fb.r, rb.r), (fb.p, rb.p), (fb.s, rb.s)):
+            for j in range(max(len(part_f), len(part_r))):
+                yield sec, part_f[j] if j < len(part_f) else None, part_r[j] if j < len(part_r) else None, None
+
+
+def compare_bodies(lv: Level, file_body: Body, rec_body: Body) -> list[dict[str, Any]]:
+    """Per-layer metrics of the file's state against the recomputed one; problems into ``lv``."""
+    rows: list[dict[str, Any]] = []
+    if rec_body.layout is None or file_body.layout is None:
+        lv.error("deep-internal", "body", file_body.offset, "the recomputed state does not parse")
+        return rows
+    if file_body.layout.kinds != rec_body.layout.kinds:
+        lv.error("deep-layout", "body", file_body.offset,
+                 f"the file holds {file_body.layout.describe()}; recomputing gives {rec_body.layout.describe()}")
+        return rows
+    for fb, rb in zip(file_body.blocks, rec_body.blocks):
+        before = len(lv.problems)
+        if fb.kind == "KV":
+            for fs, rs in zip(fb.streams, rb.streams):
+                if fs.cell_count != rs.cell_count:
+                    lv.error("deep-cells", f"body.{fb.role}.stream[{fs.index}]", fs.offset,
+                             f"{fs.cell_count} cells; recomputing the tokens gives {rs.cell_count}")
+                elif fs.cell_count and not np.array_equal(fs.positions, rs.positions):
+                    lv.error("deep-positions", f"body.{fb.role}.stream[{fs.index}]", fs.offset,
+                             "cell positions differ from those of the recomputed state")
+        elif fb.cell_count != rb.cell_count:
+            lv.error("deep-cells", f"body.{fb.role}", fb.offset,
+                     f"{fb.cell_count} cells; recomputing the tokens gives {rb.cell_count}")
+        if len(lv.problems) > before:
+            continue  # different cells: a row-by-row comparison means nothing
+        for sec, fr, rr, pos in _pairs(fb, rb):
+            if fr is None or rr is None:
+                run = fr or rr
+                lv.error("deep-layout", sec, fr.offset if fr else None,
+                         f"{run.part} layer {run.index} present in only one of file and recomputed state")  # type: ignore[union-attr]
+                continue
+            if (fr.type_id, fr.row_size, fr.transposed) != (rr.type_id, rr.row_size, rr.transposed):
+                lv.error("deep-layout", sec, fr.offset, f"{fr.part} layer {fr.index}: {fr.type_name} rows of "
+                         f"{fr.row_size} B; the recomputed state has {rr.type_name} rows of {rr.row_size} B")
+                continue
+            m = compare_run(fr, rr)
+            tol_class = tolerance_class(fr.type_id)
+            tol = ROW_TOLERANCE[tol_class]
+            cell = m["worst_cell"]
+            p = int(pos[cell]) if pos is not None and 0 <= cell < len(pos) else None
+            row = {"section": sec, "part": fr.part, "layer": fr.index, "type": fr.type_name, "cells": fr.n_cells,
+                   "max_abs": m["max_abs"], "mean_abs": m["mean_abs"], "rel": m["rel"],
+                   "worst_cell_rel": m["worst_cell_rel"], "worst_cell": cell, "worst_pos": p, "tolerance": tol}
+            rows.append(row)
+            if not m["finite"]:
+                lv.error("deep-nonfinite", sec, fr.data.offset, f"{fr.part} layer {fr.index}: non-finite values "
+                         f"(first in cell {cell})")
+            elif m["worst_cell_rel"] > tol:
+                at = f"cell {cell}" + (f" (position {p})" if p is not None else "")
+                lv.error("deep-mismatch", sec, fr.data.offset + (cell * fr.row_size if not fr.transposed and cell >= 0 else 0),
+                         f"{fr.part} layer {fr.index} ({fr.type_name}): {at} differs from the recomputed value by "
+                         f"{100 * m['worst_cell_rel']:.3g}% (tolerance {100 * tol:g}% for {tol_class} caches; "
+                         f"layer max abs {m['max_abs']:.3g}, relative {m['rel']:.3g})")
+    return rows
+
+
+def _deep_preconditions(sf: SlotFile, n_vocab: int) -> str | None:
+    """Why the stored tokens cannot reproduce the state (None: they should)."""
+    if sf.format != "GGSQ":
+        return "session files (GGSN) hold every sequence; the deep check covers slot files"
+    if sf.body is None or sf.body.layout is None or not sf.body.blocks:
+        return "the body does not parse" if sf.body is None or sf.body.layout is None else "the file holds no state"
+    tp = sf.tokens
+    if tp is None or not tp.tokens.size:
+        return "the file stores no tokens"
+    if tp.media or np.any(tp.tokens < 0):
+        return "the prompt has media chunks (image/audio embeddings cannot be recomputed from token ids)"
+    if n_vocab and np.any(tp.tokens >= n_vocab):
+        return "token ids outside the model's vocabulary (see the model level)"
+    n = int(tp.tokens.size)
+    first = sf.body.blocks[0]
+    if first.kind == "KV":
+        act = first.active_streams()
+        if len(act) != 1 or not np.array_equal(act[0].positions, np.arange(n)):
+            return (f"the cache does not hold positions 0..{n - 1} of the {n} stored tokens (context shift, "
+                    "a partial prompt or cache reuse): nothing to recompute it from")
+    else:
+        pos = first.positions()
+        if pos.size != 1 or int(pos[0]) != n - 1:
+            return f"the recurrent state is not at position {n - 1} of the {n} stored tokens"
+    return None
+
+
+def level_deep(sf: SlotFile, path: str, pool: LoaderPool | None, load: Level, opts: Options,
+               settings: LoadSettings | None) -> Level:
+    lv = Level()
+    if not opts.deep:
+        return lv.skip("no --deep")
+    if pool is None:
+        return lv.skip("no --model")
+    if load.status != "pass":
+        return lv.skip("the file does not load")
+    why = _deep_preconditions(sf, int(pool.info.get("n_vocab") or 0))
+    if why:
+        return lv.skip(why)
+    tokens = [int(t) for t in sf.tokens.tokens]  # type: ignore[union-attr]
+    fd, out = tempfile.mkstemp(prefix="slotfile-deep-", suffix=".slot")
+    os.close(fd)
+    try:
+        res = pool.deep(path, tokens, tokens[-1], out, settings, timeout=opts.timeout)
+        if not res.ok:
+            lv.error("crashed" if res.crashed else "deep-failed", "body", sf.body.offset,  # type: ignore[union-attr]
+                     ("llama.cpp crashed: " if res.crashed else "recompute failed: ") + res.message)
+            return lv.finish()
+        rec = open_slot_file(out)
+        rows = compare_bodies(lv, sf.body, rec.body)  # type: ignore[arg-type]
+        lg = res.logits or {}
+        tol_class = max((tolerance_class(r.type_id) for b in sf.body.blocks for r in b.runs()),  # type: ignore[union-attr]
+                        key=lambda c: LOGITS_TOLERANCE[c], default="float")
+        ltol = LOGITS_TOLERANCE[tol_class]
+        if not lg.get("all_finite", True):
+            lv.error("deep-logits", "body", sf.body.offset, "non-finite next-token logits after restoring the file")  # type: ignore[union-attr]
+        elif lg.get("rel", 0.0) > ltol:
+            lv.error("deep-logits", "body", sf.body.offset,  # type: ignore[union-attr]
+                     f"next-token logits after restoring differ from those after recomputing the tokens by "
+                     f"{100 * lg['rel']:.3g}% (tolerance {100 * ltol:g}%; top token {lg['top5_restored'][0]} vs "
+                     f"{lg['top5_recomputed'][0]})")
+        lv.details = {"layers": rows, "logits": dict(lg, tolerance=ltol), "probe_token": tokens[-1],
+                      "row_tolerance": ROW_TOLERANCE, "logits_tolerance": LOGITS_TOLERANCE}
+        del rec
+    finally:
+        try:
+            os.unlink(out)
+        except OSError:
+            pass
+    return lv.finish()
+
+
+# ---------------------------------------------------------------------------------------
+# the engine
+# ---------------------------------------------------------------------------------------
+
+
+class Verifier:
+    """Models and loader workers shared by every file of a run."""
+
+    def __init__(self, opts: Options) -> None:
+        self.opts = opts
+        self.side = _model_side(opts.model)
+        self.dside = _model_side(opts.draft_model)
+        self.pool: LoaderPool | None = None
+        if opts.model is not None:
+            try:
+                self.pool = LoaderPool(opts.model, opts.draft_model, opts.n_gpu_layers, opts.jobs)
+            except LoaderError as e:
+                raise VerifyError(str(e)) from e
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
+
+    def __enter__(self) -> "Verifier":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def verify(self, path: Path) -> FileReport:
+        t0 = time.monotonic()
+        rep = FileReport(str(path))
+        try:
+            if path.is_dir():
+                raise IsADirectoryError(21, "is a directory")
+            sf = open_slot_file(path)
+        except OSError as e:
+            rep.error = f"{path}: {e.strerror or e}"
+            return rep
+        rep.size, rep.n_tokens, rep.format, rep.version = sf.size, sf.n_tokens, sf.format, sf.version
+        lv = rep.levels
+        t = time.monotonic()
+        lv["structure"] = level_structure(sf)
+        lv["structure"].seconds = time.monotonic() - t
+        t = time.monotonic()
+        lv["model"] = level_model(sf, self.side, self.dside)
+        lv["model"].seconds = time.monotonic() - t
+        settings = None
+        res = None
+        t = time.monotonic()
+        if self.pool is not None:
+            settings = settings_for(sf, self.opts.n_gpu_layers)
+            if self.opts.settings_hook is not None:
+                settings = self.opts.settings_hook(sf, settings)
+            res = self.pool.load(str(path), settings, timeout=self.opts.timeout)
+        lv["load"] = level_load(sf, res, self.pool, self.opts.draft_model is not None)
+        lv["load"].seconds = time.monotonic() - t
+        if settings is not None:
+            lv["load"].details["settings"] = settings.to_dict()
+        t = time.monotonic()
+        lv["deep"] = level_deep(sf, str(path), self.pool, lv["load"], self.opts, settings)
+        lv["deep"].seconds = time.monotonic() - t
+        rep.seconds = time.monotonic() - t0
+        return rep
+
+    def run(self, paths: list[Path], on_done: Callable[[FileReport], None] | None = None) -> list[FileReport]:
+        """Every file, ``jobs`` at a time; results in the order of ``paths``."""
+        if self.opts.jobs <= 1 or len(paths) <= 1:
+            out = []
+            for p in paths:
+                r = self.verify(p)
+                out.append(r)
+                if on_done:
+                    on_done(r)
+            return out
+        results: list[FileReport | None] = [None] * len(paths)
+        with ThreadPoolExecutor(max_workers=self.opts.jobs) as ex:
+            futs = {ex.submit(self.verify, p): i for i, p in enumerate(paths)}
+            from concurrent.futures import as_completed
+
+            for f in as_completed(futs):
+                r = f.result()
+                results[futs[f]] = r
+                if on_done:
+                    on_done(r)
+        return [r for r in results if r is not None]
+
+
+def verify_paths(args: list[Path], opts: Options,
+                 on_done: Callable[[FileReport], None] | None = None) -> tuple[list[FileReport], list[str]]:
+    """Collect and verify; returns (reports, operational errors for missing paths).
+    Raises VerifyError when the model is missing or the loader cannot start."""
+    files, errors = collect(args)
+    with Verifier(opts) as v:
+        return v.run(files, on_done), errors

@@ -1,0 +1,271 @@
+"""The loader: real llama-cpp-python in a worker process, on the real fixtures (no mocks)."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+
+import pytest
+
+from slotfile.ggml_types import BY_NAME
+from slotfile.loader import LoaderError, LoaderPool, LoadSettings, settings_for, test_load
+from slotfile.reader import open_slot_file
+
+from . import damage
+from .conftest import EXTRA, FIXTURES, MANIFEST, MODELS, ROOT, SLOTS
+
+MAIN = [e for e in MANIFEST["slots"]]
+EXTRA_FILES = [e for e in EXTRA["files"]]
+
+
+class Pools:
+    """One pool per (model, draft model), shared by the whole module: models load once."""
+
+    def __init__(self) -> None:
+        self.pools: dict[tuple[str, str | None], LoaderPool] = {}
+
+    def get(self, model: str, draft: str | None = None) -> LoaderPool:
+        key = (model, draft)
+        if key not in self.pools:
+            self.pools[key] = LoaderPool(str(FIXTURES / model), str(FIXTURES / draft) if draft else None)
+        return self.pools[key]
+
+    def close(self) -> None:
+        for p in self.pools.values():
+            p.close()
+
+
+@pytest.fixture(scope="module")
+def pools():
+    p = Pools()
+    yield p
+    p.close()
+
+
+# ----------------------------------------------------------------------------- settings
+
+
+@pytest.mark.parametrize("e", MAIN, ids=lambda e: e["file"])
+def test_settings_mirror_the_saving_context(e):
+    s = settings_for(open_slot_file(FIXTURES / e["file"]))
+    assert s.flash_attn == e["flash_attn"]
+    assert (s.type_k, s.type_v) == (BY_NAME[e["type_k"]].id, BY_NAME[e["type_v"]].id)
+    assert s.seq_id == e["seq_id"]
+    if e["n_stream"] > 1:
+        assert (s.n_seq_max, s.kv_unified) == (e["n_stream"], False)
+        assert s.n_ctx // s.n_seq_max >= e["n_tokens"] + 1
+    else:
+        assert s.kv_unified and s.n_seq_max == e["seq_id"] + 1
+        assert s.n_ctx >= e["n_tokens"] + 1
+
+
+def test_settings_for_recurrent_use_the_server_default_slots():
+    s = settings_for(open_slot_file(SLOTS / "extra-mamba.slot"))
+    assert s.n_seq_max == 4 and s.kv_unified and s.type_k == s.type_v == 1
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+@pytest.mark.parametrize("e", MAIN, ids=lambda e: e["file"])
+def test_every_fixture_loads(pools, e):
+    pool = pools.get(e["model"], e["draft_model"])
+    r = pool.load(str(FIXTURES / e["file"]))
+    assert r.ok and not r.crashed, r.message + r.log
+    assert r.body_bytes == e["body_end"]
+    n_ck = len((e["sckp"] or {}).get("checkpoints", []))
+    assert len(r.checkpoints) == n_ck and all(ok for ok, _ in r.checkpoints), r.checkpoints
+    if e["draft_model"]:
+        assert r.draft is not None and r.draft[0], r.draft
+        assert len(r.checkpoint_drafts) == n_ck and all(ok for ok, _ in r.checkpoint_drafts)
+    else:
+        assert r.draft is None
+
+
+@pytest.mark.parametrize("e", EXTRA_FILES, ids=lambda e: e["file"])
+def test_every_extra_fixture_loads(pools, e):
+    r = pools.get(e["model"]).load(str(FIXTURES / e["file"]))
+    assert r.ok, r.message + r.log
+    assert r.body_bytes == (e["size"] if e["kind"] == "session" else e["load_return"])
+    assert [ok for ok, _ in r.checkpoints] == [True] * len(e.get("checkpoint_set_returns", []))
+
+
+def test_draft_state_not_loaded_without_a_draft_model(pools):
+    r = pools.get("models/llama.gguf").load(str(SLOTS / "llama_draft_sdft.slot"))
+    assert r.ok and r.draft is None and r.checkpoint_drafts == []
+    assert len(r.checkpoints) == 3 and all(ok for ok, _ in r.checkpoints)
+
+
+@pytest.mark.parametrize("change, words", [
+    (dict(flash_attn=False), "incompatible V transposition"),
+    (dict(n_seq_max=2, kv_unified=False), "n_stream mismatch"),
+    (dict(type_k=0), "mismatched key type"),
+    (dict(type_v=8, flash_attn=False), "quantized V cache requires flash_attn"),
+])
+def test_mismatched_settings_are_explained(pools, change, words):
+    path = SLOTS / "llama_f16_fa.slot"
+    s = dataclasses.replace(settings_for(open_slot_file(path)), **change)
+    r = pools.get("models/llama.gguf").load(str(path), s)
+    assert not r.ok and not r.crashed
+    assert words in r.message, r.message
+    assert words in r.log or "context" in r.message
+
+
+def test_wrong_model_arch_is_refused(pools):
+    r = pools.get("models/llama.gguf").load(str(SLOTS / "gemma3_iswa_fa.slot"))
+    assert not r.ok and "mismatched key row size" in r.message
+
+
+def test_checkpoint_blob_one_byte_long(pools, tmp_path):
+    """The SCKP walk is consistent, but data_tgt carries one byte llama.cpp does not consume:
+    the server would abort; the loader reports it per checkpoint."""
+    p = tmp_path / "ck.slot"
+    p.write_bytes(damage.ckpt_blob_plus_one(damage.BASE.read_bytes(), tmp_path))
+    r = pools.get("models/llama.gguf").load(str(p))
+    assert r.ok
+    assert [ok for ok, _ in r.checkpoints] == [False, True]
+    assert "consumed 4360 of 4361 bytes" in r.checkpoints[0][1] and "GGML_ABORT" in r.checkpoints[0][1]
+
+
+def test_corrupt_sckp_count_is_skipped_like_the_server(pools, tmp_path):
+    p = tmp_path / "count.slot"
+    p.write_bytes(damage.corrupt_sckp_count(damage.BASE.read_bytes(), tmp_path))
+    r = pools.get("models/llama.gguf").load(str(p))
+    assert r.ok and r.checkpoints == [] and any("drops the appendix" in n for n in r.notes)
+
+
+def test_truncated_body_fails_cleanly(pools, tmp_path):
+    p = tmp_path / "cut.slot"
+    p.write_bytes(damage.truncate_body(damage.BASE.read_bytes(), tmp_path))
+    r = pools.get("models/llama.gguf").load(str(p))
+    assert not r.ok and not r.crashed and "failed to restore kv cache" in r.message
+
+
+def test_version_mismatch_is_refused(pools, tmp_path):
+    p = tmp_path / "v4.slot"
+    p.write_bytes(damage.version_4(damage.BASE.read_bytes(), tmp_path))
+    r = pools.get("models/llama.gguf").load(str(p))
+    assert not r.ok and "unknown (magic, version)" in r.message
+
+
+# ----------------------------------------------------------------------------- containment
+
+
+def test_abort_inside_llama_cpp_is_contained(pools, tmp_path):
+    """A real file that makes llama.cpp abort: a recurrent body claiming two cells for one
+    sequence.  With room for 2+ sequences (llama-server's default is 4 slots) the restore
+    reaches GGML_ASSERT(cells[head].pos == ubatch.pos[0]) and the worker dies of SIGABRT."""
+    p = tmp_path / "two-cells.slot"
+    p.write_bytes(damage.recurrent_two_cells((SLOTS / "extra-mamba.slot").read_bytes(), tmp_path))
+    pool = pools.get("models/extra-mamba.gguf")
+    before = pool.restarts
+    r = pool.load(str(p))
+    assert not r.ok and r.crashed
+    assert "SIGABRT" in r.message and "GGML_ASSERT(cells[head].pos == ubatch.pos[0])" in r.message
+    assert "llama-memory-recurrent.cpp" in r.log
+    # the next file gets a fresh worker
+    r2 = pool.load(str(SLOTS / "extra-mamba.slot"))
+    assert r2.ok and pool.restarts == before + 1
+    # with room for one sequence only, the same file fails cleanly instead
+    s = dataclasses.replace(settings_for(open_slot_file(p)), n_seq_max=1)
+    r3 = pool.load(str(p), s)
+    assert not r3.ok and not r3.crashed and "not enough cells" in r3.log
+
+
+def test_timeout_kills_and_restarts(pools):
+    pool = pools.get("models/llama.gguf")
+    path = SLOTS / "llama_f16_fa.slot"
+    s = dataclasses.replace(settings_for(open_slot_file(path)), n_ctx=8192)
+    before = pool.restarts
+    r = pool.deep(str(path), [5] * 8000, 5, "/dev/null", s, timeout=0.3, batch=1)
+    assert not r.ok and r.crashed and "timed out after 0.3 s" in r.message
+    assert pool.load(str(path)).ok and pool.restarts == before + 1
+
+
+def test_model_loaded_once_per_worker(pools):
+    pool = pools.get("models/llama.gguf")
+    pids = set()
+    for e in MAIN:
+        if e["model"] == "models/llama.gguf":
+            assert pool.load(str(FIXTURES / e["file"])).ok
+            pids |= {w.proc.pid for w in pool._all}
+    assert len(pids) == 1
+
+
+def test_missing_model_is_an_operational_error(tmp_path):
+    with pytest.raises(LoaderError, match="model not found"):
+        LoaderPool(str(tmp_path / "nope.gguf"))
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF" + bytes(100))
+    with pytest.raises(LoaderError, match="did not start"):
+        LoaderPool(str(bad))
+
+
+def test_one_shot_test_load():
+    r = test_load(str(SLOTS / "llama_q8_0_fa.slot"), str(MODELS / "llama.gguf"))
+    assert r.ok and r.body_bytes == 8300 and r.checkpoints == [(True, "consumed all 4808 bytes")]
+    s = LoadSettings(256, 1, True, True, 8, 8)
+    assert test_load(str(SLOTS / "llama_q8_0_fa.slot"), str(MODELS / "llama.gguf"), settings=s).ok
+
+
+def test_two_workers_serve_concurrent_callers():
+    from concurrent.futures import ThreadPoolExecutor
+
+    files = [FIXTURES / e["file"] for e in MAIN if e["model"] == "models/llama.gguf"]
+    with LoaderPool(str(MODELS / "llama.gguf"), jobs=2) as pool:
+        with ThreadPoolExecutor(4) as ex:
+            results = list(ex.map(lambda p: pool.load(str(p)), files * 2))
+        assert len({w.proc.pid for w in pool._all}) == 2
+    assert all(r.ok for r in results)
+
+
+def test_deep_recompute_reproduces_the_fixture(pools, tmp_path):
+    path = SLOTS / "llama_f16_nofa.slot"
+    sf = open_slot_file(path)
+    toks = [int(t) for t in sf.tokens.tokens]
+    r = pools.get("models/llama.gguf").deep(str(path), toks, toks[-1], str(tmp_path / "re.slot"))
+    assert r.ok and r.restored_pos_max == len(toks) - 1
+    assert r.logits["rel"] < 1e-3 and r.logits["top5_restored"] == r.logits["top5_recomputed"]
+    rec = open_slot_file(tmp_path / "re.slot")
+    assert rec.body.layout == sf.body.layout and rec.body.size == sf.body.size
+
+
+def test_parent_process_never_imports_llama_cpp():
+    code = ("import sys, slotfile.loader, slotfile.verify, slotfile.cli.verify_cmd; "
+            "sys.exit('llama_cpp' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+
+
+def test_worker_is_self_contained():
+    """The worker file imports no slotfile module: a crash there can only take the worker."""
+    src = (ROOT / "slotfile" / "loader_worker.py").read_text()
+    assert "from slotfile" not in src and "from ." not in src and "import slotfile" not in src
+
+
+def test_pool_refuses_work_after_close():
+    pool = LoaderPool(str(MODELS / "draft.gguf"))
+    pool.close()
+    with pytest.raises(LoaderError):
+        pool.load(str(SLOTS / "llama_f16_fa.slot"))
+
+
+
+def test_settings_are_sized_from_cells_not_from_inflatable_numbers(pools, tmp_path):
+    """A damaged position (2^31 - 1) or checkpoint n_tokens must not make the loader ask for a
+    context of billions of cells."""
+    from slotfile.reader import parse_buffer
+
+    data = damage.BASE.read_bytes()
+    sf = parse_buffer(data)
+    cells = sf.body.blocks[0].active_streams()[0].cells
+    off = cells.offset + (cells.cells.size - 1) * 12
+    data = data[:off] + (2**31 - 1).to_bytes(4, "little") + data[off + 4:]
+    ck = parse_buffer(data).checkpoints[1]
+    data = data[:ck.offset] + (2**62).to_bytes(8, "little") + data[ck.offset + 8:]
+    p = tmp_path / "inflated.slot"
+    p.write_bytes(data)
+    s = settings_for(open_slot_file(p))
+    assert s.n_ctx == 256
+    assert pools.get("models/llama.gguf").load(str(p), s).ok  # llama.cpp keeps positions as given

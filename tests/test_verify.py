@@ -1,0 +1,288 @@
+"""``slotfile verify``: the four levels on intact fixtures and on a corpus of damaged copies,
+through the real loader (no mocks), plus the CLI's outputs and exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from slotfile.verify import LEVELS, Options, Verifier, collect, version_message
+from slotfile.reader import open_slot_file
+
+from . import damage
+from .conftest import EXTRA, FIXTURES, MANIFEST, MODELS, SLOTS
+
+
+def cli(*args: object, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "slotfile.cli", "verify", *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+class Verifiers:
+    def __init__(self) -> None:
+        self.v: dict[tuple[str, str | None], Verifier] = {}
+
+    def get(self, model: str, draft: str | None = None) -> Verifier:
+        key = (model, draft)
+        if key not in self.v:
+            self.v[key] = Verifier(Options(model=str(FIXTURES / model) if "/" in model else str(model),
+                                           draft_model=str(FIXTURES / draft) if draft else None, deep=True))
+        return self.v[key]
+
+    def close(self) -> None:
+        for v in self.v.values():
+            v.close()
+
+
+@pytest.fixture(scope="module")
+def verifiers():
+    v = Verifiers()
+    yield v
+    v.close()
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> dict[str, Path]:
+    tmp = tmp_path_factory.mktemp("corpus")
+    return {d.name: damage.build(d, tmp) for d in damage.CORPUS}
+
+
+ALL = [(e["file"], e["model"], e["draft_model"], bool(e["n_tokens"])) for e in MANIFEST["slots"]] + [
+    (e["file"], e["model"], None, e["kind"] == "slot" and bool(e["n_tokens"])) for e in EXTRA["files"]]
+
+
+@pytest.mark.parametrize("file, model, draft, deep", ALL, ids=[a[0] for a in ALL])
+def test_intact_fixtures_pass_every_level(verifiers, file, model, draft, deep):
+    r = verifiers.get(model, draft).verify(FIXTURES / file)
+    assert r.verdict == "pass", r.to_dict()
+    assert r.level_reached == (4 if deep else 3), {k: (v.status, v.reason) for k, v in r.levels.items()}
+    if deep:
+        rows = r.levels["deep"].details["layers"]
+        assert rows and all(row["worst_cell_rel"] <= row["tolerance"] for row in rows)
+
+
+@pytest.mark.parametrize("d", damage.CORPUS, ids=lambda d: d.name)
+def test_damaged_copies(verifiers, corpus, d):
+    r = verifiers.get(f"models/{d.model}").verify(corpus[d.name])
+    statuses = {k: v.status for k, v in r.levels.items()}
+    assert r.verdict == d.verdict, statuses
+    first = next((k for k in LEVELS if statuses[k] == "fail"), None)
+    assert first == d.first_fail, (statuses, r.first_problem)
+    assert r.level_reached == d.level_reached
+    codes = {p["code"] for p in r.levels[first].problems} if first else set()
+    assert set(d.codes) <= codes, (codes, r.first_problem)
+    assert r.first_problem and r.first_problem.startswith(f"{first}: ")
+
+
+def test_damage_in_detail(verifiers, corpus):
+    v = verifiers.get("models/llama.gguf")
+    # the swap shows in layer 0 only, in K and in V
+    deep = v.verify(corpus["kv-swapped-layer0"]).levels["deep"]
+    bad = {(p["message"].split(" (")[0]) for p in deep.problems if p["code"] == "deep-mismatch"}
+    assert bad == {"K layer 0", "V layer 0"}
+    # one zeroed V row: that row, 100 % off
+    deep = v.verify(corpus["v-row-zeroed"]).levels["deep"]
+    (p,) = [p for p in deep.problems if p["code"] == "deep-mismatch"]
+    assert "V layer 1" in p["message"] and "cell 10 (position 10)" in p["message"] and "by 100%" in p["message"]
+    # a changed token: the KV from that position on no longer matches, and the logits differ
+    deep = v.verify(corpus["token-changed"]).levels["deep"]
+    assert any("cell 20 (position 20)" in p["message"] for p in deep.problems)
+    assert any(p["code"] == "deep-logits" for p in deep.problems)
+    # the checkpoint one byte long: the server would abort on it
+    load = v.verify(corpus["checkpoint-len-plus-one"]).levels["load"]
+    assert load.status == "fail" and "GGML_ABORT" in load.problems[0]["message"]
+    # the corrupt SCKP count: the body itself still restores (only the appendix is dropped)
+    r = v.verify(corpus["sckp-count-corrupt"])
+    assert r.levels["load"].details["body_bytes"] == 14780 and r.levels["deep"].status == "pass"
+
+
+def test_crash_is_contained_in_a_run(verifiers, corpus):
+    v = verifiers.get("models/extra-mamba.gguf")
+    reports = v.run([corpus["recurrent-two-cells"], SLOTS / "extra-mamba.slot"])
+    crash, good = reports
+    (p,) = [p for p in crash.levels["load"].problems if p["severity"] == "error"]
+    assert p["code"] == "crashed" and "SIGABRT" in p["message"] and "GGML_ASSERT" in p["message"]
+    assert crash.levels["load"].details["crashed"] is True
+    assert good.verdict == "pass" and good.level_reached == 4
+
+
+def test_wrong_model_of_the_same_shape(tmp_path):
+    other = damage.other_seed_llama(tmp_path / "other-llama.gguf")
+    with Verifier(Options(model=str(other), deep=True)) as v:
+        r = v.verify(damage.BASE)
+    statuses = {k: lv.status for k, lv in r.levels.items()}
+    assert statuses == {"structure": "pass", "model": "pass", "load": "pass", "deep": "fail"}
+    assert any(p["code"] == "deep-mismatch" and "K layer 0" in p["message"] for p in r.levels["deep"].problems)
+
+
+def test_version_message_is_plain():
+    sf = open_slot_file(damage.BASE)
+    assert version_message(sf, 3, "x") is None
+    sf.version = 4
+    msg = version_message(sf, 3, "llama-cpp-python 0.3.36")
+    assert "state version 4" in msg and "only loads version 3" in msg and "October 2026" in msg
+    sf.version = 2
+    assert "2025" in version_message(sf, 3, "llama-cpp-python 0.3.36")
+
+
+def test_structure_only_without_a_model(corpus):
+    with Verifier(Options()) as v:
+        ok = v.verify(damage.BASE)
+        cut = v.verify(corpus["body-truncated"])
+    assert ok.verdict == "pass" and ok.level_reached == 1
+    assert {k: lv.status for k, lv in ok.levels.items()} == {
+        "structure": "pass", "model": "skipped", "load": "skipped", "deep": "skipped"}
+    assert cut.verdict == "fail" and cut.level_reached == 0
+
+
+def test_directory_collection(tmp_path):
+    (tmp_path / "sub").mkdir()
+    shutil.copy(damage.BASE, tmp_path / "a.slot")
+    shutil.copy(damage.BASE, tmp_path / "b.bin")
+    shutil.copy(damage.BASE, tmp_path / "slot0")  # no suffix, but a GGSQ magic
+    shutil.copy(damage.BASE, tmp_path / "sub" / "d.slot")
+    (tmp_path / "notes.txt").write_text("not a slot")
+    (tmp_path / "manifest.json").write_text("{}")
+    os.symlink(tmp_path / "a.slot", tmp_path / "link.slot")
+    files, errors = collect([tmp_path, tmp_path / "missing.slot"])
+    assert [p.relative_to(tmp_path).as_posix() for p in files] == ["a.slot", "b.bin", "slot0", "sub/d.slot"]
+    assert errors == [f"{tmp_path / 'missing.slot'}: no such file or directory"]
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory, corpus) -> Path:
+    """Intact llama files and the llama damaged copies in one directory."""
+    d = tmp_path_factory.mktemp("llama-dir")
+    for e in MANIFEST["slots"]:
+        if e["model"] == "models/llama.gguf" and not e["draft_model"]:
+            shutil.copy(FIXTURES / e["file"], d)
+    for dm in damage.CORPUS:
+        if dm.model == "llama.gguf":
+            shutil.copy(corpus[dm.name], d)
+    return d
+
+
+def _check_schema(doc: dict) -> None:
+    assert doc["schema"] == "slotfile.verify/1"
+    assert set(doc) >= {"loader", "model", "draft_model", "deep", "tolerances", "files", "errors", "summary",
+                        "exit_code"}
+    for f in doc["files"]:
+        assert set(f) >= {"path", "size", "n_tokens", "levels", "verdict", "first_problem", "level_reached"}
+        assert list(f["levels"]) == list(LEVELS)
+        for lv in f["levels"].values():
+            assert lv["status"] in ("pass", "fail", "skipped")
+            for p in lv["problems"]:
+                assert set(p) == {"severity", "code", "section", "offset", "message"}
+        assert f["verdict"] in ("pass", "fail", "error")
+        assert (f["first_problem"] is None) == (f["verdict"] == "pass")
+
+
+def test_cli_json_and_jobs_over_a_directory(llama_dir, tmp_path):
+    r1 = cli(llama_dir, "--model", MODELS / "llama.gguf", "--deep", "--json")
+    r2 = cli(llama_dir, "--model", MODELS / "llama.gguf", "--deep", "--json", "--jobs", "2",
+             "--junit", tmp_path / "junit.xml")
+    assert r1.returncode == r2.returncode == 4, r1.stderr + r2.stderr
+    d1, d2 = json.loads(r1.stdout), json.loads(r2.stdout)
+    _check_schema(d1)
+    _check_schema(d2)
+    assert d1["loader"] == {"llama_cpp_python": "0.3.36", "state_seq_version": 3, "session_version": 10}
+    paths = [f["path"] for f in d1["files"]]
+    assert paths == sorted(paths) and len(paths) == len(list(llama_dir.iterdir()))
+
+    def summary(d):
+        return [(Path(f["path"]).name, f["verdict"], f["level_reached"],
+                 tuple(lv["status"] for lv in f["levels"].values())) for f in d["files"]]
+
+    assert summary(d1) == summary(d2)
+    by_name = {Path(f["path"]).name: f for f in d1["files"]}
+    for dm in damage.CORPUS:
+        if dm.model == "llama.gguf":
+            f = by_name[f"{dm.name}.slot"]
+            assert (f["verdict"], f["level_reached"]) == (dm.verdict, dm.level_reached), f["first_problem"]
+    assert by_name["llama_f16_fa.slot"]["verdict"] == "pass"
+    assert d1["summary"]["fail"] == sum(1 for dm in damage.CORPUS if dm.model == "llama.gguf")
+
+    # JUnit: well-formed, one testcase per file, failures where the JSON says fail
+    root = ET.parse(tmp_path / "junit.xml").getroot()
+    cases = root.findall("./testsuite/testcase")
+    assert len(cases) == len(d2["files"]) and int(root.get("tests")) == len(cases)
+    failed = {c.get("name") for c in cases if c.find("failure") is not None}
+    assert failed == {f["path"] for f in d2["files"] if f["verdict"] == "fail"}
+    assert int(root.get("failures")) == len(failed) and root.get("errors") == "0"
+    for c in cases:
+        fl = c.find("failure")
+        if fl is not None:
+            assert fl.get("type") in LEVELS and fl.get("message")
+
+
+def test_cli_table_and_exit_codes(tmp_path):
+    ok = cli(SLOTS / "llama_f16_fa.slot", SLOTS / "llama_q8_0_fa.slot", "--model", MODELS / "llama.gguf")
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "slotfile verify" in ok.stdout and "pass" in ok.stdout and "2 file(s): 2 pass, 0 fail" in ok.stdout
+    assert "llama-cpp-python 0.3.36" in ok.stdout
+
+    structure = cli(SLOTS)  # no model: structure only, every fixture reads cleanly
+    assert structure.returncode == 0, structure.stdout
+
+    missing_model = cli(SLOTS / "llama_f16_fa.slot", "--model", tmp_path / "nope.gguf")
+    assert missing_model.returncode == 8 and "model not found" in missing_model.stderr
+
+    missing_path = cli(SLOTS / "llama_f16_fa.slot", tmp_path / "nope.slot", "--json")
+    assert missing_path.returncode == 8 and "no such file" in missing_path.stderr
+    assert json.loads(missing_path.stdout)["errors"]
+
+    assert cli(SLOTS / "llama_f16_fa.slot", "--deep").returncode == 2  # --deep needs --model
+    assert cli().returncode == 2
+    assert cli(SLOTS / "llama_f16_fa.slot", "--jobs", "0").returncode == 2
+
+    bad = tmp_path / "bad.slot"
+    bad.write_bytes(damage.truncate_body(damage.BASE.read_bytes(), tmp_path))
+    r = cli(bad)
+    assert r.returncode == 4 and "fail" in r.stdout and "truncated" in r.stdout
+
+
+def test_cli_version_mismatch_reported(corpus):
+    r = cli(corpus["version-4"], "--model", MODELS / "llama.gguf", "--json")
+    assert r.returncode == 4
+    f = json.loads(r.stdout)["files"][0]
+    assert f["levels"]["load"]["status"] == "fail"
+    assert "state version 4" in f["first_problem"] and "llama-cpp-python" in f["first_problem"]
+
+
+def test_model_level_token_and_position_checks():
+    from slotfile.reader import parse_buffer
+    from slotfile.verify import _model_side, level_model
+
+    side = _model_side(str(MODELS / "llama.gguf"))
+    data = damage.BASE.read_bytes()
+    assert level_model(parse_buffer(data), side, None).status == "pass"
+    # a token id beyond the 320-token vocabulary: the server's validate() rejects it
+    bad_tok = damage.change_token(data, Path("."), index=7, new=999)
+    lv = level_model(parse_buffer(bad_tok), side, None)
+    (p,) = [p for p in lv.problems if p["code"] == "token-out-of-vocab"]
+    assert lv.status == "fail" and "token 7 is id 999" in p["message"] and p["offset"] == 12 + 12 + 4 * 7  # header, packed prefix, 7 tokens
+    # the last cell at position 300, beyond the model's 256-token training context
+    sf = parse_buffer(data)
+    cells = sf.body.blocks[0].active_streams()[0].cells
+    off = cells.offset + (cells.cells.size - 1) * 12
+    moved = data[:off] + (300).to_bytes(4, "little", signed=True) + data[off + 4:]
+    lv = level_model(parse_buffer(moved), side, None)
+    assert any(p["code"] == "position-beyond-context" and "256" in p["message"] for p in lv.problems)
+    # without a draft model, draft blobs are reported as not checked (a warning)
+    lv = level_model(open_slot_file(SLOTS / "llama_draft_sdft.slot"), side, None)
+    assert lv.status == "pass" and any(p["code"] == "draft-not-checked" for p in lv.problems)
+    dside = _model_side(str(MODELS / "draft.gguf"))
+    assert not level_model(open_slot_file(SLOTS / "llama_draft_sdft.slot"), side, dside).problems
+    # the draft model used as the target: every layer's row size is wrong
+    lv = level_model(parse_buffer(data), dside, None)
+    assert lv.status == "fail" and any(p["code"] == "model-mismatch" for p in lv.problems)
