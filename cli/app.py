@@ -58,6 +58,91 @@ def dump(
     raise typer.Exit(run_dump(file, json_out, tokens, model))
 
 
+@app.command()
+def verify(
+    paths: list[Path] = typer.Argument(..., help="Slot files, or directories (every *.slot / *.bin / slot-magic file under them)."),
+    model: Optional[Path] = typer.Option(None, "--model", "-m", help="GGUF model: metadata checks and a test-load."),
+    draft_model: Optional[Path] = typer.Option(None, "--draft-model", help="Draft GGUF: check and test-load the draft state."),
+    deep: bool = typer.Option(False, "--deep", help="Recompute the state from the tokens and compare K/V and logits."),
+    n_gpu_layers: int = typer.Option(0, "--n-gpu-layers", help="Layers to offload in the loader (default 0: CPU)."),
+    jobs: int = typer.Option(1, "--jobs", "-j", help="Loader worker processes (files verified in parallel)."),
+    json_out: bool = typer.Option(False, "--json", help="JSON on stdout (schema slotfile.verify/1, documented in cli/verify_cmd.py)."),
+    junit: Optional[Path] = typer.Option(None, "--junit", help="Also write JUnit XML here (one testcase per file)."),
+    timeout: float = typer.Option(300.0, "--timeout", help="Seconds allowed for each llama.cpp load."),
+) -> None:
+    """Structure, model metadata, a real test-load and (--deep) a recompute, each reported per file."""
+    from .verify_cmd import run_verify
+
+    raise typer.Exit(run_verify(paths, model, draft_model, deep, n_gpu_layers, jobs, json_out, junit, timeout))
+
+
+_OUT = typer.Option(None, "--output", "-o", help="Where to write the repaired file (must not exist unless --force).")
+_FORCE = typer.Option(False, "--force", help="Replace an existing OUT (or backup).")
+_IN_PLACE = typer.Option(False, "--in-place", help="Replace IN itself, keeping IN.bak (or --backup); never through a symlink.")
+_BACKUP = typer.Option(None, "--backup", help="Backup path for --in-place (default IN.bak).")
+_DRY = typer.Option(False, "--dry-run", help="Print the plan; write nothing.")
+_JSON = typer.Option(False, "--json", help="The report as JSON on stdout (schema slotfile.repair/1).")
+_DRAFT = typer.Option(None, "--draft-model", help="Draft GGUF: test-load (and rebuild) the draft state too.")
+_TIMEOUT = typer.Option(600.0, "--timeout", help="Seconds allowed for each llama.cpp worker.")
+
+
+@app.command("truncate-recover")
+def truncate_recover(
+    file: Path = typer.Argument(..., help="Damaged slot file (opened read-only)."),
+    output: Optional[Path] = _OUT,
+    model: Optional[Path] = typer.Option(None, "--model", "-m", help="GGUF model: test-load the result; rebuild a damaged body from the tokens."),
+    draft_model: Optional[Path] = _DRAFT,
+    flash_attn: Optional[str] = typer.Option(None, "--flash-attn", help="on|off: for a rebuild when the damaged file no longer shows it."),
+    cache_type_k: Optional[str] = typer.Option(None, "--cache-type-k", help="K cache type for a rebuild when the file no longer shows it."),
+    cache_type_v: Optional[str] = typer.Option(None, "--cache-type-v", help="V cache type for a rebuild when the file no longer shows it."),
+    checkpoint_at: Optional[list[int]] = typer.Option(None, "--checkpoint-at", help="Rebuild checkpoints at these n_tokens (repeatable)."),
+    force: bool = _FORCE, in_place: bool = _IN_PLACE, backup: Optional[Path] = _BACKUP, dry_run: bool = _DRY,
+    json_out: bool = _JSON, timeout: float = _TIMEOUT,
+) -> None:
+    """Keep every intact section; drop damaged checkpoints, a damaged SDFT and trailing bytes; with --model rebuild a cut body."""
+    from .repair_cmd import run_repair
+
+    raise typer.Exit(run_repair("truncate-recover", file, output, force=force, in_place=in_place, backup=backup,
+                                dry_run=dry_run, json_out=json_out, model=model, draft_model=draft_model,
+                                flash_attn=flash_attn, cache_type_k=cache_type_k, cache_type_v=cache_type_v,
+                                checkpoint_at=checkpoint_at, timeout=timeout))
+
+
+@app.command("strip-draft")
+def strip_draft(
+    file: Path = typer.Argument(..., help="Slot file (opened read-only)."),
+    output: Optional[Path] = _OUT,
+    model: Optional[Path] = typer.Option(None, "--model", "-m", help="GGUF model: test-load the result."),
+    force: bool = _FORCE, in_place: bool = _IN_PLACE, backup: Optional[Path] = _BACKUP, dry_run: bool = _DRY,
+    json_out: bool = _JSON, timeout: float = _TIMEOUT,
+) -> None:
+    """Remove the SDFT appendix and every checkpoint's draft and speculative blobs; the target state stays byte-identical."""
+    from .repair_cmd import run_repair
+
+    raise typer.Exit(run_repair("strip-draft", file, output, force=force, in_place=in_place, backup=backup,
+                                dry_run=dry_run, json_out=json_out, model=model, timeout=timeout))
+
+
+@app.command("re-save")
+def re_save(
+    file: Path = typer.Argument(..., help="Slot file (opened read-only)."),
+    output: Optional[Path] = _OUT,
+    model: Optional[Path] = typer.Option(None, "--model", "-m", help="GGUF model (required)."),
+    draft_model: Optional[Path] = _DRAFT,
+    flash_attn: Optional[str] = typer.Option(None, "--flash-attn", help="on|off: write the V layout for this setting."),
+    tokens: Optional[str] = typer.Option(None, "--tokens", help="packed|plain: convert the token payload."),
+    recompute: bool = typer.Option(False, "--recompute", help="With --flash-attn: prefill the tokens again instead of rewriting V."),
+    force: bool = _FORCE, in_place: bool = _IN_PLACE, backup: Optional[Path] = _BACKUP, dry_run: bool = _DRY,
+    json_out: bool = _JSON, timeout: float = _TIMEOUT,
+) -> None:
+    """Load the body through llama.cpp and write it again, keeping the checkpoints and draft state."""
+    from .repair_cmd import run_repair
+
+    raise typer.Exit(run_repair("re-save", file, output, force=force, in_place=in_place, backup=backup,
+                                dry_run=dry_run, json_out=json_out, model=model, draft_model=draft_model,
+                                flash_attn=flash_attn, tokens=tokens, recompute=recompute, timeout=timeout))
+
+
 def main() -> None:
     app(prog_name="slotfile")
 
