@@ -69,11 +69,12 @@ def verify(
     json_out: bool = typer.Option(False, "--json", help="JSON on stdout (schema slotfile.verify/1, documented in cli/verify_cmd.py)."),
     junit: Optional[Path] = typer.Option(None, "--junit", help="Also write JUnit XML here (one testcase per file)."),
     timeout: float = typer.Option(300.0, "--timeout", help="Seconds allowed for each llama.cpp load."),
+    scan: bool = typer.Option(False, "--scan", help="Structure level: check every K/V/R/S value is finite (reads all data)."),
 ) -> None:
     """Structure, model metadata, a real test-load and (--deep) a recompute, each reported per file."""
     from .verify_cmd import run_verify
 
-    raise typer.Exit(run_verify(paths, model, draft_model, deep, n_gpu_layers, jobs, json_out, junit, timeout))
+    raise typer.Exit(run_verify(paths, model, draft_model, deep, n_gpu_layers, jobs, json_out, junit, timeout, scan))
 
 
 _OUT = typer.Option(None, "--output", "-o", help="Where to write the repaired file (must not exist unless --force).")

@@ -74,7 +74,7 @@ def fail(message: str) -> None:
 
 
 def run_verify(paths: list[Path], model: Path | None, draft_model: Path | None, deep: bool, n_gpu_layers: int,
-               jobs: int, json_out: bool, junit: Path | None, timeout: float = 300.0) -> int:
+               jobs: int, json_out: bool, junit: Path | None, timeout: float = 300.0, scan: bool = False) -> int:
     if deep and model is None:
         fail("--deep needs --model (the recompute runs the model)")
         return USAGE
@@ -89,7 +89,7 @@ def run_verify(paths: list[Path], model: Path | None, draft_model: Path | None, 
     for e in errors:
         fail(e)
     opts = Options(model=str(model) if model else None, draft_model=str(draft_model) if draft_model else None,
-                   deep=deep, n_gpu_layers=n_gpu_layers, jobs=jobs, timeout=timeout)
+                   deep=deep, n_gpu_layers=n_gpu_layers, jobs=jobs, timeout=timeout, scan=scan)
     try:
         verifier = Verifier(opts)
     except VerifyError as e:

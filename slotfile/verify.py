@@ -182,6 +182,7 @@ class Options:
     n_gpu_layers: int = 0
     jobs: int = 1
     timeout: float = 300.0
+    scan: bool = False  # structure level also checks every K/V/R/S value is finite
     # tests and callers: change the derived load settings (e.g. to mirror a given server)
     settings_hook: Callable[[SlotFile, LoadSettings], LoadSettings] | None = None
 
@@ -239,6 +240,19 @@ def level_structure(sf: SlotFile) -> Level:
                   "layout": sf.body.layout.describe() if sf.body and sf.body.layout else None,
                   "checkpoints": len(sf.checkpoints), "draft": sf.draft is not None}
     return lv.finish()
+
+
+def scan_into(lv: Level, sf: SlotFile, jobs: int) -> None:
+    """The full data scan (slotfile.scan) as part of the structure level."""
+    from .scan import scan
+
+    found, scanned, unchecked = scan(sf, jobs=jobs)
+    for f in found:
+        lv.error("non-finite", f.section, f.offset, f.message())
+    lv.details["scanned_bytes"] = scanned
+    if unchecked:
+        lv.warn("unscanned-type", "body", None, f"values of type {', '.join(unchecked)} cannot be checked")
+    lv.finish()
 
 
 # ---------------------------------------------------------------------------------------
@@ -662,6 +676,8 @@ class Verifier:
         lv = rep.levels
         t = time.monotonic()
         lv["structure"] = level_structure(sf)
+        if self.opts.scan:
+            scan_into(lv["structure"], sf, max(2, self.opts.jobs))
         lv["structure"].seconds = time.monotonic() - t
         t = time.monotonic()
         lv["model"] = level_model(sf, self.side, self.dside)

@@ -49,3 +49,19 @@ def test_quantized_block_scale():
     data[off : off + 2] = struct.pack("<H", 0x7C00)
     found, _, unchecked = scan(parse_buffer(bytes(data)))
     assert [f.offset for f in found] == [off] and unchecked == []
+
+
+def test_verify_scan_fails_a_nan(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    sf, off = _poke(SLOTS / "llama_f16_fa.slot", lambda sf: sf.body.blocks[0].streams[0].k[0], struct.pack("<H", 0x7E00))
+    bad = tmp_path / "nan.slot"
+    bad.write_bytes(bytes(sf.buffer))
+    r = subprocess.run([sys.executable, "-m", "slotfile.cli", "verify", str(bad), "--scan", "--json"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 4
+    (f,) = json.loads(r.stdout)["files"]
+    (p,) = f["levels"]["structure"]["problems"]
+    assert p["code"] == "non-finite" and p["offset"] == off
