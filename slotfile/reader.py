@@ -570,16 +570,24 @@ def _blob(name: str, c: Any) -> BlobInfo:
     return BlobInfo(name, c.offset, c.length, c.data)
 
 
+def _appendix_header(sf: SlotFile, s: g.ViewStream, grammar: Any, name: str) -> Any | None:
+    """Parse an appendix header; a cut one is reported and gives None."""
+    off = s.tell()
+    try:
+        return grammar.parse_stream(s)
+    except ConstructError as e:
+        f = failure_of(e, s)
+        sf.sections.append(Section(name, off, len(s.view) - off, "damaged"))
+        sf.problem("error", f.code, name, f.offset, f"{name.upper()} header: {f.message}")
+        return None
+
+
 def _parse_sckp(sf: SlotFile, view: memoryview, off: int) -> int | None:
     end = len(view)
     s = g.ViewStream(view, off, end)
-    try:
-        h = g.SckpHeader.parse_stream(s)
-    except ConstructError as e:
-        f = failure_of(e, s)
+    h = _appendix_header(sf, s, g.SckpHeader, "sckp")
+    if h is None:
         sf.sckp = Appendix("SCKP", off, end, 0, complete=False)
-        sf.sections.append(Section("sckp", off, end - off, "damaged"))
-        sf.problem("error", f.code, "sckp", f.offset, f"SCKP header: {f.message}")
         return None
     app = Appendix("SCKP", off, end, h.version, h.count)
     sf.sckp = app
@@ -621,11 +629,8 @@ def _parse_sckp(sf: SlotFile, view: memoryview, off: int) -> int | None:
 def _parse_sdft(sf: SlotFile, view: memoryview, off: int) -> int | None:
     end = len(view)
     s = g.ViewStream(view, off, end)
-    try:
-        h = g.SdftHeader.parse_stream(s)
-    except ConstructError as e:
-        f = failure_of(e, s)
-        sf.problem("error", f.code, "sdft", f.offset, f"SDFT header: {f.message}")
+    h = _appendix_header(sf, s, g.SdftHeader, "sdft")
+    if h is None:
         return None
     app = Appendix("SDFT", off, end, h.version)
     sf.draft = app
