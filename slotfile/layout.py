@@ -16,6 +16,7 @@ from construct import ConstructError
 
 from .grammar import (
     MAX_LAYERS,
+    MAX_STREAMS,
     SCKP_MAGIC,
     SDFT_MAGIC,
     FormatError,
@@ -202,8 +203,9 @@ def _rec_entry_counts(view: Any, off: int, end: int, whole: bool) -> tuple[int, 
         return struct.unpack_from("<I", view, p)[0] if p + 4 <= end else None
 
     cells = u32(off)
-    if cells is None:
-        return 0, 0, []
+    # the same cap as the grammar: one cell per sequence (no Python loop over a bogus count)
+    if cells is None or cells > (MAX_STREAMS if whole else 1):
+        return cells or 0, 0, []
     p = off + 4
     for _ in range(cells):
         if p + 8 > end:

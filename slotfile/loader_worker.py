@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
+import mmap
 import os
 import struct
 import sys
@@ -270,10 +271,11 @@ class Worker:
         out.update(ok=True, body_bytes=ret, message=f"restored; the state ends at offset {ret}")
         if fmt != "GGSQ":
             return out
-        with open(path, "rb") as f:  # only what follows the body: the appendices
-            f.seek(ret)
-            data = f.read()
-        ckpts, sckp_note, sdft_dft, sdft_note = _walk_appendices(data, 0)
+        with open(path, "rb") as f:  # only what follows the body, mapped, never read whole
+            size = os.fstat(f.fileno()).st_size
+            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else None
+        data = memoryview(mm)[ret:] if mm is not None else memoryview(b"")
+        ckpts, sckp_note, sdft_dft, sdft_note = _walk_appendices(data, 0)  # blobs: views of the map
         for note in (sckp_note, sdft_note):
             if note:
                 out["notes"].append(note)

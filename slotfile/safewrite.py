@@ -301,7 +301,7 @@ class CommitResult:
 
 
 def commit(plan: Plan, target: Target, check: Callable[[str], tuple[bool, str]] | None = None,
-           *, mode: int | None = None) -> CommitResult:
+           *, mode: int | None = None, writer: Callable[[Plan, int], int] | None = None) -> CommitResult:
     """Write ``plan`` to ``target`` through a checked temp file; see the module docstring.
 
     ``check(temp_path) -> (ok, reason)`` runs on the complete, fsynced temp file; when it
@@ -315,7 +315,7 @@ def commit(plan: Plan, target: Target, check: Callable[[str], tuple[bool, str]] 
     tmp, fd = create_temp(target.directory, os.path.basename(target.output))
     try:
         try:
-            n = write_plan(plan, fd)
+            n = (writer or write_plan)(plan, fd)
             os.fchmod(fd, mode)
             os.fsync(fd)
         finally:

@@ -1,0 +1,103 @@
+"""``slotfile truncate-recover``, ``strip-draft`` and ``re-save``: the commands that write."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from slotfile.exitcodes import USAGE
+from slotfile.ggml_types import KV_CACHE_TYPES
+from slotfile.model import escape_text
+from slotfile.repair import Options, Report, run
+from slotfile.safewrite import WriteRefused, resolve_target
+
+from .common import err, out
+
+
+def _on_off(value: str | None, option: str) -> bool | None:
+    if value is None:
+        return None
+    v = value.strip().lower()
+    if v in ("on", "1", "true", "yes", "enabled"):
+        return True
+    if v in ("off", "0", "false", "no", "disabled"):
+        return False
+    raise ValueError(f"{option} takes on or off, not {value!r}")
+
+
+def _cache_type(value: str | None, option: str) -> str | None:
+    if value is None:
+        return None
+    if value.lower() not in KV_CACHE_TYPES:
+        raise ValueError(f"{option} {value!r} is not a KV cache type ({', '.join(KV_CACHE_TYPES)})")
+    return value.lower()
+
+
+def run_repair(command: str, input_path: Path, output: Path | None, *, force: bool, in_place: bool,
+               backup: Path | None, dry_run: bool, json_out: bool, model: Path | None = None,
+               draft_model: Path | None = None, flash_attn: str | None = None, cache_type_k: str | None = None,
+               cache_type_v: str | None = None, checkpoint_at: list[int] | None = None,
+               tokens: str | None = None, recompute: bool = False, timeout: float = 600.0) -> int:
+    try:
+        opts = Options(
+            model=str(model) if model else None,
+            draft_model=str(draft_model) if draft_model else None,
+            flash_attn=_on_off(flash_attn, "--flash-attn"),
+            type_k=_cache_type(cache_type_k, "--cache-type-k"),
+            type_v=_cache_type(cache_type_v, "--cache-type-v"),
+            checkpoint_at=list(checkpoint_at) if checkpoint_at else None,
+            tokens=tokens.lower() if tokens else None,
+            recompute=recompute,
+            timeout=timeout,
+        )
+        if opts.tokens not in (None, "packed", "plain"):
+            raise ValueError(f"--tokens takes packed or plain, not {tokens!r}")
+        if command == "re-save" and model is None:
+            raise ValueError("re-save needs --model")
+        target = None
+        if not dry_run or output is not None or in_place:
+            if not input_path.exists() and not input_path.is_symlink():
+                target = None  # reported by run() as an unreadable input
+            else:
+                target = resolve_target(input_path, output, in_place=in_place, backup=backup, force=force)
+    except (ValueError, WriteRefused) as e:
+        return _usage(command, input_path, str(e), json_out)
+    if target is None and not dry_run:
+        report = Report(command, str(input_path), status="error", exit_code=8,
+                        reason=f"{input_path}: no such file")
+        _emit(report, json_out)
+        return report.exit_code
+    report = run(command, str(input_path), target, opts, dry_run=dry_run)
+    _emit(report, json_out)
+    return report.exit_code
+
+
+def _usage(command: str, input_path: Path, message: str, json_out: bool) -> int:
+    report = Report(command, str(input_path), status="error", exit_code=USAGE, reason=message)
+    if json_out:
+        _print_json(report)
+    err.print(f"slotfile {command}: {escape_text(message)}", soft_wrap=True)
+    return USAGE
+
+
+def _print_json(report: Report) -> None:
+    sys.stdout.write(json.dumps(report.to_json(), indent=2) + "\n")
+    sys.stdout.flush()
+
+
+def _emit(report: Report, json_out: bool) -> None:
+    if json_out:
+        _print_json(report)
+        if report.exit_code and report.reason:
+            err.print(f"slotfile {report.command}: {escape_text(report.reason)}", soft_wrap=True)
+        return
+    lines = report.lines()
+    if report.status in ("refused", "error", "check-failed"):
+        # one line with the reason on stderr; the details (what was found) on stdout
+        err.print(f"slotfile {report.command}: {escape_text(report.reason or report.status)}", soft_wrap=True)
+        for line in lines[2:] if report.reason else lines[1:]:
+            out.print(escape_text(line), soft_wrap=True)
+        return
+    for line in lines:
+        out.print(escape_text(line), soft_wrap=True)
