@@ -1645,7 +1645,9 @@ def run(command: str, input_path: str, target: Target | None, opts: Options, *, 
             check = make_check(opts, outcome.test_draft, report)
             _close(sf)
             try:
-                _commit_plan(plan, target, check)
+                done = _commit_plan(plan, target, check)
+                for path in done.cleaned:
+                    report.notes.append(f"removed {path}, a temporary file left by an earlier run that was killed")
             except CheckFailed as e:
                 why = _retry(command, outcome, opts, report) if attempt < 3 else None
                 if why is None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import secrets
 import shutil
 import stat
@@ -298,6 +299,47 @@ class CommitResult:
     size: int
     backup: str | None = None
     written: bool = True
+    cleaned: list[str] = field(default_factory=list)  # stale temps of killed runs, removed
+
+
+_TEMP_RE = re.compile(r"^\.(?P<name>.+)\.slotfile-(?P<pid>\d+)-[0-9a-f]{12}\.(tmp|bak-tmp)$")
+
+
+def clean_stale_temps(directory: str | os.PathLike[str], name: str) -> list[str]:
+    """Remove the temp files an earlier, killed run left for ``name`` in ``directory``.
+
+    Only files of our own naming scheme whose writing process no longer exists are touched
+    (a live pid may be a concurrent run); returns the paths removed."""
+    removed: list[str] = []
+    try:
+        entries = os.listdir(directory)
+    except OSError:
+        return removed
+    for entry in entries:
+        m = _TEMP_RE.match(entry)
+        if m is None or m.group("name") != name:
+            continue
+        pid = int(m.group("pid"))
+        if pid == os.getpid() or _alive(pid):
+            continue
+        path = os.path.join(os.fspath(directory), entry)
+        try:
+            if stat.S_ISREG(os.lstat(path).st_mode):
+                os.unlink(path)
+                removed.append(path)
+        except OSError:
+            pass
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def commit(plan: Plan, target: Target, check: Callable[[str], tuple[bool, str]] | None = None,
@@ -312,6 +354,7 @@ def commit(plan: Plan, target: Target, check: Callable[[str], tuple[bool, str]] 
             mode = stat.S_IMODE(os.stat(target.input).st_mode) if target.in_place else _default_mode()
         except OSError:
             mode = _default_mode()
+    cleaned = clean_stale_temps(target.directory, os.path.basename(target.output))
     tmp, fd = create_temp(target.directory, os.path.basename(target.output))
     try:
         try:
@@ -345,7 +388,7 @@ def commit(plan: Plan, target: Target, check: Callable[[str], tuple[bool, str]] 
             unlink_quiet(tmp)
         tmp = ""
         fsync_dir(target.directory)
-        return CommitResult(target.output, plan.size, target.backup)
+        return CommitResult(target.output, plan.size, target.backup, cleaned=cleaned)
     finally:
         unlink_quiet(tmp)
 

@@ -1,0 +1,71 @@
+"""A repair killed with SIGKILL at any point leaves the destination absent or complete,
+the input byte-identical, and no visible stray files; the next run cleans the stale temps."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from slotfile.reader import open_slot_file
+from slotfile.synth import SynthSpec, write_slot
+
+KILL_POINTS = 8
+
+
+def _sha(p: Path) -> str:
+    return hashlib.sha256(p.read_bytes()).hexdigest()
+
+
+def _strip(src: Path, out: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-m", "slotfile.cli", "strip-draft", str(src), "-o", str(out)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+@pytest.fixture(scope="module")
+def big(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # ~100 MB with a draft appendix: long enough that kills land inside the copy
+    p = tmp_path_factory.mktemp("crash") / "in.slot"
+    write_slot(p, SynthSpec(n_cells=1024, n_layer=16, draft_layers=8, checkpoints=1))
+    return p
+
+
+def test_sigkill_during_a_repair(big: Path, tmp_path: Path) -> None:
+    digest = _sha(big)
+    ref = tmp_path / "ref.slot"
+    t0 = time.monotonic()
+    assert _strip(big, ref).wait(timeout=300) == 0
+    full = time.monotonic() - t0
+    want = _sha(ref)
+    outcomes = {"absent": 0, "complete": 0, "mid-write": 0}
+    for i in range(KILL_POINTS):
+        d = tmp_path / f"k{i}"
+        d.mkdir()
+        out = d / "out.slot"
+        p = _strip(big, out)
+        time.sleep(full * (i + 0.5) / KILL_POINTS)
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        assert _sha(big) == digest, "the input changed"
+        if out.exists():
+            assert _sha(out) == want, f"kill {i}: a partial destination is visible"
+            assert not open_slot_file(out).errors
+            outcomes["complete"] += 1
+        else:
+            outcomes["absent"] += 1
+        outcomes["mid-write"] += any(n.startswith(".") for n in os.listdir(d))
+        visible = [n for n in os.listdir(d) if not n.startswith(".") and n != "out.slot"]
+        assert visible == [], f"kill {i}: stray files {visible}"
+        # the next run into the same directory removes what the killed one left behind
+        out.unlink(missing_ok=True)
+        assert _strip(big, out).wait(timeout=300) == 0
+        assert _sha(out) == want
+        assert [n for n in os.listdir(d) if n != "out.slot"] == [], f"kill {i}: stale temporaries kept"
+    print(outcomes)
+    assert outcomes["absent"] > 0 and outcomes["mid-write"] > 0  # some kills landed inside the write
