@@ -270,6 +270,8 @@ def resolve_target(input_path: str | os.PathLike[str], output: str | os.PathLike
             raise WriteRefused("the backup cannot be the input itself")
         return Target(inp, inp, True, bak, force)
     out = os.fspath(output)  # type: ignore[arg-type]
+    if os.path.islink(out):
+        raise WriteRefused(f"{out} is a symlink: slotfile neither writes through nor replaces one")
     if os.path.lexists(out):
         if os.path.isdir(out) and not os.path.islink(out):
             raise WriteRefused(f"{out} is a directory")
@@ -355,7 +357,12 @@ def commit(plan: Plan, target: Target, check: Callable[[str], tuple[bool, str]] 
         except OSError:
             mode = _default_mode()
     cleaned = clean_stale_temps(target.directory, os.path.basename(target.output))
-    tmp, fd = create_temp(target.directory, os.path.basename(target.output))
+    try:
+        tmp, fd = create_temp(target.directory, os.path.basename(target.output))
+    except OSError as e:
+        if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+            raise WriteRefused(f"cannot write in {target.directory}: {e.strerror}") from None
+        raise
     try:
         try:
             n = (writer or write_plan)(plan, fd)

@@ -69,3 +69,39 @@ def test_sigkill_during_a_repair(big: Path, tmp_path: Path) -> None:
         assert [n for n in os.listdir(d) if n != "out.slot"] == [], f"kill {i}: stale temporaries kept"
     print(outcomes)
     assert outcomes["absent"] > 0 and outcomes["mid-write"] > 0  # some kills landed inside the write
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "slotfile.cli", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_output_symlink_and_directory_are_refused(tmp_path: Path) -> None:
+    from .conftest import SLOTS
+
+    src = str(SLOTS / "llama_draft_sdft.slot")
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"keep me")
+    link = tmp_path / "out.slot"
+    link.symlink_to(victim)
+    for extra in ([], ["--force"]):
+        r = _cli("strip-draft", src, "-o", str(link), *extra)
+        assert r.returncode == 2 and "symlink" in r.stderr, r.stderr
+    assert victim.read_bytes() == b"keep me" and link.is_symlink()
+    r = _cli("strip-draft", src, "-o", str(tmp_path))
+    assert r.returncode == 2 and "is a directory" in r.stderr
+
+
+def test_read_only_file_system_is_refused(tmp_path: Path) -> None:
+    from .conftest import SLOTS
+
+    mnt = tmp_path / "ro"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(mnt)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a read-only file system here")
+    try:
+        r = _cli("strip-draft", str(SLOTS / "llama_draft_sdft.slot"), "-o", str(mnt / "out.slot"))
+        assert r.returncode == 2 and "Read-only file system" in r.stderr, (r.returncode, r.stderr)
+        assert "\n" not in r.stderr.strip()
+    finally:
+        subprocess.run(["umount", str(mnt)], capture_output=True)
