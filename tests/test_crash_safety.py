@@ -49,7 +49,14 @@ def test_sigkill_during_a_repair(big: Path, tmp_path: Path) -> None:
         d.mkdir()
         out = d / "out.slot"
         p = _strip(big, out)
-        time.sleep(full * (i + 0.5) / KILL_POINTS)
+        if i % 2:  # spread over the whole run: start-up, parse, write, rename
+            time.sleep(full * (i + 0.5) / KILL_POINTS)
+        else:  # inside the write: as soon as the temp file shows, then a little later each time
+            deadline = time.monotonic() + 60
+            while p.poll() is None and time.monotonic() < deadline and not any(
+                    n.startswith(".") for n in os.listdir(d)):
+                time.sleep(0.0005)
+            time.sleep(0.002 * i)
         p.send_signal(signal.SIGKILL)
         p.wait()
         assert _sha(big) == digest, "the input changed"
