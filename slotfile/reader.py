@@ -12,7 +12,7 @@ import mmap
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 from construct import ConstructError
@@ -250,6 +250,21 @@ class SlotFile:
     @property
     def errors(self) -> list[Problem]:
         return [p for p in self.problems if p.severity == "error"]
+
+    def value_runs(self) -> Iterator[tuple[str, LayerRun]]:
+        """Every non-empty K/V/R/P/S run of the body, the checkpoint blobs and the draft
+        state, as (section name, run), in file order."""
+        bodies = [("body", self.body)]
+        bodies += [(f"sckp.checkpoint[{c.index}].{b.name}", b.body) for c in self.checkpoints for b in (c.tgt, c.dft)]
+        if self.draft and self.draft.dft:
+            bodies.append(("sdft.data_dft", self.draft.dft.body))
+        for name, body in bodies:
+            if body is None:
+                continue
+            for blk in body.blocks:
+                for r in blk.runs():
+                    if r.data.length:
+                        yield f"{name}.{blk.role}", r
 
     @property
     def verdict(self) -> str:
