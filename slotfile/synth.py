@@ -9,13 +9,12 @@ construct's ``build_stream``: nothing proportional to the file is held in memory
 
 from __future__ import annotations
 
-import io
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import numpy as np
+from construct import Struct
 
 from . import grammar as g
 from .ggml_types import BY_NAME
@@ -80,11 +79,44 @@ def _pool(spec: SynthSpec, rng: np.random.Generator) -> dict[str, bytes]:
             "v": _random_rows(spec.type_v, spec.n_cells * tv.row_size(spec.n_embd_v), rng)}
 
 
-def _blob_bytes(spec: SynthSpec, n_cells: int, n_layer: int, pool: dict[str, bytes]) -> bytes:
-    out = io.BytesIO()
-    out.write(struct.pack("<Ii", g.IO_MAGIC, 0))
-    g.kv_block(True).build_stream(kv_block_obj(spec, n_cells, n_layer, pool), out, ext=0)
-    return out.getvalue()
+class _Sink:
+    """A write-only stream that only counts: the grammar itself says how long a blob is."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def write(self, data: Any) -> int:
+        n = memoryview(data).nbytes
+        self.n += n
+        return n
+
+    def tell(self) -> int:
+        return self.n
+
+    def flush(self) -> None:
+        pass
+
+
+# the fixed fields of a checkpoint entry (n_tokens, pos_min, pos_max) and of a blob (length),
+# taken from the project's own grammars so the streamed appendices cannot drift from them
+_CKPT_HEAD = Struct(*[c for c in g.CheckpointEntry.subcons if getattr(c, "name", None) in ("n_tokens", "pos_min", "pos_max")])
+_BLOB_LEN = next(c for c in g.Blob.subcons if getattr(c, "name", None) == "length")
+_EMPTY_BLOB = {"length": 0, "data": b""}
+
+
+def _write_blob(f: BinaryIO, spec: SynthSpec, n_cells: int, n_layer: int, pool: dict[str, bytes]) -> int:
+    """Stream one ``u64 length`` + sequence blob (io_magic, seq_id 0, one KV block) to ``f``;
+    the length is found by building the block into a counting sink first, so no blob is ever
+    held in memory (a checkpoint of a plain KV cache is as large as the cache it covers)."""
+    obj = kv_block_obj(spec, n_cells, n_layer, pool)
+    prefix = g.SeqBlobPrefix.build({"io_magic": g.IO_MAGIC, "seq_id": 0})
+    sink = _Sink()
+    g.kv_block(True).build_stream(obj, sink, ext=0)
+    length = len(prefix) + sink.n
+    f.write(_BLOB_LEN.build(length))
+    f.write(prefix)
+    g.kv_block(True).build_stream(obj, f, ext=0)
+    return length
 
 
 def write_slot(path: str | Path, spec: SynthSpec) -> int:
@@ -109,12 +141,11 @@ def _write(f: BinaryIO, spec: SynthSpec, pool: dict[str, bytes], tokens: np.ndar
         g.SckpHeader.build_stream({"version": 1, "count": spec.checkpoints}, f)
         for i in range(spec.checkpoints):
             c = n * (i + 1) // (spec.checkpoints + 1)
-            blob = _blob_bytes(spec, c, spec.n_layer, pool)
-            g.CheckpointEntry.build_stream({
-                "n_tokens": c, "pos_min": 0, "pos_max": max(c - 1, 0),
-                "tgt": {"length": len(blob), "data": blob}, "dft": {"length": 0, "data": b""},
-                "spec": {"length": 0, "data": b""}}, f)
+            f.write(_CKPT_HEAD.build({"n_tokens": c, "pos_min": 0, "pos_max": max(c - 1, 0)}))
+            _write_blob(f, spec, c, spec.n_layer, pool)  # data_tgt
+            g.Blob.build_stream(_EMPTY_BLOB, f)  # data_dft
+            g.Blob.build_stream(_EMPTY_BLOB, f)  # data_spec
     if spec.draft_layers:
-        blob = _blob_bytes(spec, n, spec.draft_layers, pool)
         g.SdftHeader.build_stream({"version": 1}, f)
-        g.SdftBody.build_stream({"dft": {"length": len(blob), "data": blob}, "spec": {"length": 0, "data": b""}}, f)
+        _write_blob(f, spec, n, spec.draft_layers, pool)  # data_dft
+        g.Blob.build_stream(_EMPTY_BLOB, f)  # data_spec
