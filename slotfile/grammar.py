@@ -505,12 +505,13 @@ KVLayerT = Struct(
 )
 
 
-def _kv_stream_data(has_v: bool) -> Struct:
+def _kv_stream_data(has_v: bool, legacy: bool = False) -> Struct:
     v_plain = Seq("V", this.n_layer, KVLayer, 12)
     v_trans = Seq("V", this.n_layer, KVLayerT, 12)
     fields: list[Any] = [
         "cell_count" / Computed(this._.cell_count),
-        "meta" / Named("cells", CellMeta(this._.cell_count, rec=False)),
+        # a legacy single-sequence cell is (pos, n_seq_id = 0) like a recurrent one
+        "meta" / Named("cells", CellMeta(this._.cell_count, rec=legacy)),
         # GGSQ v4 adds K/V rotation metadata at a position not yet public: trial parses
         # allow a few u32 words before v_trans and after n_layer (params v4_pre / v4_post)
         "v4_pre" / ExtraWords(lambda c: c._params.get("v4_pre", 0), "v4 metadata words"),
@@ -549,6 +550,26 @@ def kv_block(has_v: bool = True) -> Struct:
             code="over-cap",
         ),
         "streams" / Seq("stream", this.n_stream, _kv_stream(has_v), 4),
+        "end" / Tell,
+    )
+
+
+@functools.lru_cache(maxsize=4)
+def kv_block_legacy(has_v: bool = True) -> Struct:
+    """The KV block as llama.cpp wrote it before per-stream caches (2024 to mid-2025; GGSQ 2,
+    GGSN 9): ``llama_kv_cache_unified::state_write`` wrote ``cell_count`` with no ``n_stream``
+    word, the layer headers even when no cell is written, and in a single-sequence save
+    ``n_seq_id = 0`` with no seq id.  Recurrent models of that time used the same block (K
+    holding the conv state r, V the SSM state s).  Parsed as one stream."""
+    stream = Struct(
+        "offset" / Tell,
+        "cell_count" / Int32ul,
+        "data" / _kv_stream_data(has_v, legacy=True),
+    )
+    return Struct(
+        "offset" / Tell,
+        "n_stream" / Computed(1),
+        "streams" / Seq("stream", 1, stream, 12),
         "end" / Tell,
     )
 

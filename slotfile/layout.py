@@ -24,6 +24,7 @@ from .grammar import (
     _row_ok,
     _type_ok,
     kv_block,
+    kv_block_legacy,
     rec_block,
 )
 
@@ -46,18 +47,27 @@ class Layout:
     blocks: tuple[BlockSpec, ...]
     ext: int = 0
     extra: tuple[int, int] = (0, 0)  # v4 trial: u32 words before v_trans / after n_layer
+    legacy: bool = False  # KV blocks without n_stream (grammar.kv_block_legacy)
 
     @property
     def kinds(self) -> tuple[str, ...]:
         return tuple(b.kind for b in self.blocks)
 
     @property
+    def _key(self) -> tuple[str, ...]:
+        # two K-only KV blocks are an MLA cache and its lightning indexer (llama_kv_cache_dsa),
+        # not an iSWA pair: an SWA cache always has V
+        if self.kinds == ("KV", "KV") and not any(b.has_v for b in self.blocks):
+            return ("KV-K", "KV-K")
+        return self.kinds
+
+    @property
     def memory_class(self) -> str:
-        return MEMORY_CLASS.get(self.kinds, "+".join(self.kinds) or "none")
+        return MEMORY_CLASS.get(self._key, "+".join(self.kinds) or "none")
 
     def roles(self) -> list[str]:
         """A name for each block: kv, kv-base, kv-swa, rec, kv-index ..."""
-        names = ROLES.get(self.kinds)
+        names = ROLES.get(self._key)
         if names:
             return list(names)
         return [f"{b.kind.lower()}{i}" for i, b in enumerate(self.blocks)]
@@ -68,6 +78,8 @@ class Layout:
         ext = f", cell ext {self.ext} B" if self.ext else ""
         if self.extra != (0, 0):
             ext += f", {self.extra[0]}+{self.extra[1]} unknown v4 words per stream"
+        if self.legacy:
+            ext += ", without n_stream (llama.cpp before mid-2025)"
         return " + ".join(b.describe() for b in self.blocks) + ext
 
 
@@ -75,6 +87,7 @@ MEMORY_CLASS = {
     (): "none",
     ("KV",): "kv-cache",
     ("KV", "KV"): "iswa",
+    ("KV-K", "KV-K"): "dsa",
     ("REC",): "recurrent",
     ("KV", "REC"): "hybrid",
     ("KV", "KV", "REC"): "hybrid-iswa",
@@ -86,6 +99,7 @@ ROLES = {
     (): (),
     ("KV",): ("kv",),
     ("KV", "KV"): ("kv-base", "kv-swa"),
+    ("KV-K", "KV-K"): ("kv-mla", "kv-index"),
     ("REC",): ("rec",),
     ("KV", "REC"): ("kv", "rec"),
     ("KV", "KV", "REC"): ("kv-base", "kv-swa", "rec"),
@@ -103,14 +117,19 @@ SEQUENCES: tuple[tuple[str, ...], ...] = (
     ("REC",),
     ("KV", "KV", "KV"),
 )
-# The block sequence an arch name implies (llama_model::create_memory), for GGSN files, which
-# name their arch.  Only families whose memory class does not depend on hparams are listed.
-ARCH_SEQUENCE: dict[str, tuple[str, ...]] = {
-    **{a: ("KV",) for a in ("llama", "qwen2", "qwen3", "qwen2vl", "qwen3vl", "deepseek2")},
-    **{a: ("KV", "KV") for a in ("gemma2", "gemma3", "cohere2")},
-    **{a: ("REC",) for a in ("mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7")},
-    **{a: ("KV", "REC") for a in ("jamba", "falcon-h1", "lfm2", "lfm2moe", "granitehybrid", "nemotron_h",
-                                  "qwen3next", "qwen35", "qwen35moe", "plamo2")},
+LEGACY_SEQUENCES: tuple[tuple[str, ...], ...] = (("KV",), ("KV", "KV"))
+# The block sequences an arch name allows (llama_model::create_memory), for GGSN files, which
+# name their arch; the usual one first.  Only families whose choice is fixed by the arch, or by
+# one hparam listed here, are named: gemma3 has a single KV cache when its GGUF has no
+# attention.sliding_window, lfm2 becomes hybrid-iSWA when it has one.
+ARCH_SEQUENCES: dict[str, tuple[tuple[str, ...], ...]] = {
+    **{a: (("KV",),) for a in ("llama", "qwen2", "qwen3", "qwen2vl", "qwen3vl", "deepseek2")},
+    **{a: (("KV", "KV"),) for a in ("gemma2", "cohere2")},
+    "gemma3": (("KV", "KV"), ("KV",)),
+    **{a: (("REC",),) for a in ("mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7")},
+    **{a: (("KV", "REC"),) for a in ("jamba", "falcon-h1", "lfm2moe", "granitehybrid", "nemotron_h",
+                                     "qwen3next", "qwen35", "qwen35moe", "plamo2")},
+    "lfm2": (("KV", "REC"), ("KV", "KV", "REC")),
 }
 
 EXT_SIZES = (0, 12, 8)
@@ -123,6 +142,7 @@ TRAILING_MARGIN = 0
 PARTIAL_OF = {
     "kv-cache": ("KV",),
     "iswa": ("KV",),  # the SWA half only
+    "dsa": ("KV", "KV"),  # llama_kv_cache_dsa ignores the flag
     "recurrent": ("REC",),
     "hybrid": ("REC",),
     "hybrid-iswa": ("KV", "REC"),  # SWA KV + REC
@@ -181,13 +201,14 @@ def failure_of(exc: Exception, stream: ViewStream, layout: str = "") -> Failure:
 
 
 def _parse_kv(view: Any, off: int, end: int, ext: int, whole: bool, has_v: bool, deep: _Deepest, label: str,
-              extra: tuple[int, int] = (0, 0)) -> Any | None:
-    key = ("KV", off, end, ext, has_v, extra)
+              extra: tuple[int, int] = (0, 0), legacy: bool = False) -> Any | None:
+    key = ("KV", off, end, ext, has_v, extra, legacy)
     if key in deep.memo:
         return deep.memo[key]
     s = ViewStream(view, off, end)
     try:
-        blk = kv_block(has_v).parse_stream(s, ext=ext, whole=whole, v4_pre=extra[0], v4_post=extra[1])
+        grammar = kv_block_legacy(has_v) if legacy else kv_block(has_v)
+        blk = grammar.parse_stream(s, ext=ext, whole=whole, v4_pre=extra[0], v4_post=extra[1])
     except (ConstructError, ValueError, OverflowError) as e:
         deep.note(e, s, label)
         blk = None
@@ -270,17 +291,18 @@ def _walk(
     specs: tuple[BlockSpec, ...] = (),
     parsed: tuple[Any, ...] = (),
     extra: tuple[int, int] = (0, 0),
+    legacy: bool = False,
 ) -> Iterator[tuple[tuple[BlockSpec, ...], tuple[Any, ...], int]]:
     """Every complete parse of ``kinds`` starting at ``off``: (specs, blocks, end offset)."""
     if not kinds:
         yield specs, parsed, off
         return
-    label = Layout(specs + (BlockSpec(kinds[0]),), ext).describe()
+    label = Layout(specs + (BlockSpec(kinds[0]),), ext, legacy=legacy).describe()
     if kinds[0] == "KV":
-        blk = _parse_kv(view, off, end, ext, whole, has_v[0], deep, label, extra)
+        blk = _parse_kv(view, off, end, ext, whole, has_v[0], deep, label, extra, legacy)
         if blk is not None:
             yield from _walk(view, blk.end, end, kinds[1:], has_v[1:], ext, whole, deep,
-                             specs + (BlockSpec("KV", has_v[0]),), parsed + (blk,), extra)
+                             specs + (BlockSpec("KV", has_v[0]),), parsed + (blk,), extra, legacy)
         return
     tried_p = 0
     for n_rec, has_p in _rec_candidates(view, off, end, whole):
@@ -328,12 +350,15 @@ def detect(
     ext_sizes: Iterable[int] = EXT_SIZES,
     fixed: Layout | None = None,
     extras: Iterable[tuple[int, int]] = ((0, 0),),
+    legacy: bool = False,
 ) -> Detection:
     """Find the layout of the body in ``view[start:end]``.
 
     ``exact``: the body must end exactly at ``end`` (a blob).  Otherwise it may also end at an
     SCKP/SDFT magic; as a last resort the fullest parse is taken and the rest is trailing bytes.
     ``fixed``: the layout is known (from the model); parse only that.
+    ``legacy``: also try KV blocks without ``n_stream`` (files of state version 2 / session 9,
+    which llama.cpp wrote both ways), after every current layout.
     """
     deep = _Deepest()
     if start == end or (not exact and appendix_at(view, start, end)):
@@ -345,14 +370,16 @@ def detect(
     accepted: list[tuple[Layout, tuple[Any, ...], int]] = []
     partial: list[tuple[Layout, tuple[Any, ...], int]] = []
     if fixed is not None:
-        plans = [(fixed.kinds, tuple(b.has_v for b in fixed.blocks), fixed.ext, fixed.extra)]
+        plans = [(fixed.kinds, tuple(b.has_v for b in fixed.blocks), fixed.ext, fixed.extra, fixed.legacy)]
     else:
-        plans = [(k, hv, ext, x) for x in extras for k in sequences for ext in ext_sizes for hv in _has_v_options(k)]
-    for kinds, hv, ext, x in plans:
+        plans = [(k, hv, ext, x, False) for x in extras for k in sequences for ext in ext_sizes for hv in _has_v_options(k)]
+        if legacy:  # no cell ext and no REC block existed then: [KV] and the iSWA pair
+            plans += [(k, hv, 0, (0, 0), True) for k in LEGACY_SEQUENCES for hv in _has_v_options(k)]
+    for kinds, hv, ext, x, old in plans:
         if (ext or x != (0, 0)) and "KV" not in kinds:
             continue
-        for specs, blocks, e in _walk(view, start, end, kinds, hv, ext, whole, deep, extra=x):
-            lay = Layout(specs, ext, x)
+        for specs, blocks, e in _walk(view, start, end, kinds, hv, ext, whole, deep, extra=x, legacy=old):
+            lay = Layout(specs, ext, x, old)
             if fixed is not None and not _same_rec(fixed, lay):
                 continue
             (accepted if ends_well(e) else partial).append((lay, blocks, e))

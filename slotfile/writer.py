@@ -24,7 +24,8 @@ def body_chunks(body: Body, *, whole: bool = False) -> Iterator[bytes]:
     for spec, blk in zip(body.layout.blocks, body.blocks):
         if spec.kind == "KV":
             pre, post = body.layout.extra
-            yield g.build(g.kv_block(spec.has_v), blk.raw, ext=body.layout.ext, whole=whole, v4_pre=pre, v4_post=post)
+            grammar = g.kv_block_legacy(spec.has_v) if body.layout.legacy else g.kv_block(spec.has_v)
+            yield g.build(grammar, blk.raw, ext=body.layout.ext, whole=whole, v4_pre=pre, v4_post=post)
         else:
             yield g.build(g.rec_block(spec.n_rec, spec.has_p), blk.raw, whole=whole)
 

@@ -84,3 +84,57 @@ def test_session_version_9_with_outputs_logits_embeddings():
     assert not sf.errors, [p.line() for p in sf.errors]
     assert any(s.name == "outputs" and s.size == len(extra) for s in sf.sections)
     assert sf.body.offset == at + len(extra)
+
+
+def _legacy_body(src, data: bytes) -> bytes:
+    """The body of a one-stream file as llama.cpp wrote it before mid-2025: no n_stream word,
+    and single-sequence cells of (pos, n_seq_id = 0) with no seq id."""
+    out = b""
+    for blk in src.body.blocks:
+        (st,) = blk.raw.streams
+        d = st.data
+        cells = b"".join(struct.pack("<iI", int(p), 0) for p in d.meta.cells["pos"])
+        if src.format == "GGSN":  # whole-context cells are unchanged: pos, n_seq_id, seq ids
+            cells = bytes(d.meta.raw)
+        out += struct.pack("<I", st.cell_count) + cells + data[d.v_trans_offset : blk.raw.end]
+    return out
+
+
+def test_version_2_without_n_stream_is_read_as_the_legacy_layout():
+    from slotfile.writer import to_bytes
+
+    src = open_slot_file(SLOTS / "llama_f16_fa.slot")
+    data = (SLOTS / "llama_f16_fa.slot").read_bytes()
+    legacy = _with_version(data[: src.body.offset] + _legacy_body(src, data) + data[src.body.end :], 2)
+    sf = parse_buffer(legacy)
+    assert not sf.errors, [p.line() for p in sf.errors]
+    assert sf.body.layout.legacy and "without n_stream" in sf.body.layout.describe()
+    assert [p.code for p in sf.problems] == ["legacy-layout"]
+    st = sf.body.blocks[0].streams[0]
+    assert st.cell_count == src.body.blocks[0].streams[0].cell_count
+    assert (st.cells.cells["pos"] == src.body.blocks[0].streams[0].cells.cells["pos"]).all()
+    assert len(sf.checkpoints) == len(src.checkpoints)
+    assert to_bytes(sf) == legacy
+    # a cut inside the legacy K rows is a truncation inside the body, not another layout
+    k0 = st.k[0].data
+    cut = parse_buffer(legacy[: k0.offset + k0.length // 2])
+    assert cut.errors and cut.errors[0].section == "body" and cut.errors[0].code == "truncated"
+
+
+def test_the_legacy_layout_is_only_tried_for_version_2():
+    src = open_slot_file(SLOTS / "llama_f16_fa.slot")
+    data = (SLOTS / "llama_f16_fa.slot").read_bytes()
+    sf = parse_buffer(data[: src.body.offset] + _legacy_body(src, data) + data[src.body.end :])
+    assert sf.errors and not (sf.body.layout and sf.body.layout.legacy)
+
+
+def test_session_version_9_without_n_stream():
+    src = open_slot_file(SLOTS / "extra-llama.session")
+    data = (SLOTS / "extra-llama.session").read_bytes()
+    arch = next(s for s in src.sections if s.name == "arch")
+    at = arch.offset + arch.size
+    extra = struct.pack("<I", 0) + struct.pack("<Q", 0) + struct.pack("<Q", 0)  # no outputs kept
+    sf = parse_buffer(_with_version(data[:at] + extra + _legacy_body(src, data), 9))
+    assert not sf.errors, [p.line() for p in sf.errors]
+    assert sf.body.layout.legacy
+    assert (np.unique(sf.body.blocks[0].streams[0].cells.seq_ids) == [0, 1]).all()
