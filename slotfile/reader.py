@@ -23,12 +23,12 @@ from .layout import PARTIAL_OF, SEQUENCES, Detection, Layout, appendix_at, detec
 
 # Which llama.cpp line writes and loads each state version (slot-format.md §12).
 GGSQ_VERSIONS = {
-    2: "llama.cpp builds of 2025 (before the cell ext and the io_magic blob prefix)",
+    2: "llama.cpp builds of mid-2024 to 2025 (KV blocks without n_stream until mid-2025; no cell ext, no io_magic blob prefix)",
     3: "llama.cpp of 2026 up to about October (llama-cpp-python 0.3.36 vendors this)",
     4: "llama.cpp from about October 2026 (adds K/V rotation metadata; layout not yet public)",
 }
 GGSN_VERSIONS = {
-    9: "llama.cpp builds of 2025 (session body with output ids, logits, embeddings)",
+    9: "llama.cpp builds of 2025 (session body with output ids, logits, embeddings; KV blocks without n_stream until mid-2025)",
     10: "llama.cpp of 2026 up to about October (llama-cpp-python 0.3.36)",
     11: "llama.cpp v0.6.0 and later (layout not yet public)",
 }
@@ -417,15 +417,20 @@ def _parse_session_prefix(sf: SlotFile, view: memoryview, off: int) -> int | Non
 def _parse_body(sf: SlotFile, view: memoryview, start: int) -> None:
     whole = sf.format == "GGSN"
     end = len(view)
-    if not whole and start + 4 <= end and int.from_bytes(view[start : start + 4], "little") == g.DSV4_MAGIC:
+    if _is_dsv4(view, start, end):
         sf.problem("error", "unsupported-layout", "body", start, "DeepSeek-V4 (DSV4) state frame: not supported yet")
         sf.body = Body(start, end, None, "none")
         return
     extras = V4_EXTRAS if _is_v4(sf) else ((0, 0),)
-    det = _detect_with_model(sf, view, start, end, sf.expect, False, "body",
-                             whole=whole, exact=whole, sequences=_sequences_for(sf), extras=extras)
+    det = _detect_with_model(sf, view, start, end, sf.expect, False, "body", whole=whole, exact=whole,
+                             sequences=_sequences_for(sf), extras=extras, legacy=_may_be_legacy(sf))
     sf.body = _body_from(det, start)
-    if sf.expect is not None and sf.body.layout is not None:
+    if det.layout is not None and det.layout.legacy:
+        sf.problem("warning", "legacy-layout", "body", start,
+                   f"{sf.format} {sf.version} body in the layout of llama.cpp before mid-2025 (KV blocks without "
+                   "n_stream, single-sequence cells without seq id); current llama.cpp cannot load it"
+                   + ("; the model comparison covers current layouts only" if sf.expect is not None else ""))
+    elif sf.expect is not None and sf.body.layout is not None:
         _model_problems(sf, sf.expect, sf.body, False, "body")
     if det.layout is None and _is_v4(sf):
         f = det.failure
@@ -454,7 +459,7 @@ def _parse_body(sf: SlotFile, view: memoryview, start: int) -> None:
     for b in sf.body.blocks:
         sf.sections.append(Section(f"body.{b.role}", b.offset, b.size, b.kind))
     for b in sf.body.blocks:
-        if b.kind == "KV" and not b.has_v and b.n_cells():
+        if b.kind == "KV" and not b.has_v and b.n_cells() and det.confidence != "model":
             sf.problem("warning", "k-only", f"body.{b.role}", b.end,
                        "KV block without V (an MLA or indexer cache); for any other model the file "
                        f"was cut at offset {b.end}, where V should start (give --model to decide)")
@@ -494,16 +499,26 @@ def _model_problems(sf: SlotFile, exp: Any, body: Body, partial: bool, section: 
 V4_EXTRAS = ((0, 0), (1, 0), (2, 0), (0, 1), (0, 2), (1, 1), (2, 2))
 
 
+def _is_dsv4(view: memoryview, start: int, end: int) -> bool:
+    """A llama_kv_cache_dsv4 frame (DeepSeek-V4) starts here: its own magic, not a KV block."""
+    return start + 4 <= end and int.from_bytes(view[start : start + 4], "little") == g.DSV4_MAGIC
+
+
+def _may_be_legacy(sf: SlotFile) -> bool:
+    """State version 2 and session version 9 were written both before and after llama.cpp
+    added n_stream to the KV block (mid-2025), without a version bump."""
+    return (sf.format, sf.version) in (("GGSQ", 2), ("GGSN", 9))
+
+
 def _is_v4(sf: SlotFile) -> bool:
     return sf.format == "GGSQ" and sf.version == 4
 
 
 def _sequences_for(sf: SlotFile) -> list[tuple[str, ...]]:
-    """Candidate block sequences: only the one a session's arch name implies, when it does."""
-    from .layout import ARCH_SEQUENCE
+    """Candidate block sequences: those a session's arch name allows, when it names one."""
+    from .layout import ARCH_SEQUENCES
 
-    hint = ARCH_SEQUENCE.get(sf.arch or "")
-    return [hint] if hint is not None else list(SEQUENCES)
+    return list(ARCH_SEQUENCES.get(sf.arch or "", SEQUENCES))
 
 
 def _body_from(det: Detection, start: int) -> Body:
@@ -700,6 +715,11 @@ def _parse_seq_blob(sf: SlotFile, view: memoryview, blob: BlobInfo, section: str
         sf.problem("error", f.code, section, f.offset, f"blob prefix: {f.message}")
         return
     blob.seq_id = pre.seq_id
+    if _is_dsv4(view, start + 8, end):
+        blob.body = Body(start + 8, end, None, "none")
+        sf.problem("error", "unsupported-layout", section, start + 8,
+                   "DeepSeek-V4 (DSV4) state frame: not supported yet")
+        return
     seqs = [partial] + [q for q in SEQUENCES if q != partial] if partial else list(SEQUENCES)
     det = _detect_with_model(sf, view, start + 8, end, exp, exp_partial, section, exact=True, sequences=seqs,
                              extras=V4_EXTRAS if _is_v4(sf) else ((0, 0),))
@@ -756,22 +776,18 @@ def _check_block(sf: SlotFile, blk: MemoryBlock, sec: str) -> None:
             cells = st.cells.cells if st.cells is not None else None
             if cells is None:
                 continue
-            _check_positions(sf, cells["pos"], st.cells.offset, 12 + _ext(cells), f"{sec}.stream[{st.index}]")
+            _check_positions(sf, cells["pos"], st.cells.offset, cells.dtype.itemsize, f"{sec}.stream[{st.index}]")
             seq = np.unique(st.cells.seq_ids)
             if sf.format == "GGSQ" and seq.size > 1:
                 sf.problem("warning", "invalid", f"{sec}.stream[{st.index}]", st.cells.offset,
                            f"cells carry {seq.size} different seq ids in a single-sequence save")
     elif blk.cells is not None and blk.cell_count:
-        _check_positions(sf, blk.cells.cells["pos"], blk.cells.offset, 8, sec)
+        _check_positions(sf, blk.cells.cells["pos"], blk.cells.offset, blk.cells.cells.dtype.itemsize, sec)
     for run in blk.runs():
         if run.type_id not in TYPES:
             sf.problem("warning", "unknown-type", sec, run.offset,
                        f"{run.part} layer {run.index}: ggml type id {run.type_id} is not known to this "
                        "build (newer llama.cpp or a fork)")
-
-
-def _ext(cells: np.ndarray) -> int:
-    return 12 if "tok" in cells.dtype.names else (8 if "x" in cells.dtype.names else 0)
 
 
 def _check_positions(sf: SlotFile, pos: np.ndarray, off: int, stride: int, sec: str) -> None:
@@ -781,11 +797,9 @@ def _check_positions(sf: SlotFile, pos: np.ndarray, off: int, stride: int, sec: 
     if neg.size:
         i = int(neg[0])
         sf.problem("error", "bad-position", sec, off + i * stride, f"cell {i} has negative position {int(pos[i])}")
-    back = np.flatnonzero(np.diff(pos) < 0)
-    if back.size:
-        i = int(back[0]) + 1
-        sf.problem("warning", "position-order", sec, off + i * stride,
-                   f"cell {i}: position {int(pos[i])} after {int(pos[i - 1])} (positions go backwards)")
+    # Cells are written in cell-index order (state_write_meta walks the cell ranges), not in
+    # position order: after an SWA ring wraps or freed cells are reused, positions go back.
+    # That is normal, so their order is not checked.
 
 
 def _check_tokens_vs_cells(sf: SlotFile) -> None:

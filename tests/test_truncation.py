@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from slotfile.layout import ARCH_SEQUENCE
+from slotfile.layout import ARCH_SEQUENCES
 from slotfile.reader import SlotFile, open_slot_file, parse_buffer
 
 from .conftest import SLOT_FILES
@@ -42,8 +42,12 @@ def _boundaries(sf: SlotFile) -> set[int]:
 def _clean_cuts(sf: SlotFile) -> set[int]:
     """Prefixes that are complete files on their own."""
     ok = {sf.body.end}
-    if sf.arch not in ARCH_SEQUENCE:  # a session names its arch: then the blocks are known
-        ok |= {blk.end for blk in sf.body.blocks}
+    # a block boundary ends a valid shorter body, unless a session's arch rules that layout out
+    allowed = ARCH_SEQUENCES.get(sf.arch or "")
+    kinds = sf.body.layout.kinds
+    for i, blk in enumerate(sf.body.blocks):
+        if allowed is None or kinds[: i + 1] in allowed:
+            ok.add(blk.end)
     if sf.format == "GGSQ":
         if sf.sckp:
             ok.add(sf.sckp.end)
