@@ -70,7 +70,10 @@ def test_model_expectation_matches_manifest(model: str, facts: dict[str, Any]) -
     assert [list(b.layers) for b in kv] == ([facts["attn_layers"]] if facts["attn_layers"] else [])
     if kv:
         assert set(kv[0].n_embd_k) == {facts["n_embd_k_gqa"]}
-        assert set(kv[0].n_embd_v) == {facts["n_embd_v_gqa"]}
+        if facts.get("kv_has_v", True):
+            assert set(kv[0].n_embd_v) == {facts["n_embd_v_gqa"]}
+        else:  # MLA: the cache holds K only
+            assert kv[0].n_embd_v == () and not kv[0].has_v
         assert exp.cell_ext == facts["cell_ext"]
     if facts["recr_layers"]:
         assert len(rec) == 1

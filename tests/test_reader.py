@@ -7,7 +7,7 @@ import pytest
 from slotfile.reader import open_slot_file
 from slotfile.report import flash_attn_of
 
-from .conftest import EXTRA, MANIFEST, SLOTS
+from .conftest import EXTRA, FIXTURES, MANIFEST, SLOTS
 
 TYPE_IDS = {"f32": 0, "f16": 1, "q8_0": 8}
 
@@ -78,6 +78,7 @@ def _check_extra_block(blk, want: dict) -> None:
     assert blk.kind == want["type"]
     assert (blk.offset, blk.end) == (want["offset"], want["end"])
     if blk.kind == "KV":
+        assert blk.has_v == want.get("has_v", True)  # the generator records only has_v False
         assert [s.cell_count for s in blk.streams] == want["cell_counts"]
         for st, ws in zip(blk.active_streams(), [s for s in want["streams"] if s["cell_count"]]):
             assert st.v_trans == ws["v_trans"] and st.n_layer == ws["n_layer"]
@@ -93,7 +94,11 @@ def _check_extra_block(blk, want: dict) -> None:
 @pytest.mark.parametrize("entry", EXTRA["files"], ids=lambda e: e["file"])
 def test_extra_fixture_matches_manifest(entry):
     sf = open_slot_file(SLOTS.parent / entry["file"])
-    assert sf.problems == [], [p.line() for p in sf.problems]
+    # without --model a K-only (MLA) block is reported, since from the bytes alone it could
+    # also be a K+V block cut where V starts; nothing else is
+    k_only = any(b["type"] == "KV" and not b.get("has_v", True) and sum(b["cell_counts"])
+                 for b in entry["blocks"])
+    assert [p.code for p in sf.problems] == (["k-only"] if k_only else []), [p.line() for p in sf.problems]
     assert sf.format == ("GGSQ" if entry["kind"] == "slot" else "GGSN")
     assert sf.size == entry["size"]
     assert sf.n_tokens == entry["n_tokens"]
@@ -118,6 +123,42 @@ def test_extra_fixture_matches_manifest(entry):
             for blk, wb in zip(ck.tgt.body.blocks, wc["tgt"]["blocks"]):
                 shifted = dict(wb, offset=wb["offset"] + base, end=wb["end"] + base)
                 _check_extra_block(blk, shifted)
+
+
+def test_mla_fixture_is_one_k_only_block():
+    """DeepSeek2 with MLA (llama.cpp writes the latent + rope key, no V tensors): the body is
+    one KV block with K runs only; the model settles it, the bytes alone warn."""
+    from slotfile.model import load_model_info
+
+    path = SLOTS / "extra-deepseek2.slot"
+    entry = next(e for e in EXTRA["files"] if e["file"] == "slots/extra-deepseek2.slot")
+    facts = EXTRA["models"][entry["model"]]
+    assert facts["mla"] and not facts["kv_has_v"]
+
+    bare = open_slot_file(path)
+    assert bare.body.layout.describe() == "KV(K-only)"
+    (blk,) = bare.body.blocks
+    assert blk.kind == "KV" and not blk.has_v
+    (st,) = blk.active_streams()
+    assert st.cell_count == entry["n_tokens"] == 28
+    assert st.v == [] and len(st.k) == st.n_layer == facts["n_layer"]
+    assert {(r.type_id, r.row_size) for r in st.k} == {(1, 2 * facts["n_embd_k_gqa"])}  # f16, 40 elements
+    assert st.v_trans == 1  # flash attention off: llama.cpp still writes (and checks) the flag
+    assert blk.end == bare.body.end == entry["body_end"]  # the K rows end the body: no V section
+    assert not [r for _, r in bare.value_runs() if r.part == "V"]
+    assert {r.part for _, r in bare.value_runs()} == {"K"}
+    assert len(bare.checkpoints) == 2
+    for ck in bare.checkpoints:  # plain KV ignores PARTIAL_ONLY: each blob is the whole K-only block
+        assert ck.tgt.body.layout.describe() == "KV(K-only)" and not ck.tgt.body.blocks[0].has_v
+    assert [p.code for p in bare.problems] == ["k-only"]
+    (warn,) = bare.problems
+    assert warn.severity == "warning" and warn.offset == blk.end
+
+    sf = open_slot_file(path, model=load_model_info(FIXTURES / entry["model"]))
+    assert sf.body.confidence == "model"
+    assert sf.body.layout == bare.body.layout
+    assert not [p for p in sf.problems if p.code == "k-only"]
+    assert sf.problems == [], [p.line() for p in sf.problems]
 
 
 def test_session_with_shared_cells_reads_every_seq_id():
