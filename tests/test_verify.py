@@ -81,6 +81,31 @@ def test_damaged_copies(verifiers, corpus, d):
     assert r.first_problem and r.first_problem.startswith(f"{first}: ")
 
 
+def test_mla_k_only_fixture_through_the_real_loader(verifiers):
+    """DeepSeek2 MLA: a K-only KV block.  It restores with flash attention off (its v_trans is 1,
+    and llama.cpp checks the flag though there is no V), both checkpoints are consumed whole,
+    and the deep check compares K rows only."""
+    import dataclasses
+
+    from slotfile.loader import LoaderPool, settings_for
+
+    path = SLOTS / "extra-deepseek2.slot"
+    v = verifiers.get("models/extra-deepseek2.gguf")
+    d = v.verify(path).to_dict()
+    assert d["verdict"] == "pass" and d["level_reached"] == 4, d["first_problem"]
+    assert d["levels"]["model"]["problems"] == []  # with the model there is no k-only warning
+    load = d["levels"]["load"]["details"]
+    assert load["body_bytes"] == 4996 and load["settings"]["flash_attn"] is False
+    assert [ok for ok, _ in load["checkpoints"]] == [True, True]
+    rows = d["levels"]["deep"]["details"]["layers"]
+    assert [(row["part"], row["layer"]) for row in rows] == [("K", 0), ("K", 1)]
+    # the flag is not decoration: with flash attention on, llama.cpp refuses the same bytes
+    s = dataclasses.replace(settings_for(open_slot_file(path)), flash_attn=True)
+    with LoaderPool(str(MODELS / "extra-deepseek2.gguf")) as pool:
+        r = pool.load(str(path), s)
+    assert not r.ok and not r.crashed and "incompatible V transposition" in r.message
+
+
 def test_damage_in_detail(verifiers, corpus):
     v = verifiers.get("models/llama.gguf")
     # the swap shows in layer 0 only, in K and in V
