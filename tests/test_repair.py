@@ -100,7 +100,7 @@ def _fixtures() -> dict[str, Fx]:
 FX = _fixtures()
 SWEEP = ["llama_f16_fa", "llama_q8_0_fa", "llama_2stream", "llama_draft_sdft", "llama_draft_sdft_only",
          "llama_sckp_empty", "gemma3_iswa_nofa", "gemma3_iswa_fa", "extra-mamba", "extra-lfm2", "extra-jamba",
-         "extra-qwen2vl"]
+         "extra-qwen2vl", "extra-deepseek2"]
 
 
 def sckp_header(count: int) -> bytes:
