@@ -5,19 +5,31 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from rich.console import Console
+from typing import Any
 
 from slotfile.exitcodes import OK, OPERATIONAL, PROBLEMS
 from slotfile.model import ModelError, ModelInfo, escape_text, load_model_info
 from slotfile.reader import SlotFile, open_slot_file
 
-# stdout carries results; everything else (logs, operational errors) goes to stderr
-out = Console(highlight=False, markup=False, soft_wrap=False)
-err = Console(stderr=True, highlight=False, markup=False)
+
+def __getattr__(name: str) -> Any:
+    """``out`` / ``err``: rich consoles, built on first use, so that commands printing plain
+    text or JSON (dump, --json) never import rich.  stdout carries results; everything else
+    (logs, operational errors) goes to stderr."""
+    if name not in ("out", "err"):
+        raise AttributeError(name)
+    from rich.console import Console
+
+    console = (Console(highlight=False, markup=False, soft_wrap=False) if name == "out"
+               else Console(stderr=True, highlight=False, markup=False))
+    globals()[name] = console
+    return console
 
 
 def fail(message: str) -> None:
-    err.print(f"slotfile: {escape_text(message)}")
+    """One line on stderr."""
+    sys.stderr.write(f"slotfile: {escape_text(message)}\n")
+    sys.stderr.flush()
 
 
 def open_or_report(path: Path, model: ModelInfo | None = None, draft_model: ModelInfo | None = None) -> SlotFile | None:
