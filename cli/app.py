@@ -72,9 +72,16 @@ def verify(
     scan: bool = typer.Option(False, "--scan", help="Structure level: check every K/V/R/S value is finite (reads all data)."),
 ) -> None:
     """Structure, model metadata, a real test-load and (--deep) a recompute, each reported per file."""
+    pool = None
+    if model is not None and jobs >= 1 and model.is_file() and (draft_model is None or draft_model.is_file()):
+        # the llama.cpp workers load the model while this process imports and parses
+        from slotfile.loader import LoaderPool
+
+        pool = LoaderPool.start(str(model), str(draft_model) if draft_model else None, n_gpu_layers, jobs)
     from .verify_cmd import run_verify
 
-    raise typer.Exit(run_verify(paths, model, draft_model, deep, n_gpu_layers, jobs, json_out, junit, timeout, scan))
+    raise typer.Exit(run_verify(paths, model, draft_model, deep, n_gpu_layers, jobs, json_out, junit, timeout, scan,
+                                pool=pool))
 
 
 _OUT = typer.Option(None, "--output", "-o", help="Where to write the repaired file (must not exist unless --force).")

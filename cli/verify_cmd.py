@@ -41,7 +41,7 @@ import time
 import xml.etree.ElementTree as ET
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -63,6 +63,9 @@ from slotfile.verify import (
 )
 
 from .common import err, out
+
+if TYPE_CHECKING:
+    from slotfile.loader import LoaderPool
 from .inspect_cmd import _size
 
 TABLE_WIDTH = 200  # when stdout is not a terminal: one line per file where possible
@@ -74,7 +77,19 @@ def fail(message: str) -> None:
 
 
 def run_verify(paths: list[Path], model: Path | None, draft_model: Path | None, deep: bool, n_gpu_layers: int,
-               jobs: int, json_out: bool, junit: Path | None, timeout: float = 300.0, scan: bool = False) -> int:
+               jobs: int, json_out: bool, junit: Path | None, timeout: float = 300.0, scan: bool = False,
+               pool: LoaderPool | None = None) -> int:
+    """``pool``: loader workers already started for ``model`` (they load it meanwhile)."""
+    try:
+        return _run_verify(paths, model, draft_model, deep, n_gpu_layers, jobs, json_out, junit, timeout, scan, pool)
+    finally:
+        if pool is not None:
+            pool.close()
+
+
+def _run_verify(paths: list[Path], model: Path | None, draft_model: Path | None, deep: bool, n_gpu_layers: int,
+                jobs: int, json_out: bool, junit: Path | None, timeout: float, scan: bool,
+                pool: LoaderPool | None) -> int:
     if deep and model is None:
         fail("--deep needs --model (the recompute runs the model)")
         return USAGE
@@ -91,7 +106,7 @@ def run_verify(paths: list[Path], model: Path | None, draft_model: Path | None, 
     opts = Options(model=str(model) if model else None, draft_model=str(draft_model) if draft_model else None,
                    deep=deep, n_gpu_layers=n_gpu_layers, jobs=jobs, timeout=timeout, scan=scan)
     try:
-        verifier = Verifier(opts)
+        verifier = Verifier(opts, pool)
     except VerifyError as e:
         fail(str(e))
         return OPERATIONAL
@@ -107,6 +122,9 @@ def run_verify(paths: list[Path], model: Path | None, draft_model: Path | None, 
 
             reports = verifier.run(files, done)
         loader = dict(verifier.pool.info) if verifier.pool is not None else None
+    except VerifyError as e:
+        fail(str(e))
+        return OPERATIONAL
     finally:
         verifier.close()
     elapsed = time.monotonic() - t0

@@ -32,9 +32,11 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .reader import Body, MemoryBlock, SlotFile, open_slot_file
+if TYPE_CHECKING:  # the reader (numpy, construct) is imported only where a file is opened, so
+    # that a command can start its workers before its own heavy imports (see LoaderPool.start)
+    from .reader import Body, MemoryBlock, SlotFile
 
 WORKER = Path(__file__).with_name("loader_worker.py")
 F16 = 1
@@ -357,10 +359,20 @@ def _tail(log: str, n: int = 12) -> str:
 
 class LoaderPool:
     """Long-lived loader worker(s).  Each worker loads the model (and draft model) once and
-    test-loads many files; ``jobs`` workers serve concurrent callers (thread-safe)."""
+    test-loads many files; ``jobs`` workers serve concurrent callers (thread-safe).
+
+    The constructor waits until every worker has loaded its model (a missing or unloadable
+    model raises :class:`LoaderError` there).  ``LoaderPool.start(...)`` only spawns them, so
+    the workers load the model while the caller imports, parses and checks; :meth:`ready`
+    (or the first load) then waits for them."""
+
+    @classmethod
+    def start(cls, model: str, draft_model: str | None = None, n_gpu_layers: int = 0, jobs: int = 1,
+              threads: int | None = None) -> "LoaderPool":
+        return cls(model, draft_model, n_gpu_layers, jobs, threads, wait=False)
 
     def __init__(self, model: str, draft_model: str | None = None, n_gpu_layers: int = 0, jobs: int = 1,
-                 threads: int | None = None) -> None:
+                 threads: int | None = None, *, wait: bool = True) -> None:
         for p in (model, draft_model):
             if p is not None and not Path(p).is_file():
                 raise LoaderError(f"model not found: {p}")
@@ -372,16 +384,30 @@ class LoaderPool:
         self._all: list[_Worker] = []
         self._lock = threading.Lock()
         self._closed = False
-        self.info: dict[str, Any] = {}
+        self._info: dict[str, Any] = {}
         self.restarts = 0
-        started = [self._spawn() for _ in range(self.jobs)]
+        self._starting = [self._spawn() for _ in range(self.jobs)]
+        if wait:
+            self.ready()
+
+    def ready(self) -> dict[str, Any]:
+        """Wait until every worker started has loaded its model; returns the loader's facts.
+        Raises LoaderError (and closes the pool) when one cannot."""
+        with self._lock:
+            starting, self._starting = self._starting, []
         try:
-            for w in started:
-                self.info = w.wait_hello(START_TIMEOUT)
+            for w in starting:
+                self._info = w.wait_hello(START_TIMEOUT)
                 self._idle.put(w)
         except LoaderError:
             self.close()
             raise
+        return self._info
+
+    @property
+    def info(self) -> dict[str, Any]:
+        """What the loader said when it started (versions, n_vocab, ...)."""
+        return self.ready() if not self._info else self._info
 
     # ------------------------------------------------------------------ plumbing
 
@@ -394,6 +420,8 @@ class LoaderPool:
     def _acquire(self) -> _Worker:
         if self._closed:
             raise LoaderError("the loader pool is closed")
+        if self._starting:
+            self.ready()
         w = self._idle.get()
         if w is None or not w.alive():
             if w is not None:
@@ -437,6 +465,8 @@ class LoaderPool:
 
     def load(self, path: str, settings: LoadSettings | None = None, timeout: float = 300) -> LoadResult:
         """Test-load one file the way the server restores a slot (see loader_worker.py)."""
+        from .reader import open_slot_file
+
         try:
             sf = open_slot_file(path)
         except OSError as e:
@@ -472,6 +502,8 @@ class LoaderPool:
         recomputed state is written to ``out`` (a GGSQ file with no tokens).  ``batch``: tokens
         per llama_decode call of the prefill (0: the worker's default, 512)."""
         if settings is None:
+            from .reader import open_slot_file
+
             settings = settings_for(open_slot_file(path), self.n_gpu_layers)
         req = {"op": "deep", "path": str(Path(path).resolve()), "settings": settings.to_dict(),
                "tokens": [int(t) for t in tokens], "probe": int(probe), "out": str(out),

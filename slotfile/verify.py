@@ -640,12 +640,19 @@ def level_deep(sf: SlotFile, path: str, pool: LoaderPool | None, load: Level, op
 class Verifier:
     """Models and loader workers shared by every file of a run."""
 
-    def __init__(self, opts: Options) -> None:
+    def __init__(self, opts: Options, pool: LoaderPool | None = None) -> None:
+        """``pool``: workers the caller started early (``LoaderPool.start``) so that they load
+        the model while this process imports and parses; a failure to start surfaces at the
+        first load, as a VerifyError from :meth:`run`."""
         self.opts = opts
-        self.side = _model_side(opts.model)
-        self.dside = _model_side(opts.draft_model)
-        self.pool: LoaderPool | None = None
-        if opts.model is not None:
+        self.pool: LoaderPool | None = pool
+        try:
+            self.side = _model_side(opts.model)
+            self.dside = _model_side(opts.draft_model)
+        except VerifyError:
+            self.close()
+            raise
+        if opts.model is not None and self.pool is None:
             try:
                 self.pool = LoaderPool(opts.model, opts.draft_model, opts.n_gpu_layers, opts.jobs)
             except LoaderError as e:
@@ -701,7 +708,14 @@ class Verifier:
         return rep
 
     def run(self, paths: list[Path], on_done: Callable[[FileReport], None] | None = None) -> list[FileReport]:
-        """Every file, ``jobs`` at a time; results in the order of ``paths``."""
+        """Every file, ``jobs`` at a time; results in the order of ``paths``.  Raises
+        VerifyError when the loader cannot start (model unloadable)."""
+        try:
+            return self._run(paths, on_done)
+        except LoaderError as e:
+            raise VerifyError(str(e)) from e
+
+    def _run(self, paths: list[Path], on_done: Callable[[FileReport], None] | None) -> list[FileReport]:
         if self.opts.jobs <= 1 or len(paths) <= 1:
             out = []
             for p in paths:
