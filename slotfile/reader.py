@@ -458,8 +458,12 @@ def _parse_body(sf: SlotFile, view: memoryview, start: int) -> None:
     sf.sections.append(Section("body", start, det.end - start, det.layout.describe()))
     for b in sf.body.blocks:
         sf.sections.append(Section(f"body.{b.role}", b.offset, b.size, b.kind))
+    # A KV block without V is an MLA or indexer cache, or a file cut where V starts.  Only the
+    # second reading needs a word: not when the model decides (it reports its own mismatch), and
+    # not when an appendix follows the body (nothing was cut there).
+    at_eof = det.end == end
     for b in sf.body.blocks:
-        if b.kind == "KV" and not b.has_v and b.n_cells() and det.confidence != "model":
+        if b.kind == "KV" and not b.has_v and b.n_cells() and sf.expect is None and at_eof:
             sf.problem("warning", "k-only", f"body.{b.role}", b.end,
                        "KV block without V (an MLA or indexer cache); for any other model the file "
                        f"was cut at offset {b.end}, where V should start (give --model to decide)")

@@ -214,7 +214,8 @@ def flash_attn_of(sf: SlotFile) -> str:
     if sf.body:
         for b in sf.body.blocks:
             for s in b.active_streams():
-                if b.has_v and s.v_trans is not None:
+                # a K-only (MLA) cache writes v_trans too, and the loader checks it
+                if s.v_trans is not None:
                     vals.add(s.v_trans)
     if not vals:
         return "unknown"
