@@ -20,13 +20,11 @@ The input is only ever opened read-only.
 from __future__ import annotations
 
 import errno
-import functools
 import os
 import re
 import secrets
 import shutil
 import stat
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
@@ -113,34 +111,6 @@ class Plan:
 # --------------------------------------------------------------------------------------- copies
 
 
-_SYNC_FILE_RANGE_WRITE = 2  # linux/fs.h
-
-
-@functools.lru_cache(maxsize=1)
-def _sync_file_range() -> Callable[[int, int, int, int], int] | None:
-    """libc's sync_file_range (Linux), which os does not expose; None elsewhere."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        import ctypes
-
-        fn = ctypes.CDLL(None, use_errno=True).sync_file_range
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
-    fn.restype = ctypes.c_int
-    return fn  # type: ignore[no-any-return]
-
-
-def start_writeback(fd: int, offset: int, length: int) -> None:
-    """Start writing ``fd``'s dirty pages in this range to disk without waiting, so the disk
-    works while the next chunk is copied and the final fsync has little left to wait for.
-    Durability still comes from that fsync; this only overlaps the two."""
-    fn = _sync_file_range()
-    if fn is not None and length > 0:
-        fn(fd, offset, length, _SYNC_FILE_RANGE_WRITE)
-
-
 def copy_range(src_fd: int, dst_fd: int, offset: int, length: int) -> int:
     """Copy ``length`` bytes of ``src_fd`` from ``offset`` to the current position of ``dst_fd``.
 
@@ -168,7 +138,6 @@ def copy_range(src_fd: int, dst_fd: int, offset: int, length: int) -> int:
         if got == 0:
             raise OSError(errno.EIO, f"source ended {length - done} bytes early (offset {offset + done})")
         done += got
-        start_writeback(dst_fd, os.lseek(dst_fd, 0, os.SEEK_CUR) - got, got)
     return done
 
 
