@@ -123,6 +123,9 @@ class Model:
                     f"kv_unified {bool(s['kv_unified'])}, flash_attn {bool(s['flash_attn'])}, "
                     f"type_k {s['type_k']}, type_v {s['type_v']}")
             self.contexts[key] = ctx
+            return ctx  # llama.cpp zeroes a new cache's buffers: clearing them again costs a pass
+        # a reused context: forget its cells and zero the buffers, so that nothing the last
+        # file left (NaN in a damaged one) can leak into masked cells of the next
         L.llama_memory_clear(L.llama_get_memory(ctx), True)
         return ctx
 
