@@ -211,7 +211,6 @@ T = [("python start-up", time.perf_counter())]
 def mark(name):
     T.append((name, time.perf_counter()))
 import typer, slotfile.cli.app; mark("typer + slotfile.cli.app (what --version loads)")
-import pydantic, typer._adapters; mark("pydantic (typer 0.29 builds a pydantic adapter per parameter)")
 import numpy; mark("numpy")
 import construct; mark("construct")
 import rich.console, rich.table, rich.text; mark("rich console/table")
