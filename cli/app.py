@@ -66,7 +66,7 @@ def verify(
     deep: bool = typer.Option(False, "--deep", help="Recompute the state from the tokens and compare K/V and logits."),
     n_gpu_layers: int = typer.Option(0, "--n-gpu-layers", help="Layers to offload in the loader (default 0: CPU)."),
     jobs: int = typer.Option(1, "--jobs", "-j", help="Loader worker processes (files verified in parallel)."),
-    json_out: bool = typer.Option(False, "--json", help="JSON on stdout (schema slotfile.verify/1, documented in cli/verify_cmd.py)."),
+    json_out: bool = typer.Option(False, "--json", help="JSON on stdout (schema slotfile.verify/1, see README)."),
     junit: Optional[Path] = typer.Option(None, "--junit", help="Also write JUnit XML here (one testcase per file)."),
     timeout: float = typer.Option(300.0, "--timeout", help="Seconds allowed for each llama.cpp load."),
     scan: bool = typer.Option(False, "--scan", help="Structure level: check every K/V/R/S value is finite (reads all data)."),
