@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import struct
+
 import pytest
 
 from slotfile.reader import open_slot_file, parse_buffer
@@ -189,3 +191,34 @@ def test_model_layout_is_used_and_wrong_models_are_named():
     assert sf.body.confidence == "model" and sf.problems == []
     sf = open_slot_file(SLOTS / "llama_f16_fa.slot", model=load_model_info(models / "draft.gguf"))
     assert any(p.code == "model-mismatch" and "row size" in p.message for p in sf.errors)
+
+
+def test_two_k_only_blocks_read_as_dsa():
+    """llama_kv_cache_dsa writes an MLA cache then the lightning indexer, both K-only, and
+    ignores PARTIAL_ONLY: the pair is DSA (not iSWA) and a blob holding both is expected."""
+    src = open_slot_file(SLOTS / "extra-deepseek2.slot")
+    data = (SLOTS / "extra-deepseek2.slot").read_bytes()
+    body = data[src.body.offset : src.body.end]
+    blob = struct.pack("<Ii", 0xAF143CD8, 0) + body + body
+    sckp = b"SCKP" + struct.pack("<II", 1, 1) + struct.pack("<qii", src.n_tokens, 0, src.n_tokens - 1)
+    sckp += struct.pack("<Q", len(blob)) + blob + struct.pack("<QQ", 0, 0)
+    sf = parse_buffer(data[: src.body.offset] + body + body + sckp)
+    assert sf.body.memory_class == "dsa"
+    assert [b.role for b in sf.body.blocks] == ["kv-mla", "kv-index"]
+    assert sf.problems == [], [p.line() for p in sf.problems]
+
+
+@pytest.mark.parametrize("arch, ok", [("gemma3", True), ("llama", True), ("jamba", False)])
+def test_session_arch_allows_its_memory_classes(arch, ok):
+    """A session names its arch: gemma3 may be a single KV cache (no sliding window in its
+    GGUF), jamba never is."""
+    src = open_slot_file(SLOTS / "extra-llama.session")
+    data = (SLOTS / "extra-llama.session").read_bytes()
+    arch_sec = next(s for s in src.sections if s.name == "arch")
+    name = arch.encode()
+    sf = parse_buffer(data[: arch_sec.offset] + struct.pack("<I", len(name)) + name
+                      + data[arch_sec.offset + arch_sec.size :])
+    assert sf.arch == arch
+    assert (not sf.errors) == ok, [p.line() for p in sf.problems]
+    if ok:
+        assert sf.body.layout.kinds == ("KV",)
