@@ -116,3 +116,30 @@ def test_value_check_catches_a_changed_value(tmp_path):
     data = bytearray(src.read_bytes())
     data[8] ^= 1  # the header's token word count
     assert "structural" in (_value_mismatch(src, bytes(data)) or "")
+
+
+def _one_ulp_off(tmp_path: Path, cpu: str) -> Path:
+    """A generator output dir holding one fixture with one K value one f16 step off."""
+    rel = "slots/llama_f16_fa.slot"
+    sf = open_slot_file(FIXTURES / rel)
+    run = next(r for _, r in sf.value_runs() if r.type_id == 1)
+    off = run.data.offset
+    del sf
+    data = bytearray((FIXTURES / rel).read_bytes())
+    data[off : off + 2] = (np.frombuffer(bytes(data[off : off + 2]), "<u2") ^ 1).astype("<u2").tobytes()
+    (tmp_path / "slots").mkdir()
+    (tmp_path / rel).write_bytes(bytes(data))
+    (tmp_path / GENERATED_ON).write_text(cpu)
+    return tmp_path
+
+
+def test_same_cpu_demands_byte_identity(tmp_path):
+    out = _one_ulp_off(tmp_path, (FIXTURES / GENERATED_ON).read_text())
+    with pytest.raises(pytest.fail.Exception, match="differs from the committed fixture"):
+        _compare(out, [GENERATED_ON, "slots/llama_f16_fa.slot"])
+
+
+def test_another_cpu_allows_float_rounding_only(tmp_path):
+    out = _one_ulp_off(tmp_path, "another CPU\n")
+    with pytest.warns(UserWarning, match="within float rounding"):
+        _compare(out, [GENERATED_ON, "slots/llama_f16_fa.slot"])

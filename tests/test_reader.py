@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import struct
 
+import numpy as np
 import pytest
 
 from slotfile.reader import open_slot_file, parse_buffer
@@ -144,6 +145,7 @@ def test_mla_fixture_is_one_k_only_block():
     assert st.v == [] and len(st.k) == st.n_layer == facts["n_layer"]
     assert {(r.type_id, r.row_size) for r in st.k} == {(1, 2 * facts["n_embd_k_gqa"])}  # f16, 40 elements
     assert st.v_trans == 1  # flash attention off: llama.cpp still writes (and checks) the flag
+    assert flash_attn_of(bare) == "off"  # read from a K-only cache's v_trans too
     assert blk.end == bare.body.end == entry["body_end"]  # the K rows end the body: no V section
     assert not [r for _, r in bare.value_runs() if r.part == "V"]
     assert {r.part for _, r in bare.value_runs()} == {"K"}
@@ -222,3 +224,18 @@ def test_session_arch_allows_its_memory_classes(arch, ok):
     assert (not sf.errors) == ok, [p.line() for p in sf.problems]
     if ok:
         assert sf.body.layout.kinds == ("KV",)
+
+
+def test_positions_out_of_cell_order_are_not_a_problem():
+    """Cells are written in cell-index order: after an SWA ring wraps (or freed cells are
+    reused) positions go backwards in a healthy file."""
+    src = open_slot_file(SLOTS / "llama_f16_fa.slot")
+    data = bytearray((SLOTS / "llama_f16_fa.slot").read_bytes())
+    cells = src.body.blocks[0].streams[0].cells
+    pos = cells.cells["pos"]
+    stride = cells.cells.dtype.itemsize
+    for i, p in enumerate(np.roll(pos, 5)):  # a ring that wrapped 5 cells ago
+        struct.pack_into("<i", data, cells.offset + i * stride, int(p))
+    sf = parse_buffer(bytes(data))
+    assert sf.body.blocks[0].streams[0].cells.cells["pos"][0] == pos[-5]
+    assert sf.problems == [], [p.line() for p in sf.problems]

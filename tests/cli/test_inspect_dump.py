@@ -107,3 +107,14 @@ def test_control_characters_are_escaped(tmp_path: Path):
     r = run("inspect", p)
     assert "\x1b" not in r.stdout
     assert "ll\\x1b[2Jma" in r.stdout
+
+
+def test_dump_json_imports_neither_rich_nor_pydantic():
+    """Start-up is part of every command's cost: dump --json prints no rich output, and typer
+    is pinned below the release that coerces parameters through pydantic (README, Performance)."""
+    r = subprocess.run([sys.executable, "-X", "importtime", "-m", "slotfile.cli", "dump", "--json",
+                        str(SLOTS / "llama_f16_fa.slot")], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    imported = {line.rsplit("|", 1)[-1].strip() for line in r.stderr.splitlines() if line.startswith("import time:")}
+    assert "numpy" in imported  # the check sees real imports
+    assert not {m for m in imported if m.split(".")[0] in ("rich", "pydantic")}
