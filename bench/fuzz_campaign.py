@@ -26,6 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.children import reap  # noqa: E402
 from tests.fuzzing import all_mutations, random_mutation  # noqa: E402
 
 SLOTS = ROOT / "fixtures" / "slots"
@@ -39,16 +40,9 @@ def run_measured(cmd: list[str], timeout: float) -> tuple[int, float, int, str]:
     t0 = time.perf_counter()
     with tempfile.TemporaryFile() as so:
         p = subprocess.Popen(cmd, stdout=so, stderr=subprocess.STDOUT)
-        deadline = t0 + timeout
-        while True:
-            pid, status, ru = os.wait4(p.pid, os.WNOHANG)
-            if pid:
-                break
-            if time.perf_counter() > deadline:
-                p.kill()
-                os.wait4(p.pid, 0)
-                return -999, time.perf_counter() - t0, 0, "timeout"
-            time.sleep(0.005)
+        status, ru, timed_out = reap(p, t0, timeout)
+        if timed_out:
+            return -999, time.perf_counter() - t0, 0, "timeout"
         p.returncode = os.waitstatus_to_exitcode(status)
         so.seek(0)
         text = so.read().decode(errors="replace")[-2000:]

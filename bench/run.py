@@ -43,6 +43,7 @@ from typing import Any, Callable
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.children import reap  # noqa: E402
 from slotfile.synth import SynthSpec, write_slot  # noqa: E402
 
 PY = sys.executable
@@ -104,16 +105,7 @@ def run_child(argv: list[str], out_path: Path | None = None, timeout: float = 90
     try:
         t0 = time.perf_counter()
         p = subprocess.Popen(full, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env, cwd=ROOT)
-        deadline = t0 + timeout
-        while True:
-            pid, status, ru = os.wait4(p.pid, os.WNOHANG)
-            if pid:
-                break
-            if time.perf_counter() > deadline:
-                p.kill()
-                pid, status, ru = os.wait4(p.pid, 0)
-                break
-            time.sleep(0.0005 if time.perf_counter() - t0 < 0.5 else 0.005)
+        status, ru, _ = reap(p, t0, timeout)
         wall = time.perf_counter() - t0
         rc = os.waitstatus_to_exitcode(status)
         p.returncode = rc

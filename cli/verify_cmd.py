@@ -63,10 +63,10 @@ from slotfile.verify import (
 )
 
 from .common import err, out
+from .inspect_cmd import _size
 
 if TYPE_CHECKING:
     from slotfile.loader import LoaderPool
-from .inspect_cmd import _size
 
 TABLE_WIDTH = 200  # when stdout is not a terminal: one line per file where possible
 

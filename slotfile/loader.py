@@ -460,14 +460,17 @@ class LoaderPool:
 
     # ------------------------------------------------------------------ API
 
-    def load(self, path: str, settings: LoadSettings | None = None, timeout: float = 300) -> LoadResult:
-        """Test-load one file the way the server restores a slot (see loader_worker.py)."""
-        from .reader import open_slot_file
+    def load(self, path: str, settings: LoadSettings | None = None, timeout: float = 300,
+             sf: SlotFile | None = None) -> LoadResult:
+        """Test-load one file the way the server restores a slot (see loader_worker.py).
+        ``sf``: the file as the caller already parsed it (otherwise it is parsed here)."""
+        if sf is None:
+            from .reader import open_slot_file
 
-        try:
-            sf = open_slot_file(path)
-        except OSError as e:
-            return LoadResult(False, f"cannot read {path}: {e.strerror or e}", 0, [], None)
+            try:
+                sf = open_slot_file(path)
+            except OSError as e:
+                return LoadResult(False, f"cannot read {path}: {e.strerror or e}", 0, [], None)
         s = settings or settings_for(sf, self.n_gpu_layers)
         ds = draft_settings_for(sf, self.n_gpu_layers) if self.draft_model else None
         req = {"op": "load", "path": str(Path(path).resolve()), "settings": s.to_dict(),

@@ -1483,7 +1483,8 @@ def make_check(opts: Options, test_draft: bool, report: Report) -> Callable[[str
                                             f"{sf.version}, the installed llama.cpp loads version {have} only"}
                         report.notes.append(report.test_load["message"])
                         return True, ""
-                    res = pool.load(path, settings_for(sf, n_gpu_layers=opts.n_gpu_layers), timeout=opts.timeout)
+                    res = pool.load(path, settings_for(sf, n_gpu_layers=opts.n_gpu_layers), timeout=opts.timeout,
+                                    sf=sf)
             except LoaderError as e:
                 raise Operational(str(e)) from None
         finally:

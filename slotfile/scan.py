@@ -38,7 +38,6 @@ _FLOATS = {
     30: (np.dtype("<u2"), 0x7F80, 2),  # bf16
     0: (np.dtype("<u4"), 0x7F800000, 4),  # f32
 }
-_LANES = _FLOATS  # kept for callers of the earlier name
 # quantized block types whose first half (d) - and for *_1 also the second (m) - is an f16
 _SCALES = {2: 1, 3: 2, 6: 1, 7: 2, 8: 1, 9: 2, 20: 1, 39: 0}
 _F16_EXP = 0x7C00

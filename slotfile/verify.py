@@ -646,12 +646,8 @@ class Verifier:
         first load, as a VerifyError from :meth:`run`."""
         self.opts = opts
         self.pool: LoaderPool | None = pool
-        try:
-            self.side = _model_side(opts.model)
-            self.dside = _model_side(opts.draft_model)
-        except VerifyError:
-            self.close()
-            raise
+        self.side = _model_side(opts.model)
+        self.dside = _model_side(opts.draft_model)
         if opts.model is not None and self.pool is None:
             try:
                 self.pool = LoaderPool(opts.model, opts.draft_model, opts.n_gpu_layers, opts.jobs)
@@ -696,7 +692,7 @@ class Verifier:
             settings = settings_for(sf, self.opts.n_gpu_layers)
             if self.opts.settings_hook is not None:
                 settings = self.opts.settings_hook(sf, settings)
-            res = self.pool.load(str(path), settings, timeout=self.opts.timeout)
+            res = self.pool.load(str(path), settings, timeout=self.opts.timeout, sf=sf)
         lv["load"] = level_load(sf, res, self.pool, self.opts.draft_model is not None)
         lv["load"].seconds = time.monotonic() - t
         if settings is not None:
