@@ -55,7 +55,7 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "fuzz.json")
     args = ap.parse_args()
-    slotfile = [sys.executable, "-m", "slotfile.cli"]
+    slotfile = [sys.executable, "-m", "slotfile"]
     has_verify = subprocess.run(slotfile + ["verify", "--help"], capture_output=True).returncode == 0
     small = sorted(p for p in SLOTS.iterdir() if p.suffix in (".slot", ".session") and p.stat().st_size <= 20_000)
     inputs: list[tuple[str, bytes]] = []

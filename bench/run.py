@@ -180,7 +180,7 @@ def interleaved(cmds: dict[str, Callable[[], Sample]], repeat: int, budget_s: fl
 
 def slotfile_argv() -> list[str]:
     exe = Path(PY).with_name("slotfile")
-    return [str(exe)] if exe.exists() else [PY, "-m", "slotfile.cli"]
+    return [str(exe)] if exe.exists() else [PY, "-m", "slotfile"]
 
 
 SCAN_CHILD = r"""

@@ -24,7 +24,7 @@ def _sha(p: Path) -> str:
 
 
 def _strip(src: Path, out: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "slotfile.cli", "strip-draft", str(src), "-o", str(out)],
+    return subprocess.Popen([sys.executable, "-m", "slotfile", "strip-draft", str(src), "-o", str(out)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
@@ -79,7 +79,7 @@ def test_sigkill_during_a_repair(big: Path, tmp_path: Path) -> None:
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "slotfile.cli", *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", "slotfile", *args], capture_output=True, text=True, timeout=120)
 
 
 def test_output_symlink_and_directory_are_refused(tmp_path: Path) -> None:

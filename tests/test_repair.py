@@ -620,7 +620,7 @@ def test_resave_tokens_and_limits(tmp_path, pools):
 def test_json_report_shape(tmp_path):
     src = tmp_path / "cut.slot"
     src.write_bytes(D.data[: C[1].tgt[0] + 100])
-    r = subprocess.run([sys.executable, "-m", "slotfile.cli", "truncate-recover", str(src), "-o",
+    r = subprocess.run([sys.executable, "-m", "slotfile", "truncate-recover", str(src), "-o",
                         str(tmp_path / "o.slot"), "--json"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
@@ -653,7 +653,7 @@ def test_slotfile_verify_passes_on_repaired_outputs(tmp_path):
     assert repair("strip-draft", D.path, outs / "stripped.slot").exit_code == 0
     assert repair("re-save", D.path, outs / "fa-off.slot", model=str(D.model), flash_attn=False,
                   tokens="plain").exit_code == 0
-    r = subprocess.run([sys.executable, "-m", "slotfile.cli", "verify", str(outs), "--model", str(D.model),
+    r = subprocess.run([sys.executable, "-m", "slotfile", "verify", str(outs), "--model", str(D.model),
                         "--draft-model", str(DRAFT), "--json"], capture_output=True, text=True, timeout=300)
     doc = json.loads(r.stdout)
     assert r.returncode == 0, [f["first_problem"] for f in doc["files"]]

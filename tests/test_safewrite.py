@@ -186,7 +186,7 @@ def test_temp_names_are_unique_and_hidden(tmp_path):
 
 
 def cli(*args: object) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "slotfile.cli", *map(str, args)],
+    return subprocess.run([sys.executable, "-m", "slotfile", *map(str, args)],
                           capture_output=True, text=True, timeout=300)
 
 

@@ -59,7 +59,7 @@ def test_verify_scan_fails_a_nan(tmp_path):
     sf, off = _poke(SLOTS / "llama_f16_fa.slot", lambda sf: sf.body.blocks[0].streams[0].k[0], struct.pack("<H", 0x7E00))
     bad = tmp_path / "nan.slot"
     bad.write_bytes(bytes(sf.buffer))
-    r = subprocess.run([sys.executable, "-m", "slotfile.cli", "verify", str(bad), "--scan", "--json"],
+    r = subprocess.run([sys.executable, "-m", "slotfile", "verify", str(bad), "--scan", "--json"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 4
     (f,) = json.loads(r.stdout)["files"]

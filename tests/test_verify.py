@@ -21,7 +21,7 @@ from .conftest import EXTRA, FIXTURES, MANIFEST, MODELS, SLOTS
 
 
 def cli(*args: object, timeout: float = 180) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "slotfile.cli", "verify", *map(str, args)],
+    return subprocess.run([sys.executable, "-m", "slotfile", "verify", *map(str, args)],
                           capture_output=True, text=True, timeout=timeout)
 
 

@@ -13,7 +13,7 @@ from ..conftest import MODELS, SLOT_FILES, SLOTS
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "slotfile.cli", *map(str, args)],
+    return subprocess.run([sys.executable, "-m", "slotfile", *map(str, args)],
                           capture_output=True, text=True, timeout=120)
 
 
@@ -112,7 +112,7 @@ def test_control_characters_are_escaped(tmp_path: Path):
 def test_dump_json_imports_neither_rich_nor_pydantic():
     """Start-up is part of every command's cost: dump --json prints no rich output, and typer
     is pinned below the release that coerces parameters through pydantic (README, Performance)."""
-    r = subprocess.run([sys.executable, "-X", "importtime", "-m", "slotfile.cli", "dump", "--json",
+    r = subprocess.run([sys.executable, "-X", "importtime", "-m", "slotfile", "dump", "--json",
                         str(SLOTS / "llama_f16_fa.slot")], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     imported = {line.rsplit("|", 1)[-1].strip() for line in r.stderr.splitlines() if line.startswith("import time:")}

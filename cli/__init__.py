@@ -1,1 +1,0 @@
-"""The ``slotfile`` command line (installed as the package ``slotfile.cli``)."""

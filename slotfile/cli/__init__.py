@@ -1,0 +1,1 @@
+"""The ``slotfile`` command line: one module per command, ``app`` wires them to typer."""
