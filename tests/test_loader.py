@@ -239,9 +239,15 @@ def test_parent_process_never_imports_llama_cpp():
 
 
 def test_worker_is_self_contained():
-    """The worker file imports no slotfile module: a crash there can only take the worker."""
-    src = (ROOT / "slotfile" / "loader_worker.py").read_text()
-    assert "from slotfile" not in src and "from ." not in src and "import slotfile" not in src
+    """The worker program imports only its settings module and the ggml type table of
+    slotfile (and neither numpy nor llama_cpp before it runs): it starts cheaply, and a crash
+    there can only take the worker."""
+    code = ("import sys, slotfile.worker.program; "
+            "print(' '.join(sorted(m for m in sys.modules if m.startswith(('slotfile', 'numpy', 'llama_cpp')))))")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert set(r.stdout.split()) == {"slotfile", "slotfile.worker", "slotfile.worker.program",
+                                     "slotfile.worker.settings", "slotfile.ggml_types"}
 
 
 def test_pool_refuses_work_after_close():
