@@ -20,6 +20,7 @@ and the same K/V cache types.  :func:`settings_for` reads those from the file.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -259,7 +260,8 @@ class _Worker:
 
     def __init__(self, model: str, draft_model: str | None, n_gpu_layers: int, threads: int | None,
                  env: dict[str, str] | None = None) -> None:
-        self.log = tempfile.TemporaryFile(prefix="slotfile-loader-", suffix=".log")
+        # the worker's stderr, open as long as the worker lives (closed in close())
+        self.log = tempfile.TemporaryFile(prefix="slotfile-loader-", suffix=".log")  # noqa: SIM115
         cmd = [sys.executable, "-m", WORKER_MODULE, "--model", model, "--n-gpu-layers", str(n_gpu_layers)]
         if threads:
             cmd += ["--threads", str(threads)]
@@ -279,7 +281,7 @@ class _Worker:
         self.exit_status = ""  # how the process ended, once it has (a signal's name or an exit status)
 
     def wait_hello(self, timeout: float) -> dict[str, Any]:
-        resp, died = self._read(timeout)
+        resp, died = self.read(timeout)
         if resp is None or not resp.get("ok"):
             log = self.log_since(0)
             why = resp.get("message") if resp else died
@@ -298,9 +300,10 @@ class _Worker:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def _read(self, timeout: float) -> tuple[dict[str, Any] | None, str]:
+    def read(self, timeout: float) -> tuple[dict[str, Any] | None, str]:
         """One response line, or (None, why the worker is gone)."""
-        fd = self.proc.stdout.fileno()  # type: ignore[union-attr]
+        assert self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
         deadline = time.monotonic() + timeout
         while b"\n" not in self.buf:
             left = deadline - time.monotonic()
@@ -324,13 +327,14 @@ class _Worker:
         self.n += 1
         req = dict(req, id=self.n)
         off = self.log_size()
+        assert self.proc.stdin is not None
         try:
-            self.proc.stdin.write((json.dumps(req) + "\n").encode())  # type: ignore[union-attr]
-            self.proc.stdin.flush()  # type: ignore[union-attr]
+            self.proc.stdin.write((json.dumps(req) + "\n").encode())
+            self.proc.stdin.flush()
         except (BrokenPipeError, OSError):
             self.exit_status = _signal_name(self.proc.wait())
             return None, f"the loader process died with {self.exit_status}", self.log_since(off)
-        resp, died = self._read(timeout)
+        resp, died = self.read(timeout)
         return resp, died, self.log_since(off)
 
     def kill(self) -> None:
@@ -344,10 +348,9 @@ class _Worker:
         # every run: the kernel reclaims them faster.
         self.kill()
         for f in (self.proc.stdin, self.proc.stdout):
-            try:
-                f.close()  # type: ignore[union-attr]
-            except OSError:
-                pass
+            if f is not None:
+                with contextlib.suppress(OSError):
+                    f.close()
         self.log.close()
 
 
@@ -366,7 +369,7 @@ class LoaderPool:
 
     @classmethod
     def start(cls, model: str, draft_model: str | None = None, n_gpu_layers: int = 0, jobs: int = 1,
-              threads: int | None = None) -> "LoaderPool":
+              threads: int | None = None) -> LoaderPool:
         return cls(model, draft_model, n_gpu_layers, jobs, threads, wait=False)
 
     def __init__(self, model: str, draft_model: str | None = None, n_gpu_layers: int = 0, jobs: int = 1,
@@ -529,17 +532,15 @@ class LoaderPool:
         for w in workers:
             w.close()
 
-    def __enter__(self) -> "LoaderPool":
+    def __enter__(self) -> LoaderPool:
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
     def __del__(self) -> None:  # pragma: no cover - best effort
-        try:
+        with contextlib.suppress(Exception):
             self.close()
-        except Exception:  # noqa: BLE001
-            pass
 
 
 def test_load(path: str, model: str, draft_model: str | None = None, settings: LoadSettings | None = None,

@@ -57,7 +57,7 @@ def run_worker(request: dict[str, Any], timeout: float = 600.0) -> WorkerResult:
     except OSError as e:
         return WorkerResult(False, f"could not start the llama.cpp worker: {e}", {}, True, "", time.monotonic() - t0)
     try:
-        hello, died = w._read(timeout)
+        hello, died = w.read(timeout)
         log = ""
         if hello is not None and hello.get("ok"):
             left = max(0.0, timeout - (time.monotonic() - t0))

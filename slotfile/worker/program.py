@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import itertools
 import json
 import mmap
 import os
@@ -76,7 +77,7 @@ def _log_cb(level: int, text: bytes, user_data: Any) -> None:  # pragma: no cove
             if level == 4:
                 _recent.append(text.decode("utf-8", "replace").strip())
                 del _recent[:-20]
-    except Exception:  # noqa: BLE001 - never raise into C
+    except Exception:  # never raise into C
         pass
 
 
@@ -327,7 +328,7 @@ def _pos_range(ctx: Any, seq: int) -> tuple[int, int]:
 
 def _segments(n: int, cuts: list[int]) -> list[tuple[int, int]]:
     bounds = sorted({c for c in cuts if 0 < c < n} | {0, n})
-    return list(zip(bounds[:-1], bounds[1:]))
+    return list(itertools.pairwise(bounds))
 
 
 def _walk_appendices(data: bytes, off: int) -> tuple[list[tuple[bytes, bytes]] | None, str, bytes | None, str]:
@@ -664,7 +665,7 @@ def main() -> int:
     L.llama_backend_init()
     try:
         worker = Worker(args)
-    except Exception as e:  # noqa: BLE001 - reported to the parent as an operational error
+    except Exception as e:  # reported to the parent as an operational error
         _send({"ok": False, "message": str(e)})
         return 1
     _send(worker.hello())
@@ -679,7 +680,7 @@ def main() -> int:
             if op == "quit":
                 break
             res = worker.handle(req)
-        except Exception as e:  # noqa: BLE001 - a Python-side failure is reported, not fatal
+        except Exception as e:  # a Python-side failure is reported, not fatal
             res = {"ok": False, "message": f"worker error: {type(e).__name__}: {e}", "trace": traceback.format_exc()}
         res["id"] = req.get("id") if isinstance(req, dict) else None
         _send(res)
