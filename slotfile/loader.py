@@ -1,7 +1,8 @@
 """Test-load slot files with the real llama.cpp loader, in a separate process.
 
 ``llama_cpp`` is never imported here: every llama.cpp call runs in a worker process
-(``loader_worker.py``, started with ``subprocess`` and spoken to in JSON lines), so an abort
+(``python -m slotfile.worker``, started with ``subprocess`` and spoken to in JSON lines; the
+repairs' prefill and re-save use the same program through :mod:`slotfile.rebuild`), so an abort
 or a segfault inside llama.cpp on a bad file costs one worker, never the caller.  The pool
 notices the death, reports the file as ``crashed`` with the signal's name and the last lines
 llama.cpp wrote, and starts a fresh worker for the next file.  Each worker loads its model(s)
@@ -19,10 +20,11 @@ and the same K/V cache types.  :func:`settings_for` reads those from the file.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import re
 import queue
+import re
 import select
 import signal
 import subprocess
@@ -30,32 +32,24 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from .ggml_types import BY_NAME
+from .worker.settings import LoadSettings, pad_ctx
 
 if TYPE_CHECKING:  # the reader (numpy, construct) is imported only where a file is opened, so
     # that a command can start its workers before its own heavy imports (see LoaderPool.start)
     from .reader import Body, MemoryBlock, SlotFile
 
-WORKER = Path(__file__).with_name("loader_worker.py")
-F16 = 1
+WORKER_MODULE = "slotfile.worker"  # the one llama.cpp worker program (slotfile/worker/program.py)
+PACKAGE_ROOT = Path(__file__).resolve().parent.parent  # where the worker imports slotfile from
+F16 = BY_NAME["f16"].id
 START_TIMEOUT = 600.0  # seconds for a worker to load its model(s)
 
-
-@dataclass(frozen=True)
-class LoadSettings:
-    n_ctx: int
-    n_seq_max: int
-    kv_unified: bool
-    flash_attn: bool
-    type_k: int
-    type_v: int
-    n_gpu_layers: int = 0
-    seq_id: int = 0
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+__all__ = ["DeepResult", "LoadResult", "LoadSettings", "LoaderError", "LoaderPool", "draft_settings_for",
+           "settings_for", "test_load"]
 
 
 @dataclass
@@ -151,14 +145,9 @@ def _derive(blocks: list[MemoryBlock], *, whole: bool, need: int, seq_hint: int 
         if not kv:  # no n_stream in the file to mirror: llama-server's default slot count
             n_seq = max(n_seq, SERVER_SLOTS)
     need += 1  # room for the probe token of the deep check
-    n_ctx = _pad(need) * (n_stream if n_stream > 1 else 1)
+    n_ctx = pad_ctx(need) * (n_stream if n_stream > 1 else 1)
     return LoadSettings(n_ctx=n_ctx, n_seq_max=n_seq, kv_unified=unified, flash_attn=flash,
                         type_k=type_k, type_v=type_v, n_gpu_layers=n_gpu_layers, seq_id=seq)
-
-
-def _pad(n: int) -> int:
-    """llama.cpp pads n_ctx (and n_ctx_seq) to a multiple of 256 anyway."""
-    return max(256, -(-n // 256) * 256)
 
 
 def _blocks(body: Body | None) -> list[MemoryBlock]:
@@ -202,7 +191,7 @@ def settings_for(sf: SlotFile, n_gpu_layers: int = 0) -> LoadSettings:
                     extra = max(extra, st.cell_count + 1)
     per = s.n_ctx // (s.n_seq_max if not s.kv_unified and s.n_seq_max > 1 else 1)
     if extra > per:
-        extra = _pad(extra)
+        extra = pad_ctx(extra)
         mult = s.n_seq_max if not s.kv_unified and s.n_seq_max > 1 else 1
         s = LoadSettings(extra * mult, s.n_seq_max, s.kv_unified, s.flash_attn, s.type_k, s.type_v,
                          s.n_gpu_layers, s.seq_id)
@@ -264,22 +253,35 @@ def _telling_line(log: str) -> str:
 
 
 class _Worker:
-    def __init__(self, model: str, draft_model: str | None, n_gpu_layers: int, threads: int) -> None:
-        self.log = tempfile.TemporaryFile(prefix="slotfile-loader-", suffix=".log")
-        cmd = [sys.executable, str(WORKER), "--model", model, "--n-gpu-layers", str(n_gpu_layers),
-               "--threads", str(threads)]
+    """One ``python -m slotfile.worker`` process: requests in, JSON lines out, its log in a file.
+
+    ``threads``: None lets the worker choose (SLOTFILE_THREADS, else by model size).
+    ``env``: variables to set for it where the caller's environment does not."""
+
+    def __init__(self, model: str, draft_model: str | None, n_gpu_layers: int, threads: int | None,
+                 env: dict[str, str] | None = None) -> None:
+        # the worker's stderr, open as long as the worker lives (closed in close())
+        self.log = tempfile.TemporaryFile(prefix="slotfile-loader-", suffix=".log")  # noqa: SIM115
+        cmd = [sys.executable, "-m", WORKER_MODULE, "--model", model, "--n-gpu-layers", str(n_gpu_layers)]
+        if threads:
+            cmd += ["--threads", str(threads)]
         if draft_model:
             cmd += ["--draft-model", draft_model]
-        env = dict(os.environ)
-        env.setdefault("GGML_NO_BACKTRACE", "1")  # no gdb attach on abort: slow and noisy
+        full = dict(os.environ)
+        for k, v in {"GGML_NO_BACKTRACE": "1", **(env or {})}.items():  # no gdb attach on abort: slow, noisy
+            full.setdefault(k, v)
+        # the worker imports this very slotfile, wherever the caller found it
+        full["PYTHONPATH"] = os.pathsep.join(x for x in (str(PACKAGE_ROOT), full.get("PYTHONPATH")) if x)
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
-                                     env=env, close_fds=True)
+                                     env=full, close_fds=True)
         self.buf = b""
         self.hello: dict[str, Any] | None = None
         self.n = 0
+        self.timed_out = False
+        self.exit_status = ""  # how the process ended, once it has (a signal's name or an exit status)
 
     def wait_hello(self, timeout: float) -> dict[str, Any]:
-        resp, died = self._read(timeout)
+        resp, died = self.read(timeout)
         if resp is None or not resp.get("ok"):
             log = self.log_since(0)
             why = resp.get("message") if resp else died
@@ -298,22 +300,24 @@ class _Worker:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def _read(self, timeout: float) -> tuple[dict[str, Any] | None, str]:
+    def read(self, timeout: float) -> tuple[dict[str, Any] | None, str]:
         """One response line, or (None, why the worker is gone)."""
-        fd = self.proc.stdout.fileno()  # type: ignore[union-attr]
+        assert self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
         deadline = time.monotonic() + timeout
         while b"\n" not in self.buf:
             left = deadline - time.monotonic()
             if left <= 0:
                 self.kill()
+                self.timed_out = True
                 return None, f"timed out after {timeout:g} s (the loader process was killed)"
             r, _, _ = select.select([fd], [], [], min(left, 1.0))
             if not r:
                 continue
             chunk = os.read(fd, 1 << 16)
             if not chunk:
-                rc = self.proc.wait()
-                return None, f"the loader process died with {_signal_name(rc)}"
+                self.exit_status = _signal_name(self.proc.wait())
+                return None, f"the loader process died with {self.exit_status}"
             self.buf += chunk
         line, self.buf = self.buf.split(b"\n", 1)
         return json.loads(line), ""
@@ -323,13 +327,14 @@ class _Worker:
         self.n += 1
         req = dict(req, id=self.n)
         off = self.log_size()
+        assert self.proc.stdin is not None
         try:
-            self.proc.stdin.write((json.dumps(req) + "\n").encode())  # type: ignore[union-attr]
-            self.proc.stdin.flush()  # type: ignore[union-attr]
+            self.proc.stdin.write((json.dumps(req) + "\n").encode())
+            self.proc.stdin.flush()
         except (BrokenPipeError, OSError):
-            rc = self.proc.wait()
-            return None, f"the loader process died with {_signal_name(rc)}", self.log_since(off)
-        resp, died = self._read(timeout)
+            self.exit_status = _signal_name(self.proc.wait())
+            return None, f"the loader process died with {self.exit_status}", self.log_since(off)
+        resp, died = self.read(timeout)
         return resp, died, self.log_since(off)
 
     def kill(self) -> None:
@@ -343,10 +348,9 @@ class _Worker:
         # every run: the kernel reclaims them faster.
         self.kill()
         for f in (self.proc.stdin, self.proc.stdout):
-            try:
-                f.close()  # type: ignore[union-attr]
-            except OSError:
-                pass
+            if f is not None:
+                with contextlib.suppress(OSError):
+                    f.close()
         self.log.close()
 
 
@@ -365,7 +369,7 @@ class LoaderPool:
 
     @classmethod
     def start(cls, model: str, draft_model: str | None = None, n_gpu_layers: int = 0, jobs: int = 1,
-              threads: int | None = None) -> "LoaderPool":
+              threads: int | None = None) -> LoaderPool:
         return cls(model, draft_model, n_gpu_layers, jobs, threads, wait=False)
 
     def __init__(self, model: str, draft_model: str | None = None, n_gpu_layers: int = 0, jobs: int = 1,
@@ -462,7 +466,7 @@ class LoaderPool:
 
     def load(self, path: str, settings: LoadSettings | None = None, timeout: float = 300,
              sf: SlotFile | None = None) -> LoadResult:
-        """Test-load one file the way the server restores a slot (see loader_worker.py).
+        """Test-load one file the way the server restores a slot (see slotfile/worker/program.py).
         ``sf``: the file as the caller already parsed it (otherwise it is parsed here)."""
         if sf is None:
             from .reader import open_slot_file
@@ -528,17 +532,15 @@ class LoaderPool:
         for w in workers:
             w.close()
 
-    def __enter__(self) -> "LoaderPool":
+    def __enter__(self) -> LoaderPool:
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
     def __del__(self) -> None:  # pragma: no cover - best effort
-        try:
+        with contextlib.suppress(Exception):
             self.close()
-        except Exception:  # noqa: BLE001
-            pass
 
 
 def test_load(path: str, model: str, draft_model: str | None = None, settings: LoadSettings | None = None,

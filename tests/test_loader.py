@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import struct
 import subprocess
 import sys
 
@@ -239,9 +240,15 @@ def test_parent_process_never_imports_llama_cpp():
 
 
 def test_worker_is_self_contained():
-    """The worker file imports no slotfile module: a crash there can only take the worker."""
-    src = (ROOT / "slotfile" / "loader_worker.py").read_text()
-    assert "from slotfile" not in src and "from ." not in src and "import slotfile" not in src
+    """The worker program imports only its settings module and the ggml type table of
+    slotfile (and neither numpy nor llama_cpp before it runs): it starts cheaply, and a crash
+    there can only take the worker."""
+    code = ("import sys, slotfile.worker.program; "
+            "print(' '.join(sorted(m for m in sys.modules if m.startswith(('slotfile', 'numpy', 'llama_cpp')))))")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert set(r.stdout.split()) == {"slotfile", "slotfile.worker", "slotfile.worker.program",
+                                     "slotfile.worker.settings", "slotfile.ggml_types"}
 
 
 def test_pool_refuses_work_after_close():
@@ -269,3 +276,61 @@ def test_settings_are_sized_from_cells_not_from_inflatable_numbers(pools, tmp_pa
     s = settings_for(open_slot_file(p))
     assert s.n_ctx == 256
     assert pools.get("models/llama.gguf").load(str(p), s).ok  # llama.cpp keeps positions as given
+
+
+def test_one_shot_worker_contains_an_abort(tmp_path):
+    """Re-save and prefill run in the same worker program, one request per process: the
+    recurrent two-cells file aborts inside llama_state_seq_load_file, and the caller gets a
+    crashed result with the signal's name and llama.cpp's assertion."""
+    from slotfile.rebuild import run_worker, settings_dict
+
+    p = tmp_path / "two-cells.slot"
+    p.write_bytes(damage.recurrent_two_cells((SLOTS / "extra-mamba.slot").read_bytes(), tmp_path))
+    sf = open_slot_file(p)
+    req = {"op": "resave", "model": str(MODELS / "extra-mamba.gguf"), "settings": settings_dict(settings_for(sf)),
+           "in": str(p), "capacity": sf.n_token_count + 16, "words": [], "out": str(tmp_path / "o.slot"),
+           "n_tokens": sf.n_tokens}
+    r = run_worker(req, timeout=120)
+    assert not r.ok and r.crashed
+    assert "SIGABRT" in r.message and "GGML_ASSERT(cells[head].pos == ubatch.pos[0])" in r.message
+    # the same request on the intact file: loaded and saved again, byte for byte
+    good = SLOTS / "extra-mamba.slot"
+    sf = open_slot_file(good)
+    out = tmp_path / "same.slot"
+    req.update({"in": str(good), "settings": settings_dict(settings_for(sf)), "out": str(out),
+                "words": list(struct.unpack_from(f"<{sf.n_token_count}i", good.read_bytes(), 12)),
+                "n_tokens": sf.n_tokens})
+    r = run_worker(req, timeout=120)
+    assert r.ok and not r.crashed, r.message
+    assert out.read_bytes() == good.read_bytes()[: sf.body.end]
+
+
+def test_one_shot_worker_refusals_and_timeout(tmp_path):
+    from slotfile.rebuild import run_worker
+
+    path = SLOTS / "llama_f16_fa.slot"
+    sf = open_slot_file(path)
+    base = {"op": "prefill", "model": str(MODELS / "llama.gguf"), "tokens": [int(t) for t in sf.tokens.tokens],
+            "words": [], "checkpoints_at": [], "out": str(tmp_path / "o.slot"), "blobs": str(tmp_path / "b")}
+    r = run_worker(dict(base, settings={"type_k": "f16"}), timeout=120)  # flash attention unknown
+    assert not r.ok and not r.crashed and "--flash-attn" in r.message
+    r = run_worker(dict(base, settings={"flash_attn": False, "type_k": "f16", "type_v": "q8_0"}), timeout=120)
+    assert not r.ok and not r.crashed and "could not create a context" in r.message
+    assert "quantized V cache requires flash_attn" in r.message  # llama.cpp's reason, from its log
+    r = run_worker(dict(base, settings={"flash_attn": True, "type_k": "f16", "type_v": "f16"}, model=str(path)))
+    assert not r.ok and not r.crashed and "could not load the model" in r.message
+    r = run_worker(dict(base, settings={"flash_attn": True, "type_k": "f16", "type_v": "f16"}), timeout=0.01)
+    assert not r.ok and r.crashed and "ran past" in r.message
+
+
+def test_settings_round_trip_through_the_worker_form():
+    from slotfile.worker.settings import pad_ctx, type_id
+
+    s = LoadSettings(512, 2, False, True, 8, 1, 3, 1)
+    assert LoadSettings.from_dict(s.to_dict()) == s
+    named = dict(s.to_dict(), type_k="q8_0", type_v="F16")
+    assert LoadSettings.from_dict(named) == s
+    assert type_id(BY_NAME["q4_K"].id) == type_id("q4_K") == 12
+    with pytest.raises(ValueError, match="unknown cache type"):
+        type_id("f17")
+    assert [pad_ctx(n) for n in (0, 1, 256, 257)] == [256, 256, 256, 512]

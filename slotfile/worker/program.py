@@ -1,0 +1,687 @@
+"""The llama.cpp worker: the one process that calls llama.cpp (started by slotfile.loader).
+
+    python -m slotfile.worker --model M.gguf [--draft-model D.gguf] [--n-gpu-layers N] [--threads N]
+
+It loads the model(s) once, says hello, then answers one JSON request per line on stdin with
+one JSON line on its private protocol pipe (the original stdout; fd 1 is pointed at stderr so
+that nothing llama.cpp prints can corrupt the protocol).  llama.cpp's log (warnings and
+errors) is written to fd 2 as it happens, so it survives an abort: the parent reads it back
+from the file it gave the worker as stderr.  The parent ends the worker with SIGKILL: freeing
+the model and contexts costs time and leaves nothing behind that the kernel would not reclaim.
+
+It imports llama_cpp, :mod:`slotfile.worker.settings` and the standard library (numpy only
+for ``deep``): an abort or a segfault inside llama.cpp kills this process and nothing else,
+and its start-up overlaps the parent's own imports.
+
+Requests (``op``); every context comes from :func:`context_params`:
+
+* ``load``: ``llama_state_seq_load_file`` the way the server restores a slot (a sizing pass
+  with ``tokens_out = NULL``, then the real pass), then every SCKP ``data_tgt`` with
+  ``llama_state_seq_set_data_ext(PARTIAL_ONLY)`` and, with a draft model, the SDFT
+  ``data_dft`` (and each checkpoint's ``data_dft``) into a draft context.  GGSN files go
+  through ``llama_state_load_file``.
+* ``deep``: restore the file and decode a probe token (logits A); then prefill the given
+  tokens in a cleared context with the same settings, save the recomputed state as a GGSQ
+  file for the parent to compare, and decode the same probe (logits B).
+* ``prefill``: decode the stored tokens into a fresh context with the file's settings (what a
+  damaged file no longer shows is completed from the model or refused), taking PARTIAL_ONLY
+  checkpoint blobs at the requested n_tokens on the way (and draft blobs with a draft model),
+  then write header + tokens + body with ``llama_state_seq_save_file``.
+* ``resave``: load a file with ``llama_state_seq_load_file`` and write it again with
+  ``llama_state_seq_save_file`` (optionally with another token payload).
+* ``quit``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import itertools
+import json
+import mmap
+import os
+import struct
+import sys
+import time
+import traceback
+from typing import Any
+
+from .settings import LoadSettings, pad_ctx
+
+GGSQ_MAGIC = 0x67677371
+GGSN_MAGIC = 0x6767736E
+IO_MAGIC = 0xAF143CD8
+SCKP_MAGIC = 0x504B4353
+SDFT_MAGIC = 0x54464453
+MAX_CHECKPOINTS = 1024
+BATCH = 512  # tokens per llama_decode call (n_batch = n_ubatch) unless a request says otherwise
+TINY_MODEL = 64 << 20  # below this ggml's spinning threads only cost: one thread
+F16_NAME = "f16"  # what an attention-free model's (unused) cache types default to
+
+_proto: Any = None
+L: Any = None  # llama_cpp, imported in main()
+_last_level = 0
+_recent: list[str] = []  # the latest error lines, for messages about one call
+
+
+def _log_cb(level: int, text: bytes, user_data: Any) -> None:  # pragma: no cover - C callback
+    """Keep warnings and errors (and their continuation lines); write them out at once."""
+    global _last_level
+    try:
+        if level == 5:  # GGML_LOG_LEVEL_CONT
+            level = _last_level
+        else:
+            _last_level = level
+        if level in (3, 4):  # GGML_LOG_LEVEL_WARN, GGML_LOG_LEVEL_ERROR
+            os.write(2, text)
+            if level == 4:
+                _recent.append(text.decode("utf-8", "replace").strip())
+                del _recent[:-20]
+    except Exception:  # never raise into C
+        pass
+
+
+_log_callback: Any = None
+
+
+def _send(obj: dict[str, Any]) -> None:
+    _proto.write(json.dumps(obj) + "\n")
+    _proto.flush()
+
+
+def _mark(text: str) -> None:
+    """A marker line in the log so that lines can be told apart per request."""
+    os.write(2, f"@@slotfile {text}\n".encode())
+
+
+def _why(n: int = 3) -> str:
+    """The last error lines llama.cpp logged during this request."""
+    return " / ".join(x for x in _recent[-n:] if x)
+
+
+class Failed(Exception):
+    """A request llama.cpp (or its input) refuses: reported as ``ok: false``, not a crash."""
+
+
+class ContextError(Failed):
+    pass
+
+
+# ---------------------------------------------------------------------------------------
+# settings to llama.cpp parameters
+# ---------------------------------------------------------------------------------------
+
+
+def pick_threads(requested: int, model_size: int) -> int:
+    """``requested`` when the parent gives one (the pool: its share of the CPUs); else
+    SLOTFILE_THREADS; else 1 for a tiny model (ggml's spinning threads only cost there);
+    else up to 8 of the CPUs."""
+    if requested > 0:
+        return requested
+    env = os.environ.get("SLOTFILE_THREADS")
+    if env and env.isdigit() and int(env) > 0:
+        return int(env)
+    if model_size < TINY_MODEL:
+        return 1
+    return max(1, min(8, os.cpu_count() or 1))
+
+
+def model_params(n_gpu_layers: int) -> Any:
+    p = L.llama_model_default_params()
+    p.n_gpu_layers = n_gpu_layers
+    return p
+
+
+def context_params(s: LoadSettings, threads: int, n_batch: int) -> Any:
+    """The one place settings become a llama_context_params."""
+    p = L.llama_context_default_params()
+    p.n_ctx = pad_ctx(s.n_ctx) if s.n_ctx > 0 else 0
+    p.n_batch = n_batch
+    p.n_ubatch = n_batch
+    p.n_seq_max = s.n_seq_max
+    p.kv_unified = s.kv_unified
+    p.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED if s.flash_attn else L.LLAMA_FLASH_ATTN_TYPE_DISABLED
+    p.type_k = s.type_k
+    p.type_v = s.type_v
+    p.n_threads = threads
+    p.n_threads_batch = threads
+    p.swa_full = False  # llama-server's default
+    p.no_perf = True
+    return p
+
+
+def _settings(d: dict[str, Any]) -> LoadSettings:
+    try:
+        return LoadSettings.from_dict(d)
+    except (KeyError, ValueError) as e:
+        raise Failed(f"bad settings: {e}") from None
+
+
+class Model:
+    def __init__(self, path: str, n_gpu_layers: int, threads: int) -> None:
+        self.path = path
+        self.ptr = L.llama_model_load_from_file(path.encode(), model_params(n_gpu_layers))
+        if not self.ptr:
+            raise RuntimeError(f"llama.cpp could not load the model {path}")
+        self.threads = pick_threads(threads, os.path.getsize(path))
+        self.vocab = L.llama_model_get_vocab(self.ptr)
+        self.n_vocab = int(L.llama_vocab_n_tokens(self.vocab))
+        self.n_ctx_train = int(L.llama_model_n_ctx_train(self.ptr))
+        self.recurrent = bool(L.llama_model_is_recurrent(self.ptr))
+        self.hybrid = bool(L.llama_model_is_hybrid(self.ptr))
+        self.n_swa = int(L.llama_model_n_swa(self.ptr))
+        self.contexts: dict[tuple[Any, ...], Any] = {}
+
+    @property
+    def attention_free(self) -> bool:
+        return self.recurrent and not self.hybrid
+
+    @property
+    def needs_checkpoints(self) -> bool:
+        """Memory that cannot be rolled back by dropping cells: REC state, or an SWA window."""
+        return self.recurrent or self.hybrid or self.n_swa > 0
+
+    def info(self) -> dict[str, Any]:
+        return {"recurrent": self.recurrent, "hybrid": self.hybrid, "n_swa": self.n_swa,
+                "n_vocab": self.n_vocab, "needs_checkpoints": self.needs_checkpoints}
+
+    def context(self, s: LoadSettings, n_batch: int = BATCH) -> Any:
+        """A context with these settings, memory cleared (cached: creating one is not free)."""
+        key = (s.n_ctx, s.n_seq_max, s.kv_unified, s.flash_attn, s.type_k, s.type_v, n_batch)
+        ctx = self.contexts.get(key)
+        if ctx is None:
+            while len(self.contexts) >= 2:
+                _, old = self.contexts.popitem()
+                L.llama_free(old)
+            ctx = L.llama_init_from_model(self.ptr, context_params(s, self.threads, n_batch))
+            if not ctx:
+                raise ContextError(
+                    f"llama.cpp could not create a context with n_ctx {s.n_ctx}, n_seq_max {s.n_seq_max}, "
+                    f"kv_unified {s.kv_unified}, flash_attn {s.flash_attn}, type_k {s.type_k}, type_v {s.type_v}")
+            self.contexts[key] = ctx
+            return ctx  # llama.cpp zeroes a new cache's buffers: clearing them again costs a pass
+        # a reused context: forget its cells and zero the buffers, so that nothing the last
+        # file left (NaN in a damaged one) can leak into masked cells of the next
+        L.llama_memory_clear(L.llama_get_memory(ctx), True)
+        return ctx
+
+
+def _context(model: Model, s: dict[str, Any], n_batch: int) -> Any:
+    """A context for a one-shot request; a refusal carries llama.cpp's own reason."""
+    try:
+        return model.context(_settings(s), n_batch)
+    except ContextError as e:
+        why = _why()
+        raise ContextError(f"{e}: {why}" if why else str(e)) from None
+
+
+def complete_settings(model: Model, d: dict[str, Any], n_tokens: int) -> dict[str, Any]:
+    """Fill what a damaged file could not tell where it does not matter; fail where it does.
+    The dict keeps the caller's spelling (cache type names stay names) for its report."""
+    s = dict(d)
+    missing = []
+    if model.attention_free:  # no KV cache: attention settings do not reach the state
+        s["flash_attn"] = bool(s.get("flash_attn")) if s.get("flash_attn") is not None else False
+        s["type_k"] = s.get("type_k") if s.get("type_k") is not None else F16_NAME
+        s["type_v"] = s.get("type_v") if s.get("type_v") is not None else F16_NAME
+    for key in ("flash_attn", "type_k", "type_v"):
+        if s.get(key) is None:
+            missing.append(key.replace("_", "-"))
+    if missing:
+        raise Failed("the damaged file does not show its " + ", ".join(missing) +
+                     " setting(s); give them (--flash-attn, --cache-type-k, --cache-type-v)")
+    n_seq = int(s.get("n_seq_max") or 1)
+    s["n_seq_max"] = n_seq
+    s["kv_unified"] = bool(s.get("kv_unified") or False)
+    s["seq_id"] = int(s.get("seq_id") or 0)
+    if s["seq_id"] >= n_seq:
+        raise Failed(f"seq_id {s['seq_id']} does not fit n_seq_max {n_seq}")
+    per_seq = pad_ctx(n_tokens + 1)
+    want = per_seq if s["kv_unified"] else per_seq * n_seq
+    if not s.get("n_ctx") or int(s["n_ctx"]) < (n_tokens + 1 if s["kv_unified"] else (n_tokens + 1) * n_seq):
+        s["n_ctx"] = want
+    return s
+
+
+def default_checkpoint_positions(n_tokens: int) -> list[int]:
+    """Where to take a checkpoint when the damaged file does not say (one, near the end).
+
+    A checkpoint at n_tokens itself would be useless (the body is that state), so the one
+    checkpoint sits a little before the end, like the server's own end-of-prompt checkpoint:
+    ``T - min(64, max(1, T // 4))``.
+    """
+    if n_tokens < 2:
+        return []
+    return [n_tokens - min(64, max(1, n_tokens // 4))]
+
+
+# ---------------------------------------------------------------------------------------
+# llama.cpp state calls
+# ---------------------------------------------------------------------------------------
+
+
+def _set_blob(ctx: Any, blob: bytes, seq: int, flags: int) -> tuple[bool, str]:
+    buf = (ctypes.c_uint8 * max(1, len(blob))).from_buffer_copy(blob or b"\0")
+    del _recent[:]
+    n = int(L.llama_state_seq_set_data_ext(ctx, buf, len(blob), seq, flags))
+    if n == len(blob):
+        return True, f"consumed all {n} bytes"
+    if n == 0:
+        why = "; ".join(dict.fromkeys(x for x in _recent if x))
+        return False, "llama_state_seq_set_data_ext rejected the blob" + (f": {why}" if why else "")
+    return False, (f"consumed {n} of {len(blob)} bytes: the server's common_prompt_checkpoint::load_* "
+                   "would GGML_ABORT on this blob")
+
+
+def _get_blob(ctx: Any, seq: int, flags: int) -> bytes:
+    size = int(L.llama_state_seq_get_size_ext(ctx, seq, flags))
+    buf = (ctypes.c_uint8 * max(size, 1))()
+    n = int(L.llama_state_seq_get_data_ext(ctx, buf, size, seq, flags))
+    if n != size:
+        raise Failed(f"llama_state_seq_get_data_ext wrote {n} of {size} bytes")
+    return bytes(buf)[:size]
+
+
+def _load_seq_file(ctx: Any, path: str, seq: int, capacity: int | None) -> tuple[int, int]:
+    """llama_state_seq_load_file: (its return, tokens read); ``capacity`` None: a sizing
+    pass with tokens_out = NULL, as the server makes before the real one."""
+    n_out = ctypes.c_size_t(0)
+    if capacity is None:
+        ret = int(L.llama_state_seq_load_file(ctx, path.encode(), seq, None, 0, ctypes.byref(n_out)))
+        return ret, int(n_out.value)
+    toks = (L.llama_token * max(capacity, 1))()
+    ret = int(L.llama_state_seq_load_file(ctx, path.encode(), seq, toks, max(capacity, 1), ctypes.byref(n_out)))
+    return ret, int(n_out.value)
+
+
+def _save_seq_file(ctx: Any, path: str, seq: int, words: list[int]) -> int:
+    arr = (L.llama_token * max(len(words), 1))(*words)
+    return int(L.llama_state_seq_save_file(ctx, path.encode(), seq, arr, len(words)))
+
+
+def _decode(ctx: Any, tokens: list[int], pos0: int, seq: int, outputs: bool, batch: int = 0) -> None:
+    """Decode ``tokens`` at positions from ``pos0`` in calls of up to ``batch`` tokens;
+    ``outputs``: logits for the last token of each call."""
+    step = max(1, min(batch or BATCH, int(L.llama_n_batch(ctx))))
+    for start in range(0, len(tokens), step):
+        part = tokens[start : start + step]
+        b = L.llama_batch_init(len(part), 0, 1)
+        try:
+            b.n_tokens = len(part)
+            for i, t in enumerate(part):
+                b.token[i] = t
+                b.pos[i] = pos0 + start + i
+                b.n_seq_id[i] = 1
+                b.seq_id[i][0] = seq
+                b.logits[i] = outputs and i == len(part) - 1
+            rc = int(L.llama_decode(ctx, b))
+        finally:
+            L.llama_batch_free(b)
+        if rc != 0:
+            raise Failed(f"llama_decode returned {rc} at token {pos0 + start}")
+
+
+def _pos_range(ctx: Any, seq: int) -> tuple[int, int]:
+    mem = L.llama_get_memory(ctx)
+    return int(L.llama_memory_seq_pos_min(mem, seq)), int(L.llama_memory_seq_pos_max(mem, seq))
+
+
+def _segments(n: int, cuts: list[int]) -> list[tuple[int, int]]:
+    bounds = sorted({c for c in cuts if 0 < c < n} | {0, n})
+    return list(itertools.pairwise(bounds))
+
+
+def _walk_appendices(data: bytes, off: int) -> tuple[list[tuple[bytes, bytes]] | None, str, bytes | None, str]:
+    """The SCKP and SDFT appendices the way the (patched) server reads them from ``off``.
+
+    Returns (checkpoints as (data_tgt, data_dft) or None, SCKP note, SDFT data_dft or None,
+    SDFT note).  Any SCKP damage drops the whole appendix, as load_slot_checkpoints does.
+    """
+    end = len(data)
+    ckpts: list[tuple[bytes, bytes]] | None = None
+    sckp_note = ""
+    if off + 4 <= end and struct.unpack_from("<I", data, off)[0] == SCKP_MAGIC:
+        p = off + 4
+        if p + 8 > end:
+            sckp_note = "SCKP header truncated: the server ignores the appendix"
+            return [], sckp_note, None, ""
+        version, count = struct.unpack_from("<II", data, p)
+        p += 8
+        if version != 1:
+            return [], f"SCKP version {version}: the server ignores the appendix", None, ""
+        if count > MAX_CHECKPOINTS:
+            return [], f"SCKP count {count} over {MAX_CHECKPOINTS}: the server drops the appendix", None, ""
+        items: list[tuple[bytes, bytes]] = []
+        for i in range(count):
+            if p + 16 > end:
+                return [], f"checkpoint {i} of {count} truncated: the server drops the whole appendix", None, ""
+            p += 16  # n_tokens, pos_min, pos_max
+            blobs = []
+            for _name in ("data_tgt", "data_dft", "data_spec"):
+                if p + 8 > end:
+                    return [], f"checkpoint {i} of {count} truncated: the server drops the whole appendix", None, ""
+                n = struct.unpack_from("<Q", data, p)[0]
+                p += 8
+                if n > end - p:
+                    return [], (f"checkpoint {i} of {count}: {_name} length {n} exceeds the {end - p} bytes left: "
+                                "the server drops the whole appendix"), None, ""
+                blobs.append(data[p : p + n])
+                p += n
+            if not blobs[0]:
+                return [], f"checkpoint {i} has an empty data_tgt: the server drops the whole appendix", None, ""
+            items.append((blobs[0], blobs[1]))
+        ckpts = items
+        off = p
+    dft: bytes | None = None
+    sdft_note = ""
+    if off + 4 <= end and struct.unpack_from("<I", data, off)[0] == SDFT_MAGIC:
+        p = off + 4
+        try:
+            version = struct.unpack_from("<I", data, p)[0]
+            p += 4
+            if version != 1:
+                sdft_note = f"SDFT version {version}: the draft state is dropped"
+            else:
+                n = struct.unpack_from("<Q", data, p)[0]
+                p += 8
+                if n > end - p:
+                    sdft_note = f"SDFT data_dft length {n} exceeds the {end - p} bytes left: the draft state is dropped"
+                else:
+                    dft = data[p : p + n]
+        except struct.error:
+            sdft_note = "SDFT header truncated: the draft state is dropped"
+    return ckpts, sckp_note, dft, sdft_note
+
+
+class Worker:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.model = Model(args.model, args.n_gpu_layers, args.threads)
+        self.draft = Model(args.draft_model, args.n_gpu_layers, args.threads) if args.draft_model else None
+
+    def hello(self) -> dict[str, Any]:
+        import llama_cpp
+
+        return {
+            "ok": True,
+            "pid": os.getpid(),
+            "llama_cpp_python": getattr(llama_cpp, "__version__", "?"),
+            "state_seq_version": int(L.LLAMA_STATE_SEQ_VERSION),
+            "session_version": int(L.LLAMA_SESSION_VERSION),
+            "n_vocab": self.model.n_vocab,
+            "n_ctx_train": self.model.n_ctx_train,
+            "draft_n_vocab": self.draft.n_vocab if self.draft else None,
+            "model": self.model.info(),
+        }
+
+    # ---------------------------------------------------------------- load
+
+    def _restore(self, ctx: Any, path: str, seq: int, fmt: str) -> tuple[int, str, int]:
+        """(body end offset or 0, message, number of token words)."""
+        if fmt == "GGSN":
+            with open(path, "rb") as f:
+                head = f.read(12)
+            n_words = struct.unpack_from("<I", head, 8)[0] if len(head) >= 12 else 0
+            cap = max(1, n_words)
+            toks = (L.llama_token * cap)()
+            n_out = ctypes.c_size_t(0)
+            ok = bool(L.llama_state_load_file(ctx, path.encode(), toks, cap, ctypes.byref(n_out)))
+            if not ok:
+                return 0, "llama_state_load_file failed", n_words
+            return os.path.getsize(path), "", n_words
+        # the server's two passes: first the token count only, then tokens and state
+        ret, n_words = _load_seq_file(ctx, path, seq, None)
+        if ret == 0:
+            return 0, "llama_state_seq_load_file refused the header (sizing pass)", 0
+        ret, _ = _load_seq_file(ctx, path, seq, n_words)
+        if ret == 0:
+            return 0, "llama_state_seq_load_file returned 0", n_words
+        return ret, "", n_words
+
+    def load(self, req: dict[str, Any]) -> dict[str, Any]:
+        path, s = req["path"], _settings(req["settings"])
+        seq = s.seq_id
+        fmt = req.get("format", "GGSQ")
+        out: dict[str, Any] = {"ok": False, "message": "", "body_bytes": 0, "checkpoints": [],
+                               "checkpoint_drafts": [], "draft": None, "notes": []}
+        try:
+            ctx = self.model.context(s)
+        except ContextError as e:
+            out["message"] = str(e)
+            return out
+        ret, msg, _ = self._restore(ctx, path, seq, fmt)
+        if ret == 0:
+            out["message"] = msg
+            return out
+        out.update(ok=True, body_bytes=ret, message=f"restored; the state ends at offset {ret}")
+        if fmt != "GGSQ":
+            return out
+        with open(path, "rb") as f:  # only what follows the body, mapped, never read whole
+            size = os.fstat(f.fileno()).st_size
+            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else None
+        data = memoryview(mm)[ret:] if mm is not None else memoryview(b"")
+        ckpts, sckp_note, sdft_dft, sdft_note = _walk_appendices(data, 0)  # blobs: views of the map
+        for note in (sckp_note, sdft_note):
+            if note:
+                out["notes"].append(note)
+        flags = int(L.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY)
+        for tgt, _dft in ckpts or []:
+            out["checkpoints"].append(list(_set_blob(ctx, tgt, seq, flags)))
+        if self.draft is not None and req.get("draft_settings") is not None:
+            ds_raw = req["draft_settings"]
+            ds = _settings(ds_raw)
+            try:
+                dctx = self.draft.context(ds)
+            except ContextError as e:
+                if sdft_dft is not None:
+                    out["draft"] = [False, str(e)]
+                return out
+            dseq = int(ds_raw.get("seq_id", seq))
+            for _tgt, dft in ckpts or []:
+                if dft:
+                    out["checkpoint_drafts"].append(list(_set_blob(dctx, dft, dseq, flags)))
+                else:
+                    out["checkpoint_drafts"].append([True, "no data_dft"])
+            if sdft_dft is not None:
+                out["draft"] = list(_set_blob(dctx, sdft_dft, dseq, 0)) if sdft_dft else [True, "empty data_dft"]
+        return out
+
+    # ---------------------------------------------------------------- deep
+
+    def _logits(self, ctx: Any) -> Any:
+        import numpy as np
+
+        p = L.llama_get_logits_ith(ctx, -1)
+        return np.ctypeslib.as_array(p, shape=(self.model.n_vocab,)).astype(np.float32, copy=True)
+
+    def deep(self, req: dict[str, Any]) -> dict[str, Any]:
+        import numpy as np
+
+        path, s, tokens = req["path"], _settings(req["settings"]), [int(t) for t in req["tokens"]]
+        probe = int(req["probe"])
+        seq = s.seq_id
+        out: dict[str, Any] = {"ok": False, "message": ""}
+        try:
+            ctx = self.model.context(s)
+        except ContextError as e:
+            out["message"] = str(e)
+            return out
+        ret, msg, _ = self._restore(ctx, path, seq, "GGSQ")
+        if ret == 0:
+            out["message"] = msg
+            return out
+        mem = L.llama_get_memory(ctx)
+        pos_next = int(L.llama_memory_seq_pos_max(mem, seq)) + 1
+        out["restored_pos_max"] = pos_next - 1
+        try:
+            _decode(ctx, [probe], pos_next, seq, True)
+            after_restore = self._logits(ctx)
+            # recompute from the tokens in the same context, cleared
+            L.llama_memory_clear(mem, True)
+            _decode(ctx, tokens, 0, seq, False, int(req.get("batch") or 0))
+            blob = _get_blob(ctx, seq, 0)
+            with open(req["out"], "wb") as f:  # a GGSQ file with no tokens: header + body
+                f.write(struct.pack("<III", GGSQ_MAGIC, int(L.LLAMA_STATE_SEQ_VERSION), 0))
+                f.write(blob[8:])
+            _decode(ctx, [probe], len(tokens), seq, True)
+            recomputed = self._logits(ctx)
+        except Failed as e:
+            out["message"] = str(e)
+            return out
+        finally:
+            L.llama_memory_clear(mem, True)
+        d = after_restore.astype(np.float64) - recomputed.astype(np.float64)
+        norm = float(np.linalg.norm(recomputed.astype(np.float64)))
+        top_r = np.argsort(-after_restore)[:5].tolist()
+        top_c = np.argsort(-recomputed)[:5].tolist()
+        out.update(
+            ok=True,
+            message="recomputed",
+            logits={
+                "max_abs": float(np.max(np.abs(d))) if d.size else 0.0,
+                "mean_abs": float(np.mean(np.abs(d))) if d.size else 0.0,
+                "rel": float(np.linalg.norm(d) / norm) if norm > 0 else float(np.linalg.norm(d)),
+                "scale": float(np.std(recomputed)) if recomputed.size else 0.0,
+                "top5_restored": top_r,
+                "top5_recomputed": top_c,
+                "all_finite": bool(np.all(np.isfinite(after_restore))),
+            },
+        )
+        return out
+
+    # ---------------------------------------------------------------- prefill
+
+    def prefill(self, req: dict[str, Any]) -> dict[str, Any]:
+        tokens: list[int] = [int(t) for t in req["tokens"]]
+        words: list[int] = [int(w) for w in req["words"]]
+        n = len(tokens)
+        model = self.model
+        bad = [t for t in tokens if not 0 <= t < model.n_vocab]
+        if bad:
+            raise Failed(f"token {bad[0]} is outside the model's vocabulary of {model.n_vocab} "
+                         "(a different model, or media positions that cannot be prefilled)")
+        s = complete_settings(model, req.get("settings") or {}, n)
+        seq = s["seq_id"]
+        at = req.get("checkpoints_at")
+        if at is None:
+            at = default_checkpoint_positions(n) if model.needs_checkpoints else []
+        at = sorted({int(a) for a in at if 0 < int(a) <= n})
+        n_batch = int(req.get("n_batch") or BATCH)
+        ctx = _context(model, s, n_batch)
+        dctx = ds = None
+        if self.draft is not None:
+            ds = dict(s)
+            ds.update({k: v for k, v in (req.get("draft_settings") or {}).items() if v is not None})
+            ds.setdefault("type_k", F16_NAME)
+            ds = complete_settings(self.draft, ds, n)
+            dctx = _context(self.draft, ds, n_batch)
+        flags = L.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+        cps: list[dict[str, Any]] = []
+        with open(req["blobs"], "wb") as bf:
+            for a, b in _segments(n, at):
+                _decode(ctx, tokens[a:b], a, seq, True, n_batch)
+                if dctx is not None:
+                    _decode(dctx, tokens[a:b], a, seq, True, n_batch)
+                if b in at:
+                    pmin, pmax = _pos_range(ctx, seq)
+                    item: dict[str, Any] = {"n_tokens": b, "pos_min": pmin, "pos_max": pmax}
+                    tgt = _get_blob(ctx, seq, flags)
+                    item["tgt"] = [bf.tell(), len(tgt)]
+                    bf.write(tgt)
+                    if dctx is not None:
+                        dft = _get_blob(dctx, seq, flags)
+                        item["dft"] = [bf.tell(), len(dft)]
+                        bf.write(dft)
+                    cps.append(item)
+            draft = None
+            if dctx is not None:
+                full = _get_blob(dctx, seq, 0)
+                draft = [bf.tell(), len(full)]
+                bf.write(full)
+            bf.flush()
+            os.fsync(bf.fileno())
+        written = _save_seq_file(ctx, req["out"], seq, words)
+        if written == 0:
+            raise Failed("llama_state_seq_save_file wrote nothing: " + _why())
+        size = os.path.getsize(req["out"])
+        if written != size:
+            raise Failed(f"llama_state_seq_save_file reported {written} bytes, the file has {size}")
+        return {"ok": True, "message": f"prefilled {n} tokens", "model": model.info(),
+                "settings": s, "draft_settings": ds, "file_size": size, "checkpoints": cps,
+                "draft": draft, "n_batch": n_batch}
+
+    # ---------------------------------------------------------------- resave
+
+    def resave(self, req: dict[str, Any]) -> dict[str, Any]:
+        model = self.model
+        s = complete_settings(model, dict(req["settings"]), int(req.get("n_tokens") or 0))
+        ctx = _context(model, s, int(req.get("n_batch") or BATCH))
+        seq = s["seq_id"]
+        ret, n_words = _load_seq_file(ctx, req["in"], seq, int(req["capacity"]))
+        if ret == 0:
+            raise Failed(f"llama_state_seq_load_file refused the file: {_why(4) or 'no reason logged'}")
+        pmin, pmax = _pos_range(ctx, seq)
+        words = [int(w) for w in req["words"]]
+        written = _save_seq_file(ctx, req["out"], seq, words)
+        if written == 0:
+            raise Failed("llama_state_seq_save_file wrote nothing: " + _why())
+        return {"ok": True, "message": f"loaded {ret} bytes and saved {written}", "load_ret": ret,
+                "n_words_loaded": n_words, "file_size": os.path.getsize(req["out"]), "settings": s,
+                "pos_range": [pmin, pmax], "model": model.info()}
+
+    def handle(self, req: dict[str, Any]) -> dict[str, Any]:
+        op = req.get("op")
+        fn = {"load": self.load, "deep": self.deep, "prefill": self.prefill, "resave": self.resave}.get(str(op))
+        if fn is None:
+            return {"ok": False, "message": f"unknown op {op!r}"}
+        t0 = time.monotonic()
+        del _recent[:]
+        try:
+            res = fn(req)
+        except Failed as e:
+            res = {"ok": False, "message": str(e)}
+        res["seconds"] = time.monotonic() - t0
+        return res
+
+
+def main() -> int:
+    global _proto, L, _log_callback
+    ap = argparse.ArgumentParser(prog="python -m slotfile.worker")
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--draft-model")
+    ap.add_argument("--n-gpu-layers", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=0, help="0: SLOTFILE_THREADS, else by model size")
+    args = ap.parse_args()
+
+    # the protocol gets the original stdout; fd 1 now goes to the log (stderr)
+    _proto = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+
+    import llama_cpp
+
+    L = llama_cpp
+    _log_callback = L.llama_log_callback(_log_cb)
+    L.llama_log_set(_log_callback, ctypes.c_void_p(0))
+    L.llama_backend_init()
+    try:
+        worker = Worker(args)
+    except Exception as e:  # reported to the parent as an operational error
+        _send({"ok": False, "message": str(e)})
+        return 1
+    _send(worker.hello())
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        req: Any = None
+        try:
+            req = json.loads(line)
+            op = req.get("op")
+            _mark(f"{op} {req.get('id', '')}")
+            if op == "quit":
+                break
+            res = worker.handle(req)
+        except Exception as e:  # a Python-side failure is reported, not fatal
+            res = {"ok": False, "message": f"worker error: {type(e).__name__}: {e}", "trace": traceback.format_exc()}
+        res["id"] = req.get("id") if isinstance(req, dict) else None
+        _send(res)
+    return 0
