@@ -18,8 +18,9 @@ construct, nothing that parses bodies.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 from construct import ConstructError
 
@@ -186,7 +187,7 @@ def _entry_stop(view: Any, p: int, end: int, index: int, e: ConstructError, s: g
     if blob and isinstance(e, g.FormatError):  # the length field is whole; its bytes are not
         declared = int(g.BlobLength.parse(bytes(view[f.offset - 8 : f.offset])))
         left = end - f.offset
-    cut = int(g.CheckpointHead.n_tokens.parse(bytes(view[p : p + 8]))) if end - p >= 8 else None  # type: ignore[attr-defined]
+    cut = int(g.NTokens.parse(bytes(view[p : p + 8]))) if end - p >= 8 else None
     return Stop(p, "damaged", index, f, blob, declared, left, cut)
 
 

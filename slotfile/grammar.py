@@ -809,15 +809,17 @@ SckpHeaderAnyMagic = Struct(
 )
 
 # n_tokens is 64-bit (PR #26004's load_slot_checkpoints reads it with ckpt_read<int64_t>).
+NTokens = Int64sl
+
 CheckpointHead = Struct(
-    "n_tokens" / Int64sl,
+    "n_tokens" / NTokens,
     "pos_min" / Int32sl,
     "pos_max" / Int32sl,
 )
 
 CheckpointEntry = Struct(
     "offset" / Tell,
-    "n_tokens" / Int64sl,
+    "n_tokens" / NTokens,
     "pos_min" / Int32sl,
     "pos_max" / Int32sl,
     "tgt" / Named("data_tgt", Blob),

@@ -75,10 +75,10 @@ class _FakePool:
     def __init__(self, *a: Any, **k: Any) -> None:
         pass
 
-    def __enter__(self) -> "_FakePool":
+    def __enter__(self) -> _FakePool:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         pass
 
     def load(self, path: str, settings: Any, timeout: float = 0, sf: Any = None) -> Any:
