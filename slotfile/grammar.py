@@ -29,6 +29,7 @@ from typing import Any, Callable
 
 import numpy as np
 from construct import (
+    Bytes,
     Computed,
     Const,
     If,
@@ -60,6 +61,8 @@ SDFT_MAGIC = b"SDFT"  # 0x54464453 little-endian
 DSV4_MAGIC = 0x34565344
 PACKED_MARKER = -1  # LLAMA_TOKEN_NULL opens a packed server_tokens payload
 SERVER_TOKENS_VERSION = 1
+SCKP_VERSION = 1  # SLOT_CKPT_VERSION (PR #26004)
+SDFT_VERSION = 1
 MTMD_SERIALIZATION_VERSION = 2
 
 MAX_STREAMS = 256  # LLAMA_MAX_SEQ
@@ -480,6 +483,22 @@ def _tname(type_id: int) -> str:
 # KV block: llama_kv_cache::state_write
 # ---------------------------------------------------------------------------------------
 
+# The u32 that says how V is laid out (0: rows, flash attention on; 1: transposed).
+VTransWord = Int32ul
+
+# The head of one K layer, or of one V layer when V is not transposed: type, row size.
+KVLayerHead = Struct(
+    "type" / Int32sl,
+    "row_size" / Int64ul,
+)
+
+# The head of one transposed V layer: type, element size, n_embd_v_gqa.
+KVLayerTHead = Struct(
+    "type" / Int32sl,
+    "el_size" / Int32ul,
+    "n_embd" / Int32ul,
+)
+
 # One K layer, or one V layer when V is not transposed: type, row size, cell_count rows.
 KVLayer = Struct(
     "offset" / Tell,
@@ -516,7 +535,7 @@ def _kv_stream_data(has_v: bool, legacy: bool = False) -> Struct:
         # allow a few u32 words before v_trans and after n_layer (params v4_pre / v4_post)
         "v4_pre" / ExtraWords(lambda c: c._params.get("v4_pre", 0), "v4 metadata words"),
         "v_trans_offset" / Tell,
-        "v_trans" / Int32ul,
+        "v_trans" / VTransWord,
         Ensure(lambda c: c.v_trans in (0, 1), lambda c: f"v_trans {c.v_trans} (must be 0 or 1)"),
         "n_layer" / Int32ul,
         Ensure(lambda c: c.n_layer <= MAX_LAYERS, lambda c: f"n_layer {c.n_layer} over the cap {MAX_LAYERS}", code="over-cap"),
@@ -765,9 +784,11 @@ SeqBlobPrefix = Struct(
 )
 
 # u64 length then bytes (ckpt_write_buf in the SCKP writer; SDFT uses the same helper)
+BlobLength = Int64ul
+
 Blob = Struct(
     "offset" / Tell,
-    "length" / Int64ul,
+    "length" / BlobLength,
     "data" / Rows(this.length, "blob"),
 )
 
@@ -778,9 +799,27 @@ SckpHeader = Struct(
     "count" / Int32ul,
 )
 
+# The same 12 bytes whatever the magic says (a repair may find intact entries behind an
+# overwritten magic).
+SckpHeaderAnyMagic = Struct(
+    "offset" / Tell,
+    "magic" / Bytes(4),
+    "version" / Int32ul,
+    "count" / Int32ul,
+)
+
+# n_tokens is 64-bit (PR #26004's load_slot_checkpoints reads it with ckpt_read<int64_t>).
+NTokens = Int64sl
+
+CheckpointHead = Struct(
+    "n_tokens" / NTokens,
+    "pos_min" / Int32sl,
+    "pos_max" / Int32sl,
+)
+
 CheckpointEntry = Struct(
     "offset" / Tell,
-    "n_tokens" / Int64sl,
+    "n_tokens" / NTokens,
     "pos_min" / Int32sl,
     "pos_max" / Int32sl,
     "tgt" / Named("data_tgt", Blob),
@@ -839,3 +878,47 @@ def build(grammar: Construct, obj: Any, **params: Any) -> bytes:
 
 def parse(grammar: Construct, stream: ViewStream, **params: Any) -> Any:
     return grammar.parse_stream(stream, **params)
+
+
+# ---------------------------------------------------------------------------------------
+# the build side of the small framing pieces a repair writes around copied ranges
+# ---------------------------------------------------------------------------------------
+
+
+def file_header(magic: int, version: int, n_token_count: int) -> bytes:
+    return build(FileHeader, {"magic": magic, "version": version, "n_token_count": n_token_count})
+
+
+def plain_tokens(words: Any) -> bytes:
+    """``words`` as the i32 array of section B (plain ids, or a packed payload's words)."""
+    arr = np.asarray(words, dtype="<i4")
+    return build(PlainTokens, {"tokens": arr}, n_words=arr.size)
+
+
+def sckp_header(count: int, version: int = SCKP_VERSION) -> bytes:
+    return build(SckpHeader, {"version": version, "count": count})
+
+
+def checkpoint_head(n_tokens: int, pos_min: int, pos_max: int) -> bytes:
+    return build(CheckpointHead, {"n_tokens": n_tokens, "pos_min": pos_min, "pos_max": pos_max})
+
+
+def blob_length(n: int) -> bytes:
+    """The u64 length in front of every SCKP/SDFT blob (0: no blob)."""
+    return build(BlobLength, n)
+
+
+def sdft_header(version: int = SDFT_VERSION) -> bytes:
+    return build(SdftHeader, {"version": version})
+
+
+def v_trans_word(v_trans: int) -> bytes:
+    return build(VTransWord, v_trans)
+
+
+def kv_layer_head(type_id: int, row_size: int) -> bytes:
+    return build(KVLayerHead, {"type": type_id, "row_size": row_size})
+
+
+def kv_layer_t_head(type_id: int, el_size: int, n_embd: int) -> bytes:
+    return build(KVLayerTHead, {"type": type_id, "el_size": el_size, "n_embd": n_embd})

@@ -17,9 +17,10 @@ from typing import Any, Iterator
 import numpy as np
 from construct import ConstructError
 
+from . import appendix as ap
 from . import grammar as g
 from .ggml_types import TYPES, type_name
-from .layout import PARTIAL_OF, SEQUENCES, Detection, Layout, appendix_at, detect, failure_of
+from .layout import PARTIAL_OF, SEQUENCES, Detection, Failure, Layout, appendix_at, detect, failure_of
 
 # Which llama.cpp line writes and loads each state version (slot-format.md §12).
 GGSQ_VERSIONS = {
@@ -604,28 +605,24 @@ def _blob(name: str, c: Any) -> BlobInfo:
     return BlobInfo(name, c.offset, c.length, c.data)
 
 
-def _appendix_header(sf: SlotFile, s: g.ViewStream, grammar: Any, name: str) -> Any | None:
-    """Parse an appendix header; a cut one is reported and gives None."""
-    off = s.tell()
-    try:
-        return grammar.parse_stream(s)
-    except ConstructError as e:
-        f = failure_of(e, s)
-        sf.sections.append(Section(name, off, len(s.view) - off, "damaged"))
-        sf.problem("error", f.code, name, f.offset, f"{name.upper()} header: {f.message}")
+def _appendix_header(sf: SlotFile, head: Any, name: str, off: int, end: int) -> Any | None:
+    """An appendix header from the walker; a cut one is reported and gives None."""
+    if isinstance(head, Failure):
+        sf.sections.append(Section(name, off, end - off, "damaged"))
+        sf.problem("error", head.code, name, head.offset, f"{name.upper()} header: {head.message}")
         return None
+    return head
 
 
 def _parse_sckp(sf: SlotFile, view: memoryview, off: int) -> int | None:
     end = len(view)
-    s = g.ViewStream(view, off, end)
-    h = _appendix_header(sf, s, g.SckpHeader, "sckp")
+    h = _appendix_header(sf, ap.sckp_head(view, off, end), "sckp", off, end)
     if h is None:
         sf.sckp = Appendix("SCKP", off, end, 0, complete=False)
         return None
     app = Appendix("SCKP", off, end, h.version, h.count)
     sf.sckp = app
-    if h.version != 1:
+    if h.version != g.SCKP_VERSION:
         sf.sections.append(Section("sckp", off, end - off, f"version {h.version}"))
         sf.problem("error", "bad-version", "sckp", off + 4,
                    f"SCKP version {h.version} (only 1 is known; the server ignores the appendix)")
@@ -637,22 +634,20 @@ def _parse_sckp(sf: SlotFile, view: memoryview, off: int) -> int | None:
                    f"checkpoint count {h.count} over the cap {g.MAX_CHECKPOINTS} (the server drops the appendix)")
         app.complete = False
         return None
-    for i in range(h.count):
-        start = s.tell()
-        s.loc = [f"checkpoint[{i}]"]
-        try:
-            c = g.CheckpointEntry.parse_stream(s)
-        except ConstructError as e:
-            f = failure_of(e, s)
-            app.complete, app.end = False, end
-            sf.sections.append(Section("sckp", off, end - off, f"{i} of {h.count} checkpoints complete"))
-            sf.problem("error", f.code, f"sckp.{f.loc or f'checkpoint[{i}]'}", f.offset,
-                       f"checkpoint {i} of {h.count}: {f.message} (the server drops the whole appendix)")
-            return None
-        ck = Checkpoint(i, start, c.end, c.n_tokens, c.pos_min, c.pos_max,
-                        _blob("data_tgt", c.tgt), _blob("data_dft", c.dft), _blob("data_spec", c.spec))
-        sf.checkpoints.append(ck)
-    app.end = s.tell()
+    for it in ap.entries(view, h.end, end, count=h.count):
+        if isinstance(it, ap.Stop):
+            if it.failure is not None:
+                f, i = it.failure, it.index
+                app.complete, app.end = False, end
+                sf.sections.append(Section("sckp", off, end - off, f"{i} of {h.count} checkpoints complete"))
+                sf.problem("error", f.code, f"sckp.{f.loc or f'checkpoint[{i}]'}", f.offset,
+                           f"checkpoint {i} of {h.count}: {f.message} (the server drops the whole appendix)")
+                return None
+            app.end = it.offset
+            break
+        sf.checkpoints.append(Checkpoint(it.index, it.offset, it.end, it.n_tokens, it.pos_min, it.pos_max,
+                                         _blob("data_tgt", it.tgt), _blob("data_dft", it.dft),
+                                         _blob("data_spec", it.spec)))
     sf.sections.append(Section("sckp", off, app.end - off, f"{h.count} checkpoints"))
     for ck in sf.checkpoints:
         sf.sections.append(Section(f"sckp.checkpoint[{ck.index}]", ck.offset, ck.end - ck.offset))
@@ -662,25 +657,22 @@ def _parse_sckp(sf: SlotFile, view: memoryview, off: int) -> int | None:
 
 def _parse_sdft(sf: SlotFile, view: memoryview, off: int) -> int | None:
     end = len(view)
-    s = g.ViewStream(view, off, end)
-    h = _appendix_header(sf, s, g.SdftHeader, "sdft")
+    h = _appendix_header(sf, ap.sdft_head(view, off, end), "sdft", off, end)
     if h is None:
         return None
     app = Appendix("SDFT", off, end, h.version)
     sf.draft = app
-    if h.version != 1:
+    if h.version != g.SDFT_VERSION:
         app.complete = False
         sf.sections.append(Section("sdft", off, end - off, f"version {h.version}"))
         sf.problem("error", "bad-version", "sdft", off + 4, f"SDFT version {h.version} (only 1 is known)")
         return None
-    try:
-        b = g.SdftBody.parse_stream(s)
-    except ConstructError as e:
-        f = failure_of(e, s)
+    b = ap.sdft_body(view, h, end)
+    if isinstance(b, Failure):
         app.complete = False
         sf.sections.append(Section("sdft", off, end - off, "damaged"))
-        sf.problem("error", f.code, f"sdft.{f.loc}" if f.loc else "sdft", f.offset,
-                   f"draft appendix: {f.message} (the server drops the draft state)")
+        sf.problem("error", b.code, f"sdft.{b.loc}" if b.loc else "sdft", b.offset,
+                   f"draft appendix: {b.message} (the server drops the draft state)")
         return None
     app.end = b.end
     app.dft, app.spec = _blob("data_dft", b.dft), _blob("data_spec", b.spec)
@@ -711,14 +703,11 @@ def _parse_seq_blob(sf: SlotFile, view: memoryview, blob: BlobInfo, section: str
                     exp: Any = None, exp_partial: bool = False) -> None:
     """A ``llama_state_seq_get_data`` blob: io_magic, seq_id, then a body that fills the blob."""
     start, end = blob.data_offset, blob.data_offset + blob.length
-    s = g.ViewStream(view, start, end)
-    try:
-        pre = g.SeqBlobPrefix.parse_stream(s)
-    except ConstructError as e:
-        f = failure_of(e, s)
-        sf.problem("error", f.code, section, f.offset, f"blob prefix: {f.message}")
+    seq_id = ap.blob_seq_id(view, start, end)
+    if isinstance(seq_id, Failure):
+        sf.problem("error", seq_id.code, section, seq_id.offset, f"blob prefix: {seq_id.message}")
         return
-    blob.seq_id = pre.seq_id
+    blob.seq_id = seq_id
     if _is_dsv4(view, start + 8, end):
         blob.body = Body(start + 8, end, None, "none")
         sf.problem("error", "unsupported-layout", section, start + 8,

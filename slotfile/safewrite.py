@@ -282,7 +282,23 @@ def resolve_target(input_path: str | os.PathLike[str], output: str | os.PathLike
     parent = os.path.dirname(os.path.abspath(out)) or "."
     if not os.path.isdir(parent):
         raise WriteRefused(f"directory {parent} does not exist")
+    _writable(parent)
     return Target(inp, out, False, None, force)
+
+
+def _writable(directory: str) -> None:
+    """Refuse a directory no temp file can be created in (read-only mount, no permission),
+    before anything is planned: a dry run is refused the same way as the write would be."""
+    why = None
+    try:
+        if os.statvfs(directory).f_flag & os.ST_RDONLY:
+            why = errno.EROFS
+    except OSError:
+        pass
+    if why is None and not os.access(directory, os.W_OK | os.X_OK):
+        why = errno.EACCES
+    if why is not None:
+        raise WriteRefused(f"cannot write in {directory}: {os.strerror(why)}")
 
 
 def _same(a: str, b: str) -> bool:

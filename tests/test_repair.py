@@ -22,6 +22,7 @@ import pytest
 from slotfile.verify import Options as VerifyOptions
 from slotfile.verify import Verifier
 from slotfile.reader import open_slot_file
+from slotfile.cli.repair_cmd import exit_code
 from slotfile.repair import Options, run
 from slotfile.safewrite import resolve_target
 
@@ -146,7 +147,7 @@ def repair(cmd: str, inp: Path, out: Path, **kw: Any):
 def assert_idempotent(cmd: str, path: Path, tmp: Path, **kw: Any) -> None:
     again = tmp / f"again-{path.name}"
     r = repair(cmd, path, again, **kw)
-    assert r.exit_code == 0, r.reason
+    assert exit_code(r) == 0, r.reason
     assert again.read_bytes() == path.read_bytes(), f"{cmd} on its own output changed it"
     assert r.status == "nothing-to-do", r.status
 
@@ -203,7 +204,7 @@ def test_truncate_recover_appendix_cuts(name, tmp_path, pools):
         src.write_bytes(data[:cut])
         out = tmp_path / f"out{cut}.slot"
         r = repair("truncate-recover", src, out)
-        assert r.exit_code == 0, (cut, r.reason)
+        assert exit_code(r) == 0, (cut, r.reason)
         want = expected_after_cut(fx, data, cut)
         got = out.read_bytes()
         assert got == want, f"cut at {cut}: {len(got)} bytes, expected {len(want)}"
@@ -231,7 +232,7 @@ def test_truncate_recover_with_model_test_loads(tmp_path):
     src = tmp_path / "cut.slot"
     src.write_bytes(fx.data[: fx.ckpts[2].dft[0] + 10])
     r = repair("truncate-recover", src, tmp_path / "o.slot", model=str(fx.model), draft_model=str(DRAFT))
-    assert r.exit_code == 0 and r.status == "repaired", r.reason
+    assert exit_code(r) == 0 and r.status == "repaired", r.reason
     assert r.test_load and r.test_load["ok"] and len(r.test_load["checkpoints"]) == 2
     assert [k.get("n_tokens") for k in r.kept if k["section"].startswith("sckp.checkpoint")] == [8, 20]
     assert r.changed == [{"section": "sckp", "field": "count", "from": 3, "to": 2}]
@@ -305,7 +306,7 @@ def test_truncate_recover_damaged_appendix(case, tmp_path, pools):
     assert open_slot_file(src).errors  # every case reads as damaged before the repair
     out = tmp_path / "out.slot"
     r = repair("truncate-recover", src, out)
-    assert r.exit_code == 0, r.reason
+    assert exit_code(r) == 0, r.reason
     want = expect(D.data)
     assert out.read_bytes() == want, f"{case}: {out.stat().st_size} bytes, expected {len(want)}; {r.dropped}"
     assert_clean(out)
@@ -320,7 +321,7 @@ def test_trailing_garbage_after_a_bare_body(tmp_path, pools):
     fx = FX["llama_unified_2seq"]
     src = _damage(fx, tmp_path, [], b"not an appendix")
     r = repair("truncate-recover", src, tmp_path / "o.slot")
-    assert r.exit_code == 0 and (tmp_path / "o.slot").read_bytes() == fx.data
+    assert exit_code(r) == 0 and (tmp_path / "o.slot").read_bytes() == fx.data
     assert r.dropped == [{"section": "trailing", "offset": fx.size, "bytes": 15,
                           "reason": "bytes after the last complete section"}]
     assert_loads(pools(fx.model), tmp_path / "o.slot")
@@ -336,10 +337,10 @@ def test_zero_padding(name, pad, tmp_path, pools):
     out = tmp_path / "o.slot"
     r = repair("truncate-recover", src, out)
     if fx.sckp is None:
-        assert r.exit_code == 4 and not out.exists()
+        assert exit_code(r) == 4 and not out.exists()
         r = repair("truncate-recover", src, out, model=str(fx.model))
         assert any("llama.cpp restores the body" in n for n in r.notes)
-    assert r.exit_code == 0, r.reason
+    assert exit_code(r) == 0, r.reason
     assert out.read_bytes() == fx.data
     assert r.dropped == [{"section": "trailing", "offset": fx.size, "bytes": pad,
                           "reason": "bytes after the last complete section"}]
@@ -396,13 +397,13 @@ def test_truncate_recover_rebuilds_a_cut_body(name, cut, edits, n_ck, opts, tmp_
     out = tmp_path / "out.slot"
     # without the model: refused, with a one-line reason, nothing written
     r = repair("truncate-recover", src, out)
-    assert r.exit_code == 4 and r.status == "refused" and "--model" in r.reason and "\n" not in r.reason
+    assert exit_code(r) == 4 and r.status == "refused" and "--model" in r.reason and "\n" not in r.reason
     assert not out.exists()
     if opts:  # the damaged file no longer shows its settings: refused until they are given
         r = repair("truncate-recover", src, out, model=str(fx.model))
-        assert r.exit_code == 4 and "--flash-attn" in r.reason and not out.exists()
+        assert exit_code(r) == 4 and "--flash-attn" in r.reason and not out.exists()
     r = repair("truncate-recover", src, out, model=str(fx.model), **opts)
-    assert r.exit_code == 0, r.reason
+    assert exit_code(r) == 0, r.reason
     assert r.test_load and r.test_load["ok"]
     got = out.read_bytes()
     assert got[: fx.body_start] == data[: fx.body_start]  # header and tokens verbatim
@@ -430,7 +431,7 @@ def test_rebuild_keeps_draft_state_found_after_a_damaged_body(tmp_path, pools):
     src = _damage(fx, tmp_path, [(fx.body_start + 8 + 4, _u32(7))])  # cell 0: n_seq_id 7
     out = tmp_path / "out.slot"
     r = repair("truncate-recover", src, out, model=str(fx.model), draft_model=str(DRAFT))
-    assert r.exit_code == 0, r.reason
+    assert exit_code(r) == 0, r.reason
     sf = open_slot_file(out)
     assert [c.n_tokens for c in sf.checkpoints] == [8, 20, 32]
     data = fx.data
@@ -450,7 +451,7 @@ def test_rebuild_checkpoint_positions_and_model_mismatch(tmp_path):
     src.write_bytes(fx.data[:2000])
     out = tmp_path / "out.slot"
     r = repair("truncate-recover", src, out, model=str(fx.model), checkpoint_at=[10, 19])
-    assert r.exit_code == 0, r.reason
+    assert exit_code(r) == 0, r.reason
     sf = open_slot_file(out)
     assert [c.n_tokens for c in sf.checkpoints] == [10, 19]
     assert [c.tgt.length for c in sf.checkpoints] == [c.tgt[1] for c in fx.ckpts]
@@ -463,7 +464,7 @@ def test_rebuild_checkpoint_positions_and_model_mismatch(tmp_path):
     cut = tmp_path / "llama.slot"
     cut.write_bytes(FX["llama_f16_fa"].data[:9000])
     r = repair("truncate-recover", cut, tmp_path / "x.slot", model=str(MODELS / "gemma3.gguf"))
-    assert r.exit_code == 4 and "does not match" in r.reason and not (tmp_path / "x.slot").exists()
+    assert exit_code(r) == 4 and "does not match" in r.reason and not (tmp_path / "x.slot").exists()
 
 
 def test_parseable_body_that_does_not_load_is_rebuilt(tmp_path):
@@ -472,7 +473,7 @@ def test_parseable_body_that_does_not_load_is_rebuilt(tmp_path):
     fx = FX["llama_f16_fa"]
     src = _damage(fx, tmp_path, [(fx.body_start + 8 + 54 * 12 + 8, _u32(77))])
     r = repair("truncate-recover", src, tmp_path / "o.slot", model=str(fx.model))
-    assert r.exit_code == 0, r.reason
+    assert exit_code(r) == 0, r.reason
     assert any(n.startswith("first attempt") for n in r.notes)
     assert [c.n_tokens for c in open_slot_file(tmp_path / "o.slot").checkpoints] == [16, 32]
     assert_close_state(tmp_path / "o.slot", fx.path)
@@ -487,7 +488,7 @@ def test_strip_draft(name, tmp_path, pools):
     data = fx.data
     out = tmp_path / "out.slot"
     r = repair("strip-draft", fx.path, out)
-    assert r.exit_code == 0 and r.status == "repaired", r.reason
+    assert exit_code(r) == 0 and r.status == "repaired", r.reason
     want = data[: fx.body_end]
     if fx.sckp is not None:
         want += data[fx.sckp : fx.sckp + 12]
@@ -511,10 +512,10 @@ def test_strip_draft_nothing_to_do_and_damaged(tmp_path):
     cut = tmp_path / "cut.slot"
     cut.write_bytes(fx.data[:20000])
     r = repair("strip-draft", cut, tmp_path / "p.slot")
-    assert r.exit_code == 4 and "truncate-recover" in r.reason and not (tmp_path / "p.slot").exists()
+    assert exit_code(r) == 4 and "truncate-recover" in r.reason and not (tmp_path / "p.slot").exists()
     for cmd in ("truncate-recover", "strip-draft"):  # session files are not slot files
         r = repair(cmd, SLOTS / "extra-llama.session", tmp_path / "s.slot")
-        assert r.exit_code == 4 and "GGSN" in r.reason and not (tmp_path / "s.slot").exists()
+        assert exit_code(r) == 4 and "GGSN" in r.reason and not (tmp_path / "s.slot").exists()
 
 
 # ------------------------------------------------------------------------------- re-save
@@ -528,7 +529,7 @@ def _v_runs(path: Path) -> list[Any]:
 def test_resave_unchanged_is_byte_identical(tmp_path):
     fx = FX["llama_draft_sdft"]
     r = repair("re-save", fx.path, tmp_path / "o.slot", model=str(fx.model), draft_model=str(DRAFT))
-    assert r.exit_code == 0, r.reason
+    assert exit_code(r) == 0, r.reason
     assert (tmp_path / "o.slot").read_bytes() == fx.data and r.status == "nothing-to-do"
 
 
@@ -539,7 +540,7 @@ def test_resave_flash_attn_flip(tmp_path, pools):
     fx, ref = FX["llama_f16_fa"], FX["llama_f16_nofa"]
     off = tmp_path / "off.slot"
     r = repair("re-save", fx.path, off, model=str(fx.model), flash_attn=False)
-    assert r.exit_code == 0, r.reason
+    assert exit_code(r) == 0, r.reason
     assert r.test_load["ok"] and any("byte for byte" in n for n in r.notes)
     sf = open_slot_file(off)
     assert sf.errors == [] and all(s.v_trans == 1 for b in sf.body.blocks for s in b.active_streams())
@@ -556,7 +557,7 @@ def test_resave_flash_attn_flip(tmp_path, pools):
     assert_loads(pools(fx.model), off, n_ckpts=2)
     back = tmp_path / "back.slot"
     r = repair("re-save", off, back, model=str(fx.model), flash_attn=True)
-    assert r.exit_code == 0 and back.read_bytes() == fx.data
+    assert exit_code(r) == 0 and back.read_bytes() == fx.data
     # re-save with the setting the file already has: nothing changes
     assert_idempotent("re-save", off, tmp_path, model=str(fx.model), flash_attn=False)
 
@@ -569,7 +570,7 @@ def test_resave_flip_round_trip_with_checkpoints_and_draft(name, model_fa, tmp_p
         kw["draft_model"] = str(DRAFT)
     mid, back = tmp_path / "mid.slot", tmp_path / "back.slot"
     r = repair("re-save", fx.path, mid, flash_attn=model_fa, tokens="plain", **kw)
-    assert r.exit_code == 0, r.reason
+    assert exit_code(r) == 0, r.reason
     sf = open_slot_file(mid)
     assert sf.tokens.form == "plain" and sf.errors == []
     if fx.draft:
@@ -577,7 +578,7 @@ def test_resave_flip_round_trip_with_checkpoints_and_draft(name, model_fa, tmp_p
         assert all(s.v_trans == (0 if model_fa else 1) for b in sf.draft.dft.body.blocks for s in b.active_streams())
     assert_loads(pools(fx.model, fx.draft), mid, n_ckpts=len(fx.ckpts), draft=fx.draft is not None)
     r = repair("re-save", mid, back, flash_attn=not model_fa, tokens="packed", **kw)
-    assert r.exit_code == 0, r.reason
+    assert exit_code(r) == 0, r.reason
     assert back.read_bytes() == fx.data
 
 
@@ -585,7 +586,7 @@ def test_resave_recompute(tmp_path, pools):
     fx, ref = FX["llama_f16_fa"], FX["llama_f16_nofa"]
     out = tmp_path / "o.slot"
     r = repair("re-save", fx.path, out, model=str(fx.model), flash_attn=False, recompute=True)
-    assert r.exit_code == 0, r.reason
+    assert exit_code(r) == 0, r.reason
     assert any("recomputed" in x["how"] for x in r.rebuilt) and r.test_load["ok"]
     assert [c.n_tokens for c in open_slot_file(out).checkpoints] == [16, 32]
     assert_close_state(out, ref.path)  # what a server with flash attention off computes
@@ -596,7 +597,7 @@ def test_resave_tokens_and_limits(tmp_path, pools):
     fx = FX["llama_f16_fa"]
     out = tmp_path / "plain.slot"
     r = repair("re-save", fx.path, out, model=str(fx.model), tokens="plain")
-    assert r.exit_code == 0, r.reason
+    assert exit_code(r) == 0, r.reason
     got, data = out.read_bytes(), fx.data
     sf = open_slot_file(out)
     assert sf.tokens.form == "plain" and sf.n_token_count == 54
@@ -606,11 +607,11 @@ def test_resave_tokens_and_limits(tmp_path, pools):
     # quantized V cannot be stored transposed: refused
     q = FX["llama_q8_0_fa"]
     r = repair("re-save", q.path, tmp_path / "q.slot", model=str(q.model), flash_attn=False)
-    assert r.exit_code == 4 and "q8_0" in r.reason and not (tmp_path / "q.slot").exists()
+    assert exit_code(r) == 4 and "q8_0" in r.reason and not (tmp_path / "q.slot").exists()
     # no V cache at all: flash attention does not reach the state
     m = FX["extra-mamba"]
     r = repair("re-save", m.path, tmp_path / "m.slot", model=str(m.model), flash_attn=True)
-    assert r.exit_code == 0 and (tmp_path / "m.slot").read_bytes() == m.data
+    assert exit_code(r) == 0 and (tmp_path / "m.slot").read_bytes() == m.data
     assert any("no V cache" in n for n in r.notes)
 
 
@@ -642,17 +643,17 @@ def test_slotfile_verify_passes_on_repaired_outputs(tmp_path):
     for i, blob in enumerate(cases):
         src = tmp_path / f"in{i}.slot"
         src.write_bytes(blob)
-        assert repair("truncate-recover", src, outs / f"tr{i}.slot").exit_code == 0
+        assert exit_code(repair("truncate-recover", src, outs / f"tr{i}.slot")) == 0
     for case in ("count-max", "tgt-magic", "dft-magic", "sdft-version"):
         edits, extra, _ = DAMAGE[case]
         src = _damage(D, tmp_path, edits, extra)
-        assert repair("truncate-recover", src, outs / f"{case}.slot").exit_code == 0
+        assert exit_code(repair("truncate-recover", src, outs / f"{case}.slot")) == 0
     body_cut = tmp_path / "body.slot"
     body_cut.write_bytes(D.data[:9000])
-    assert repair("truncate-recover", body_cut, outs / "rebuilt.slot", model=str(D.model)).exit_code == 0
-    assert repair("strip-draft", D.path, outs / "stripped.slot").exit_code == 0
-    assert repair("re-save", D.path, outs / "fa-off.slot", model=str(D.model), flash_attn=False,
-                  tokens="plain").exit_code == 0
+    assert exit_code(repair("truncate-recover", body_cut, outs / "rebuilt.slot", model=str(D.model))) == 0
+    assert exit_code(repair("strip-draft", D.path, outs / "stripped.slot")) == 0
+    assert exit_code(repair("re-save", D.path, outs / "fa-off.slot", model=str(D.model), flash_attn=False,
+                  tokens="plain")) == 0
     r = subprocess.run([sys.executable, "-m", "slotfile", "verify", str(outs), "--model", str(D.model),
                         "--draft-model", str(DRAFT), "--json"], capture_output=True, text=True, timeout=300)
     doc = json.loads(r.stdout)

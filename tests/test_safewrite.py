@@ -193,6 +193,7 @@ def cli(*args: object) -> subprocess.CompletedProcess[str]:
 def test_input_is_only_opened_read_only(tmp_path, monkeypatch):
     """Every open of the input, by every command, is read-only; its bytes and mtime stay."""
     from slotfile import repair
+    from slotfile.cli.repair_cmd import exit_code
     from slotfile.repair import Options
 
     src = tmp_path / "in.slot"
@@ -217,7 +218,7 @@ def test_input_is_only_opened_read_only(tmp_path, monkeypatch):
     for cmd, out in (("truncate-recover", "a.slot"), ("strip-draft", "b.slot")):
         inp = src if cmd == "truncate-recover" else tmp_path / "a.slot"
         r = repair.run(cmd, str(inp), resolve_target(inp, tmp_path / out), Options())
-        assert r.exit_code == 0, r.reason
+        assert exit_code(r) == 0, r.reason
     monkeypatch.undo()
     assert opened
     for kind, mode in opened:
@@ -291,3 +292,56 @@ def test_failed_test_load_writes_nothing(tmp_path):
     assert doc["status"] == "check-failed" and "test-load" in doc["reason"]
     assert doc["test_load"]["ok"] is False
     assert not (tmp_path / "o.slot").exists() and _dots(tmp_path) == []
+
+
+# ------------------------------------------------------------------------------- refusals, in-process
+
+
+def _invoke(*args: object):
+    from typer.testing import CliRunner
+
+    from slotfile.cli.app import app
+
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+@pytest.fixture
+def unwritable(tmp_path, monkeypatch):
+    """A directory no file can be created in (as root only a read-only mount is, so the
+    permission check is what is made to fail here)."""
+    d = tmp_path / "ro"
+    d.mkdir()
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode, *a, **k: False if os.fspath(p) == str(d) else real(p, mode, *a, **k))
+    return d
+
+
+def test_unwritable_output_directory_is_a_usage_error_dry_run_too(tmp_path, unwritable):
+    src = tmp_path / "cut.slot"
+    src.write_bytes((SLOTS / "llama_draft_sdft.slot").read_bytes()[:30000])
+    for extra in ([], ["--dry-run"]):
+        r = _invoke("truncate-recover", src, "-o", unwritable / "out.slot", *extra)
+        assert r.exit_code == 2, (extra, r.stdout, r.stderr)
+        assert r.stdout == ""  # no plan that reads like a success
+        assert len(r.stderr.strip().splitlines()) == 1 and "cannot write in" in r.stderr
+        r = _invoke("truncate-recover", src, "-o", unwritable / "out.slot", "--json", *extra)
+        doc = json.loads(r.stdout)
+        assert r.exit_code == 2 and doc["exit_code"] == 2 and doc["status"] == "error"
+        assert doc["input_size"] == 30000 and "cannot write in" in doc["reason"]
+    assert os.listdir(unwritable) == []
+
+
+def test_refused_repair_reports_real_size_and_no_stray_time_line(tmp_path):
+    body_cut = tmp_path / "body.slot"
+    body_cut.write_bytes((SLOTS / "llama_f16_fa.slot").read_bytes()[:5000])
+    r = _invoke("truncate-recover", body_cut, "-o", tmp_path / "y")
+    assert r.exit_code == 4 and "--model" in r.stderr
+    assert "time:" not in r.stdout, r.stdout
+    r = _invoke("truncate-recover", body_cut, "-o", tmp_path / "y", "--json")
+    doc = json.loads(r.stdout)
+    assert r.exit_code == 4 and doc["status"] == "refused" and doc["exit_code"] == 4 and doc["input_size"] == 5000
+    # a missing model is operational; the input's size is still reported
+    r = _invoke("truncate-recover", body_cut, "-o", tmp_path / "y", "--json", "--model", tmp_path / "no.gguf")
+    doc = json.loads(r.stdout)
+    assert r.exit_code == 8 and doc["exit_code"] == 8 and doc["input_size"] == 5000
+    assert not (tmp_path / "y").exists()

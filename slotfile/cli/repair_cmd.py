@@ -3,16 +3,43 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
+from typing import Any
 
-from slotfile.exitcodes import USAGE
+from slotfile.exitcodes import OK, OPERATIONAL, PROBLEMS, USAGE
 from slotfile.ggml_types import KV_CACHE_TYPES
 from slotfile.model import escape_text
-from slotfile.repair import Options, Report, run
+from slotfile.repair import Options, Outcome, Report, run
 from slotfile.safewrite import WriteRefused, resolve_target
 
 from .common import err, out
+
+EXIT_CODES = {
+    Outcome.REPAIRED: OK,
+    Outcome.NOTHING_TO_DO: OK,
+    Outcome.DRY_RUN: OK,
+    Outcome.REFUSED: PROBLEMS,  # cannot be repaired
+    Outcome.CHECK_FAILED: PROBLEMS,  # the result failed its check; nothing written
+    Outcome.UNUSABLE_OUTPUT: USAGE,  # OUT exists, a symlink, a read-only directory
+    Outcome.OPERATIONAL: OPERATIONAL,  # input or model missing, worker crash, I/O error
+}
+
+
+def exit_code(report: Report) -> int:
+    """The exit code of a repair's outcome (README, "Exit codes")."""
+    return EXIT_CODES[report.outcome]
+
+
+def report_json(report: Report) -> dict[str, Any]:
+    """The report as JSON (schema slotfile.repair/1), with its exit code after the status."""
+    out: dict[str, Any] = {}
+    for k, v in report.to_json().items():
+        out[k] = v
+        if k == "status":
+            out["exit_code"] = exit_code(report)
+    return out
 
 
 def _on_off(value: str | None, option: str) -> bool | None:
@@ -64,40 +91,50 @@ def run_repair(command: str, input_path: Path, output: Path | None, *, force: bo
     except (ValueError, WriteRefused) as e:
         return _usage(command, input_path, str(e), json_out)
     if target is None and not dry_run:
-        report = Report(command, str(input_path), status="error", exit_code=8,
-                        reason=f"{input_path}: no such file")
+        report = Report(command, str(input_path)).fail(Outcome.OPERATIONAL, f"{input_path}: no such file")
         _emit(report, json_out)
-        return report.exit_code
+        return exit_code(report)
     report = run(command, str(input_path), target, opts, dry_run=dry_run)
     _emit(report, json_out)
-    return report.exit_code
+    return exit_code(report)
 
 
 def _usage(command: str, input_path: Path, message: str, json_out: bool) -> int:
-    report = Report(command, str(input_path), status="error", exit_code=USAGE, reason=message)
+    """A usage error (bad option, unusable OUT): one line on stderr, nothing planned."""
+    report = Report(command, str(input_path), input_size=_size(input_path)).fail(Outcome.UNUSABLE_OUTPUT, message)
     if json_out:
         _print_json(report)
     err.print(f"slotfile {command}: {escape_text(message)}", soft_wrap=True)
     return USAGE
 
 
+def _size(path: Path) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0
+
+
 def _print_json(report: Report) -> None:
-    sys.stdout.write(json.dumps(report.to_json(), indent=2) + "\n")
+    sys.stdout.write(json.dumps(report_json(report), indent=2) + "\n")
     sys.stdout.flush()
 
 
 def _emit(report: Report, json_out: bool) -> None:
+    code = exit_code(report)
     if json_out:
         _print_json(report)
-        if report.exit_code and report.reason:
+        if code and report.reason:
             err.print(f"slotfile {report.command}: {escape_text(report.reason)}", soft_wrap=True)
         return
-    lines = report.lines()
-    if report.status in ("refused", "error", "check-failed"):
-        # one line with the reason on stderr; the details (what was found) on stdout
+    if code:
+        # one line with the reason on stderr; what a refused or failed repair found on stdout
+        # (a repair that could not start or write has nothing to show there)
         err.print(f"slotfile {report.command}: {escape_text(report.reason or report.status)}", soft_wrap=True)
-        for line in lines[2:] if report.reason else lines[1:]:
-            out.print(escape_text(line), soft_wrap=True)
+        if report.outcome in (Outcome.REFUSED, Outcome.CHECK_FAILED):
+            lines = report.lines()
+            for line in lines[2:] if report.reason else lines[1:]:
+                out.print(escape_text(line), soft_wrap=True)
         return
-    for line in lines:
+    for line in report.lines():
         out.print(escape_text(line), soft_wrap=True)

@@ -1,0 +1,66 @@
+"""Repairs: truncate-recover, strip-draft and re-save, planned as byte ranges of the input.
+
+Every operation looks at the parsed input (:func:`slotfile.reader.open_slot_file`), decides
+what to keep, drop, rewrite or rebuild, and returns a :class:`~.common.Planned`: a
+:class:`slotfile.safewrite.Plan` (byte ranges of the input or of files a llama.cpp worker
+wrote, plus framing built by the grammar) and a :class:`Report` saying exactly what happens
+to every section.  :func:`run` then writes the plan through :func:`slotfile.safewrite.commit`,
+with a structural re-read and (given a model) a real test-load of the temp file as its
+check, and reports the :class:`Outcome`; the CLI maps outcomes to exit codes.
+
+Nothing here reads a whole section into memory except small headers; the transposition of V
+for a flash-attention flip streams layer by layer (:class:`~.plan.Transposed` pieces).
+
+Modules: ``report`` (outcome, report), ``common`` (options, retry state, shared input
+helpers), ``tail`` (what follows the body), ``kept`` / ``rebuilt`` (appendix plans),
+``settings`` (the settings a file was saved with), ``plan`` (transposed pieces, commit),
+``truncate`` / ``strip_draft`` / ``resave`` (one per command), ``check`` (the output's
+check), ``runner`` (attempts and retries).
+"""
+
+from .common import Operational, Options, Planned, Refused, Retry
+from .report import SCHEMA, Outcome, Report
+from .resave import resave
+from .runner import OPERATIONS, run
+from .settings import probe_body
+from .strip_draft import strip_draft
+from .tail import (
+    BlobRef,
+    Entry,
+    SckpWalk,
+    SdftFound,
+    Tail,
+    analyse_tail,
+    parse_sdft_at,
+    scan_sckp,
+    scan_sdft,
+    walk_sckp,
+)
+from .truncate import truncate_recover
+
+__all__ = [
+    "OPERATIONS",
+    "SCHEMA",
+    "BlobRef",
+    "Entry",
+    "Operational",
+    "Options",
+    "Outcome",
+    "Planned",
+    "Refused",
+    "Report",
+    "Retry",
+    "SckpWalk",
+    "SdftFound",
+    "Tail",
+    "analyse_tail",
+    "parse_sdft_at",
+    "probe_body",
+    "resave",
+    "run",
+    "scan_sckp",
+    "scan_sdft",
+    "strip_draft",
+    "truncate_recover",
+    "walk_sckp",
+]
