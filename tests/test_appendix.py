@@ -40,18 +40,78 @@ def _variants(e: dict) -> list[tuple[str, bytes]]:
     return out
 
 
+def _reference_walk(data: bytes, off: int) -> tuple[list[tuple[bytes, bytes]] | None, str, bytes | None, str]:
+    """An independent oracle: the worker's own struct-based reading of the appendices, as it
+was before the walker replaced it (the server's load_slot_checkpoints, byte by byte).
+
+    Returns (checkpoints as (data_tgt, data_dft) or None, SCKP note, SDFT data_dft or None,
+    SDFT note).  Any SCKP damage drops the whole appendix, as load_slot_checkpoints does.
+    """
+    end = len(data)
+    ckpts: list[tuple[bytes, bytes]] | None = None
+    sckp_note = ""
+    if off + 4 <= end and struct.unpack_from("<I", data, off)[0] == 0x504B4353:
+        p = off + 4
+        if p + 8 > end:
+            sckp_note = "SCKP header truncated: the server ignores the appendix"
+            return [], sckp_note, None, ""
+        version, count = struct.unpack_from("<II", data, p)
+        p += 8
+        if version != 1:
+            return [], f"SCKP version {version}: the server ignores the appendix", None, ""
+        if count > g.MAX_CHECKPOINTS:
+            return [], f"SCKP count {count} over {g.MAX_CHECKPOINTS}: the server drops the appendix", None, ""
+        items: list[tuple[bytes, bytes]] = []
+        for i in range(count):
+            if p + 16 > end:
+                return [], f"checkpoint {i} of {count} truncated: the server drops the whole appendix", None, ""
+            p += 16  # n_tokens, pos_min, pos_max
+            blobs = []
+            for _name in ("data_tgt", "data_dft", "data_spec"):
+                if p + 8 > end:
+                    return [], f"checkpoint {i} of {count} truncated: the server drops the whole appendix", None, ""
+                n = struct.unpack_from("<Q", data, p)[0]
+                p += 8
+                if n > end - p:
+                    return [], (f"checkpoint {i} of {count}: {_name} length {n} exceeds the {end - p} bytes left: "
+                                "the server drops the whole appendix"), None, ""
+                blobs.append(data[p : p + n])
+                p += n
+            if not blobs[0]:
+                return [], f"checkpoint {i} has an empty data_tgt: the server drops the whole appendix", None, ""
+            items.append((blobs[0], blobs[1]))
+        ckpts = items
+        off = p
+    dft: bytes | None = None
+    sdft_note = ""
+    if off + 4 <= end and struct.unpack_from("<I", data, off)[0] == 0x54464453:
+        p = off + 4
+        try:
+            version = struct.unpack_from("<I", data, p)[0]
+            p += 4
+            if version != 1:
+                sdft_note = f"SDFT version {version}: the draft state is dropped"
+            else:
+                n = struct.unpack_from("<Q", data, p)[0]
+                p += 8
+                if n > end - p:
+                    sdft_note = f"SDFT data_dft length {n} exceeds the {end - p} bytes left: the draft state is dropped"
+                else:
+                    dft = data[p : p + n]
+        except struct.error:
+            sdft_note = "SDFT header truncated: the draft state is dropped"
+    return ckpts, sckp_note, dft, sdft_note
+
+
 def _bytes(x):
     return None if x is None else bytes(x)
 
 
 @pytest.mark.parametrize("e", WITH_APPENDIX, ids=lambda e: e["file"].split("/")[-1])
 def test_server_read_is_the_workers_reading(e):
-    """server_read gives exactly what loader_worker._walk_appendices gives (the function the
-    worker calls once it is wired to the walker)."""
-    from slotfile.loader_worker import _walk_appendices
-
+    """server_read (what the worker calls) gives exactly what the independent oracle gives."""
     for label, data in _variants(e):
-        want = _walk_appendices(memoryview(data), 0)
+        want = _reference_walk(memoryview(data), 0)
         got = ap.server_read(memoryview(data), 0).astuple()
         w_ck = None if want[0] is None else [(bytes(t), bytes(d)) for t, d in want[0]]
         g_ck = None if got[0] is None else [(bytes(t), bytes(d)) for t, d in got[0]]

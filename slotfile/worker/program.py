@@ -48,12 +48,6 @@ from typing import Any
 
 from .settings import LoadSettings, pad_ctx
 
-GGSQ_MAGIC = 0x67677371
-GGSN_MAGIC = 0x6767736E
-IO_MAGIC = 0xAF143CD8
-SCKP_MAGIC = 0x504B4353
-SDFT_MAGIC = 0x54464453
-MAX_CHECKPOINTS = 1024
 BATCH = 512  # tokens per llama_decode call (n_batch = n_ubatch) unless a request says otherwise
 TINY_MODEL = 64 << 20  # below this ggml's spinning threads only cost: one thread
 F16_NAME = "f16"  # what an attention-free model's (unused) cache types default to
@@ -331,68 +325,6 @@ def _segments(n: int, cuts: list[int]) -> list[tuple[int, int]]:
     return list(itertools.pairwise(bounds))
 
 
-def _walk_appendices(data: bytes, off: int) -> tuple[list[tuple[bytes, bytes]] | None, str, bytes | None, str]:
-    """The SCKP and SDFT appendices the way the (patched) server reads them from ``off``.
-
-    Returns (checkpoints as (data_tgt, data_dft) or None, SCKP note, SDFT data_dft or None,
-    SDFT note).  Any SCKP damage drops the whole appendix, as load_slot_checkpoints does.
-    """
-    end = len(data)
-    ckpts: list[tuple[bytes, bytes]] | None = None
-    sckp_note = ""
-    if off + 4 <= end and struct.unpack_from("<I", data, off)[0] == SCKP_MAGIC:
-        p = off + 4
-        if p + 8 > end:
-            sckp_note = "SCKP header truncated: the server ignores the appendix"
-            return [], sckp_note, None, ""
-        version, count = struct.unpack_from("<II", data, p)
-        p += 8
-        if version != 1:
-            return [], f"SCKP version {version}: the server ignores the appendix", None, ""
-        if count > MAX_CHECKPOINTS:
-            return [], f"SCKP count {count} over {MAX_CHECKPOINTS}: the server drops the appendix", None, ""
-        items: list[tuple[bytes, bytes]] = []
-        for i in range(count):
-            if p + 16 > end:
-                return [], f"checkpoint {i} of {count} truncated: the server drops the whole appendix", None, ""
-            p += 16  # n_tokens, pos_min, pos_max
-            blobs = []
-            for _name in ("data_tgt", "data_dft", "data_spec"):
-                if p + 8 > end:
-                    return [], f"checkpoint {i} of {count} truncated: the server drops the whole appendix", None, ""
-                n = struct.unpack_from("<Q", data, p)[0]
-                p += 8
-                if n > end - p:
-                    return [], (f"checkpoint {i} of {count}: {_name} length {n} exceeds the {end - p} bytes left: "
-                                "the server drops the whole appendix"), None, ""
-                blobs.append(data[p : p + n])
-                p += n
-            if not blobs[0]:
-                return [], f"checkpoint {i} has an empty data_tgt: the server drops the whole appendix", None, ""
-            items.append((blobs[0], blobs[1]))
-        ckpts = items
-        off = p
-    dft: bytes | None = None
-    sdft_note = ""
-    if off + 4 <= end and struct.unpack_from("<I", data, off)[0] == SDFT_MAGIC:
-        p = off + 4
-        try:
-            version = struct.unpack_from("<I", data, p)[0]
-            p += 4
-            if version != 1:
-                sdft_note = f"SDFT version {version}: the draft state is dropped"
-            else:
-                n = struct.unpack_from("<Q", data, p)[0]
-                p += 8
-                if n > end - p:
-                    sdft_note = f"SDFT data_dft length {n} exceeds the {end - p} bytes left: the draft state is dropped"
-                else:
-                    dft = data[p : p + n]
-        except struct.error:
-            sdft_note = "SDFT header truncated: the draft state is dropped"
-    return ckpts, sckp_note, dft, sdft_note
-
-
 class Worker:
     def __init__(self, args: argparse.Namespace) -> None:
         self.model = Model(args.model, args.n_gpu_layers, args.threads)
@@ -459,7 +391,10 @@ class Worker:
             size = os.fstat(f.fileno()).st_size
             mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else None
         data = memoryview(mm)[ret:] if mm is not None else memoryview(b"")
-        ckpts, sckp_note, sdft_dft, sdft_note = _walk_appendices(data, 0)  # blobs: views of the map
+        # imported here, not at start-up: the worker must reach the model load cheaply
+        from slotfile.appendix import server_read
+
+        ckpts, sckp_note, sdft_dft, sdft_note = server_read(data, 0).astuple()  # blobs: views of the map
         for note in (sckp_note, sdft_note):
             if note:
                 out["notes"].append(note)
@@ -519,8 +454,10 @@ class Worker:
             L.llama_memory_clear(mem, True)
             _decode(ctx, tokens, 0, seq, False, int(req.get("batch") or 0))
             blob = _get_blob(ctx, seq, 0)
+            from slotfile.grammar import GGSQ_MAGIC, file_header  # lazily: start-up stays cheap
+
             with open(req["out"], "wb") as f:  # a GGSQ file with no tokens: header + body
-                f.write(struct.pack("<III", GGSQ_MAGIC, int(L.LLAMA_STATE_SEQ_VERSION), 0))
+                f.write(file_header(GGSQ_MAGIC, int(L.LLAMA_STATE_SEQ_VERSION), 0))
                 f.write(blob[8:])
             _decode(ctx, [probe], len(tokens), seq, True)
             recomputed = self._logits(ctx)
