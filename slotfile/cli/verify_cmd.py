@@ -201,9 +201,9 @@ def _problem_cell(r: FileReport) -> Text:
 
 def render(reports: list[FileReport], loader: dict[str, Any] | None, elapsed: float, structure_only: bool = False,
            quiet: bool = False) -> None:
-    if quiet:  # the failing files, one line each, then the summary
+    if quiet:  # the failing files, one line each, then the summary (unreadable ones are on stderr already)
         for r in reports:
-            if r.verdict != "pass":
+            if r.verdict == "fail":
                 out.print(escape_text(f"{r.path}: {r.verdict}: {r.first_problem}"), soft_wrap=True)
     else:
         _table(reports)
