@@ -201,7 +201,8 @@ def _has_magic(path: Path) -> bool:
 
 
 def collect(args: list[Path]) -> tuple[list[Path], list[str]]:
-    """Files to verify, and operational errors for paths that do not exist.
+    """Files to verify, and operational errors for paths that do not exist and for directories
+    with no slot file under them (a run that checks nothing must not pass).
 
     A file argument is taken as is.  A directory contributes every regular file under it
     (recursively, sorted, symlinks not followed) named ``*.slot`` or ``*.bin``, and every other
@@ -219,6 +220,8 @@ def collect(args: list[Path]) -> tuple[list[Path], list[str]]:
                         continue
                     if p.suffix.lower() in SLOT_SUFFIXES or _has_magic(p):
                         found.append(p)
+            if not found:
+                errors.append(f"no slot files found under {a}")
             files += sorted(found)
         elif a.exists():
             files.append(a)
@@ -735,7 +738,7 @@ class Verifier:
 
 def verify_paths(args: list[Path], opts: Options,
                  on_done: Callable[[FileReport], None] | None = None) -> tuple[list[FileReport], list[str]]:
-    """Collect and verify; returns (reports, operational errors for missing paths).
+    """Collect and verify; returns (reports, operational errors for missing paths and empty directories).
     Raises VerifyError when the model is missing or the loader cannot start."""
     files, errors = collect(args)
     with Verifier(opts) as v:

@@ -1,13 +1,21 @@
-"""Shared fixtures: the committed fixture files and their manifests."""
+"""Shared fixtures: the committed fixture files and their manifests; the markers; the CLI in-process.
+
+Markers: ``llama`` on tests that load llama.cpp (llama-cpp-python, in-process or in a loader
+worker), ``slow`` on tests that take more than about 5 s.  The fast part alone:
+``python -m pytest -m "not slow and not llama"``; ``.ci/run`` runs everything.
+"""
 
 from __future__ import annotations
 
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+if TYPE_CHECKING:
+    from typer.testing import Result
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures"
@@ -25,6 +33,22 @@ def _load(name: str) -> dict[str, Any]:
 MANIFEST = _load("manifest.json")
 EXTRA = _load("extra-manifest.json")
 SLOT_FILES = sorted(p for p in SLOTS.iterdir() if p.suffix in (".slot", ".session"))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "slow: takes more than about 5 s (deselect with -m 'not slow')")
+    config.addinivalue_line("markers", "llama: loads llama.cpp through llama-cpp-python, in-process or in a worker "
+                                       "(deselect with -m 'not llama')")
+
+
+def slotfile_cli(*args: object, env: dict[str, str | None] | None = None) -> Result:
+    """``slotfile ARGS`` run in-process (typer's CliRunner): exit code, stdout and stderr apart.
+    For tests that only check a command's output; a separate process stays where it is the point."""
+    from typer.testing import CliRunner
+
+    from slotfile.cli.app import app
+
+    return CliRunner(env=env).invoke(app, [str(a) for a in args], catch_exceptions=False)
 
 
 @pytest.fixture(scope="session")

@@ -36,6 +36,7 @@ def big(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return p
 
 
+@pytest.mark.slow
 def test_sigkill_during_a_repair(big: Path, tmp_path: Path) -> None:
     digest = _sha(big)
     ref = tmp_path / "ref.slot"

@@ -426,6 +426,7 @@ def _rewrite_gguf(src: Any, dst: Any, new: dict[str, tuple[str, Any]], drop: tup
     w.close()
 
 
+@pytest.mark.llama
 @pytest.mark.parametrize("case", sorted(_ORACLE_CASES))
 def test_expectation_matches_the_real_loader(case: str, tmp_path: Any) -> None:
     pytest.importorskip("llama_cpp")

@@ -82,6 +82,7 @@ def _written(out: Path) -> list[str]:
     return sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
 
 
+@pytest.mark.llama
 @pytest.mark.parametrize("module", ["make_fixtures", "make_extra_fixtures"])
 def test_regenerated_fixtures_are_byte_identical(module, tmp_path):
     mod = __import__(f"fixtures.{module}", fromlist=["build_all"])

@@ -69,6 +69,7 @@ def test_settings_for_recurrent_use_the_server_default_slots():
 # ----------------------------------------------------------------------------- loading
 
 
+@pytest.mark.llama
 @pytest.mark.parametrize("e", MAIN, ids=lambda e: e["file"])
 def test_every_fixture_loads(pools, e):
     pool = pools.get(e["model"], e["draft_model"])
@@ -84,6 +85,7 @@ def test_every_fixture_loads(pools, e):
         assert r.draft is None
 
 
+@pytest.mark.llama
 @pytest.mark.parametrize("e", EXTRA_FILES, ids=lambda e: e["file"])
 def test_every_extra_fixture_loads(pools, e):
     r = pools.get(e["model"]).load(str(FIXTURES / e["file"]))
@@ -92,12 +94,14 @@ def test_every_extra_fixture_loads(pools, e):
     assert [ok for ok, _ in r.checkpoints] == [True] * len(e.get("checkpoint_set_returns", []))
 
 
+@pytest.mark.llama
 def test_draft_state_not_loaded_without_a_draft_model(pools):
     r = pools.get("models/llama.gguf").load(str(SLOTS / "llama_draft_sdft.slot"))
     assert r.ok and r.draft is None and r.checkpoint_drafts == []
     assert len(r.checkpoints) == 3 and all(ok for ok, _ in r.checkpoints)
 
 
+@pytest.mark.llama
 @pytest.mark.parametrize("change, words", [
     (dict(flash_attn=False), "incompatible V transposition"),
     (dict(n_seq_max=2, kv_unified=False), "n_stream mismatch"),
@@ -113,11 +117,13 @@ def test_mismatched_settings_are_explained(pools, change, words):
     assert words in r.log or "context" in r.message
 
 
+@pytest.mark.llama
 def test_wrong_model_arch_is_refused(pools):
     r = pools.get("models/llama.gguf").load(str(SLOTS / "gemma3_iswa_fa.slot"))
     assert not r.ok and "mismatched key row size" in r.message
 
 
+@pytest.mark.llama
 def test_checkpoint_blob_one_byte_long(pools, tmp_path):
     """The SCKP walk is consistent, but data_tgt carries one byte llama.cpp does not consume:
     the server would abort; the loader reports it per checkpoint."""
@@ -129,6 +135,7 @@ def test_checkpoint_blob_one_byte_long(pools, tmp_path):
     assert "consumed 4360 of 4361 bytes" in r.checkpoints[0][1] and "GGML_ABORT" in r.checkpoints[0][1]
 
 
+@pytest.mark.llama
 def test_corrupt_sckp_count_is_skipped_like_the_server(pools, tmp_path):
     p = tmp_path / "count.slot"
     p.write_bytes(damage.corrupt_sckp_count(damage.BASE.read_bytes(), tmp_path))
@@ -136,6 +143,7 @@ def test_corrupt_sckp_count_is_skipped_like_the_server(pools, tmp_path):
     assert r.ok and r.checkpoints == [] and any("drops the appendix" in n for n in r.notes)
 
 
+@pytest.mark.llama
 def test_truncated_body_fails_cleanly(pools, tmp_path):
     p = tmp_path / "cut.slot"
     p.write_bytes(damage.truncate_body(damage.BASE.read_bytes(), tmp_path))
@@ -143,6 +151,7 @@ def test_truncated_body_fails_cleanly(pools, tmp_path):
     assert not r.ok and not r.crashed and "failed to restore kv cache" in r.message
 
 
+@pytest.mark.llama
 def test_version_mismatch_is_refused(pools, tmp_path):
     p = tmp_path / "v4.slot"
     p.write_bytes(damage.version_4(damage.BASE.read_bytes(), tmp_path))
@@ -153,6 +162,7 @@ def test_version_mismatch_is_refused(pools, tmp_path):
 # ----------------------------------------------------------------------------- containment
 
 
+@pytest.mark.llama
 def test_abort_inside_llama_cpp_is_contained(pools, tmp_path):
     """A real file that makes llama.cpp abort: a recurrent body claiming two cells for one
     sequence.  With room for 2+ sequences (llama-server's default is 4 slots) the restore
@@ -174,6 +184,7 @@ def test_abort_inside_llama_cpp_is_contained(pools, tmp_path):
     assert not r3.ok and not r3.crashed and "not enough cells" in r3.log
 
 
+@pytest.mark.llama
 def test_timeout_kills_and_restarts(pools):
     pool = pools.get("models/llama.gguf")
     path = SLOTS / "llama_f16_fa.slot"
@@ -184,6 +195,7 @@ def test_timeout_kills_and_restarts(pools):
     assert pool.load(str(path)).ok and pool.restarts == before + 1
 
 
+@pytest.mark.llama
 def test_model_loaded_once_per_worker(pools):
     pool = pools.get("models/llama.gguf")
     pids = set()
@@ -194,6 +206,7 @@ def test_model_loaded_once_per_worker(pools):
     assert len(pids) == 1
 
 
+@pytest.mark.llama
 def test_missing_model_is_an_operational_error(tmp_path):
     with pytest.raises(LoaderError, match="model not found"):
         LoaderPool(str(tmp_path / "nope.gguf"))
@@ -203,6 +216,7 @@ def test_missing_model_is_an_operational_error(tmp_path):
         LoaderPool(str(bad))
 
 
+@pytest.mark.llama
 def test_one_shot_test_load():
     r = test_load(str(SLOTS / "llama_q8_0_fa.slot"), str(MODELS / "llama.gguf"))
     assert r.ok and r.body_bytes == 8300 and r.checkpoints == [(True, "consumed all 4808 bytes")]
@@ -210,6 +224,7 @@ def test_one_shot_test_load():
     assert test_load(str(SLOTS / "llama_q8_0_fa.slot"), str(MODELS / "llama.gguf"), settings=s).ok
 
 
+@pytest.mark.llama
 def test_two_workers_serve_concurrent_callers():
     from concurrent.futures import ThreadPoolExecutor
 
@@ -221,6 +236,7 @@ def test_two_workers_serve_concurrent_callers():
     assert all(r.ok for r in results)
 
 
+@pytest.mark.llama
 def test_deep_recompute_reproduces_the_fixture(pools, tmp_path):
     path = SLOTS / "llama_f16_nofa.slot"
     sf = open_slot_file(path)
@@ -251,6 +267,7 @@ def test_worker_is_self_contained():
                                      "slotfile.worker.settings", "slotfile.ggml_types"}
 
 
+@pytest.mark.llama
 def test_pool_refuses_work_after_close():
     pool = LoaderPool(str(MODELS / "draft.gguf"))
     pool.close()
@@ -259,6 +276,7 @@ def test_pool_refuses_work_after_close():
 
 
 
+@pytest.mark.llama
 def test_settings_are_sized_from_cells_not_from_inflatable_numbers(pools, tmp_path):
     """A damaged position (2^31 - 1) or checkpoint n_tokens must not make the loader ask for a
     context of billions of cells."""

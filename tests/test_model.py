@@ -25,6 +25,7 @@ def test_detokenize_matches_the_text_the_fixture_was_made_from(entry):
     assert text.replace("<s>", "") == entry["text"]
 
 
+@pytest.mark.llama
 def test_detokenize_agrees_with_llama_cpp():
     llama_cpp = pytest.importorskip("llama_cpp")
     path = str(MODELS / "llama.gguf")

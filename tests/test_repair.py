@@ -190,6 +190,7 @@ def expected_after_cut(fx: Fx, data: bytes, cut: int) -> bytes:
     return out
 
 
+@pytest.mark.llama
 @pytest.mark.parametrize("name", SWEEP)
 def test_truncate_recover_appendix_cuts(name, tmp_path, pools):
     """Cuts inside the SCKP header, inside every checkpoint (entry header, each blob, each
@@ -227,6 +228,7 @@ def test_truncate_recover_appendix_cuts(name, tmp_path, pools):
         assert_idempotent("truncate-recover", out, tmp_path)
 
 
+@pytest.mark.llama
 def test_truncate_recover_with_model_test_loads(tmp_path):
     fx = FX["llama_draft_sdft"]
     src = tmp_path / "cut.slot"
@@ -299,6 +301,7 @@ DAMAGE: dict[str, tuple[list[tuple[int, bytes]], bytes, Any]] = {
 }
 
 
+@pytest.mark.llama
 @pytest.mark.parametrize("case", sorted(DAMAGE))
 def test_truncate_recover_damaged_appendix(case, tmp_path, pools):
     edits, extra, expect = DAMAGE[case]
@@ -317,6 +320,7 @@ def test_truncate_recover_damaged_appendix(case, tmp_path, pools):
                 "to": 3} in r.changed
 
 
+@pytest.mark.llama
 def test_trailing_garbage_after_a_bare_body(tmp_path, pools):
     fx = FX["llama_unified_2seq"]
     src = _damage(fx, tmp_path, [], b"not an appendix")
@@ -327,6 +331,7 @@ def test_trailing_garbage_after_a_bare_body(tmp_path, pools):
     assert_loads(pools(fx.model), tmp_path / "o.slot")
 
 
+@pytest.mark.llama
 @pytest.mark.parametrize("name,pad", [("llama_unified_2seq", 13), ("extra-jamba", 4096)])
 def test_zero_padding(name, pad, tmp_path, pools):
     """Zeros after the last section (a crash after the file was extended).  After a bare KV
@@ -385,6 +390,7 @@ REBUILD = [
 ]
 
 
+@pytest.mark.llama
 @pytest.mark.parametrize("name,cut,edits,n_ck,opts", REBUILD, ids=[f"{r[0]}@{r[1]}" for r in REBUILD])
 def test_truncate_recover_rebuilds_a_cut_body(name, cut, edits, n_ck, opts, tmp_path, pools):
     fx = FX[name]
@@ -423,6 +429,7 @@ def test_truncate_recover_rebuilds_a_cut_body(name, cut, edits, n_ck, opts, tmp_
     assert_idempotent("truncate-recover", out, tmp_path)
 
 
+@pytest.mark.llama
 def test_rebuild_keeps_draft_state_found_after_a_damaged_body(tmp_path, pools):
     """The body is damaged in place; the SCKP and SDFT behind it are found by a scan: the
     checkpoints are rebuilt at their n_tokens with their data_dft/data_spec carried over,
@@ -445,6 +452,7 @@ def test_rebuild_keeps_draft_state_found_after_a_damaged_body(tmp_path, pools):
     assert_loads(pools(fx.model, DRAFT), out, n_ckpts=3, draft=True)
 
 
+@pytest.mark.llama
 def test_rebuild_checkpoint_positions_and_model_mismatch(tmp_path):
     fx = FX["extra-mamba"]
     src = tmp_path / "in.slot"
@@ -467,6 +475,7 @@ def test_rebuild_checkpoint_positions_and_model_mismatch(tmp_path):
     assert exit_code(r) == 4 and "does not match" in r.reason and not (tmp_path / "x.slot").exists()
 
 
+@pytest.mark.llama
 def test_parseable_body_that_does_not_load_is_rebuilt(tmp_path):
     """A K type id no llama.cpp accepts parses (an unknown type is only a warning), but the
     test-load refuses it: the second attempt rebuilds the body from the tokens."""
@@ -482,6 +491,7 @@ def test_parseable_body_that_does_not_load_is_rebuilt(tmp_path):
 # ------------------------------------------------------------------------------- strip-draft
 
 
+@pytest.mark.llama
 @pytest.mark.parametrize("name", ["llama_draft_sdft", "llama_draft_sdft_only"])
 def test_strip_draft(name, tmp_path, pools):
     fx = FX[name]
@@ -526,6 +536,7 @@ def _v_runs(path: Path) -> list[Any]:
     return [r for b in sf.body.blocks for s in b.active_streams() for r in s.v]
 
 
+@pytest.mark.llama
 def test_resave_unchanged_is_byte_identical(tmp_path):
     fx = FX["llama_draft_sdft"]
     r = repair("re-save", fx.path, tmp_path / "o.slot", model=str(fx.model), draft_model=str(DRAFT))
@@ -533,6 +544,7 @@ def test_resave_unchanged_is_byte_identical(tmp_path):
     assert (tmp_path / "o.slot").read_bytes() == fx.data and r.status == "nothing-to-do"
 
 
+@pytest.mark.llama
 def test_resave_flash_attn_flip(tmp_path, pools):
     """FA on -> off rewrites V transposed (the same values), in the body and in every
     checkpoint blob; the result loads with flash attention off and flips back to the
@@ -562,6 +574,7 @@ def test_resave_flash_attn_flip(tmp_path, pools):
     assert_idempotent("re-save", off, tmp_path, model=str(fx.model), flash_attn=False)
 
 
+@pytest.mark.llama
 @pytest.mark.parametrize("name,model_fa", [("gemma3_iswa_nofa", True), ("llama_draft_sdft", False), ("extra-jamba", True)])
 def test_resave_flip_round_trip_with_checkpoints_and_draft(name, model_fa, tmp_path, pools):
     fx = FX[name]
@@ -582,6 +595,7 @@ def test_resave_flip_round_trip_with_checkpoints_and_draft(name, model_fa, tmp_p
     assert back.read_bytes() == fx.data
 
 
+@pytest.mark.llama
 def test_resave_recompute(tmp_path, pools):
     fx, ref = FX["llama_f16_fa"], FX["llama_f16_nofa"]
     out = tmp_path / "o.slot"
@@ -593,6 +607,7 @@ def test_resave_recompute(tmp_path, pools):
     assert_loads(pools(fx.model), out, n_ckpts=2)
 
 
+@pytest.mark.llama
 def test_resave_tokens_and_limits(tmp_path, pools):
     fx = FX["llama_f16_fa"]
     out = tmp_path / "plain.slot"
@@ -635,6 +650,7 @@ def test_json_report_shape(tmp_path):
     assert doc["changed"] == [{"section": "sckp", "field": "count", "from": 3, "to": 1}]
 
 
+@pytest.mark.llama
 def test_slotfile_verify_passes_on_repaired_outputs(tmp_path):
     """The command itself, once over a folder of outputs of every kind of repair above."""
     outs = tmp_path / "repaired"

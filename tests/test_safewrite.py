@@ -229,6 +229,7 @@ def test_input_is_only_opened_read_only(tmp_path, monkeypatch):
     assert (src.stat().st_mtime_ns, src.read_bytes()) == before
 
 
+@pytest.mark.slow
 def test_cli_exit_codes_and_dry_run(tmp_path):
     src = tmp_path / "cut.slot"
     src.write_bytes((SLOTS / "llama_draft_sdft.slot").read_bytes()[:30000])
@@ -283,6 +284,7 @@ def test_cli_in_place_with_backup(tmp_path):
     assert r.returncode == 2 and "symlink" in r.stderr
 
 
+@pytest.mark.llama
 def test_failed_test_load_writes_nothing(tmp_path):
     """strip-draft checked against the wrong model: the output fails its test-load."""
     r = cli("strip-draft", SLOTS / "llama_draft_sdft.slot", "-o", tmp_path / "o.slot",

@@ -9,13 +9,17 @@ import pytest
 from slotfile.reader import open_slot_file, parse_buffer
 from slotfile.scan import scan
 
-from .conftest import SLOT_FILES, SLOTS
+from .conftest import SLOT_FILES, SLOTS, slotfile_cli
 
 
 @pytest.mark.parametrize("path", SLOT_FILES, ids=lambda p: p.name)
 def test_fixtures_are_finite(path):
-    found, scanned, _ = scan(open_slot_file(path))
-    assert found == [] and scanned > 0 or scanned == 0
+    sf = open_slot_file(path)
+    found, scanned, unchecked = scan(sf)
+    assert found == [] and unchecked == []
+    # every value run was covered, and a file with tokens has values: an empty scan cannot pass
+    assert scanned == sum(r.data.length for _, r in sf.value_runs())
+    assert (scanned > 0) == (sf.n_tokens > 0), (scanned, sf.n_tokens)
 
 
 def _poke(path, pick, value: bytes):
@@ -53,15 +57,12 @@ def test_quantized_block_scale():
 
 def test_verify_scan_fails_a_nan(tmp_path):
     import json
-    import subprocess
-    import sys
 
     sf, off = _poke(SLOTS / "llama_f16_fa.slot", lambda sf: sf.body.blocks[0].streams[0].k[0], struct.pack("<H", 0x7E00))
     bad = tmp_path / "nan.slot"
     bad.write_bytes(bytes(sf.buffer))
-    r = subprocess.run([sys.executable, "-m", "slotfile", "verify", str(bad), "--scan", "--json"],
-                       capture_output=True, text=True, timeout=120)
-    assert r.returncode == 4
+    r = slotfile_cli("verify", bad, "--scan", "--json")
+    assert r.exit_code == 4
     (f,) = json.loads(r.stdout)["files"]
     (p,) = f["levels"]["structure"]["problems"]
     assert p["code"] == "non-finite" and p["offset"] == off

@@ -6,23 +6,23 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
+import struct
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+from typer.testing import Result
 
 from slotfile.verify import LEVELS, Options, Verifier, collect, version_message
 from slotfile.reader import open_slot_file
 
 from . import damage
-from .conftest import EXTRA, FIXTURES, MANIFEST, MODELS, SLOTS
+from .conftest import EXTRA, FIXTURES, MANIFEST, MODELS, SLOTS, slotfile_cli
 
 
-def cli(*args: object, timeout: float = 180) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "slotfile", "verify", *map(str, args)],
-                          capture_output=True, text=True, timeout=timeout)
+def cli(*args: object) -> Result:
+    """``slotfile verify ARGS``, in-process."""
+    return slotfile_cli("verify", *args)
 
 
 class Verifiers:
@@ -58,6 +58,7 @@ ALL = [(e["file"], e["model"], e["draft_model"], bool(e["n_tokens"])) for e in M
     (e["file"], e["model"], None, e["kind"] == "slot" and bool(e["n_tokens"])) for e in EXTRA["files"]]
 
 
+@pytest.mark.llama
 @pytest.mark.parametrize("file, model, draft, deep", ALL, ids=[a[0] for a in ALL])
 def test_intact_fixtures_pass_every_level(verifiers, file, model, draft, deep):
     r = verifiers.get(model, draft).verify(FIXTURES / file)
@@ -68,6 +69,7 @@ def test_intact_fixtures_pass_every_level(verifiers, file, model, draft, deep):
         assert rows and all(row["worst_cell_rel"] <= row["tolerance"] for row in rows)
 
 
+@pytest.mark.llama
 @pytest.mark.parametrize("d", damage.CORPUS, ids=lambda d: d.name)
 def test_damaged_copies(verifiers, corpus, d):
     r = verifiers.get(f"models/{d.model}").verify(corpus[d.name])
@@ -81,6 +83,7 @@ def test_damaged_copies(verifiers, corpus, d):
     assert r.first_problem and r.first_problem.startswith(f"{first}: ")
 
 
+@pytest.mark.llama
 def test_mla_k_only_fixture_through_the_real_loader(verifiers):
     """DeepSeek2 MLA: a K-only KV block.  It restores with flash attention off (its v_trans is 1,
     and llama.cpp checks the flag though there is no V), both checkpoints are consumed whole,
@@ -106,6 +109,7 @@ def test_mla_k_only_fixture_through_the_real_loader(verifiers):
     assert not r.ok and not r.crashed and "incompatible V transposition" in r.message
 
 
+@pytest.mark.llama
 def test_damage_in_detail(verifiers, corpus):
     v = verifiers.get("models/llama.gguf")
     # the swap shows in layer 0 only, in K and in V
@@ -128,6 +132,7 @@ def test_damage_in_detail(verifiers, corpus):
     assert r.levels["load"].details["body_bytes"] == 14780 and r.levels["deep"].status == "pass"
 
 
+@pytest.mark.llama
 def test_crash_is_contained_in_a_run(verifiers, corpus):
     v = verifiers.get("models/extra-mamba.gguf")
     reports = v.run([corpus["recurrent-two-cells"], SLOTS / "extra-mamba.slot"])
@@ -138,6 +143,7 @@ def test_crash_is_contained_in_a_run(verifiers, corpus):
     assert good.verdict == "pass" and good.level_reached == 4
 
 
+@pytest.mark.llama
 def test_wrong_model_of_the_same_shape(tmp_path):
     other = damage.other_seed_llama(tmp_path / "other-llama.gguf")
     with Verifier(Options(model=str(other), deep=True)) as v:
@@ -181,6 +187,15 @@ def test_directory_collection(tmp_path):
     assert errors == [f"{tmp_path / 'missing.slot'}: no such file or directory"]
 
 
+def test_directory_without_slot_files_is_an_error(tmp_path):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("not a slot")
+    files, errors = collect([tmp_path / "empty", tmp_path / "other"])
+    assert files == []
+    assert errors == [f"no slot files found under {tmp_path / d}" for d in ("empty", "other")]
+
+
 # ----------------------------------------------------------------------------- CLI
 
 
@@ -212,11 +227,12 @@ def _check_schema(doc: dict) -> None:
         assert (f["first_problem"] is None) == (f["verdict"] == "pass")
 
 
+@pytest.mark.llama
 def test_cli_json_and_jobs_over_a_directory(llama_dir, tmp_path):
     r1 = cli(llama_dir, "--model", MODELS / "llama.gguf", "--deep", "--json")
     r2 = cli(llama_dir, "--model", MODELS / "llama.gguf", "--deep", "--json", "--jobs", "2",
              "--junit", tmp_path / "junit.xml")
-    assert r1.returncode == r2.returncode == 4, r1.stderr + r2.stderr
+    assert r1.exit_code == r2.exit_code == 4, r1.stderr + r2.stderr
     d1, d2 = json.loads(r1.stdout), json.loads(r2.stdout)
     _check_schema(d1)
     _check_schema(d2)
@@ -250,35 +266,89 @@ def test_cli_json_and_jobs_over_a_directory(llama_dir, tmp_path):
             assert fl.get("type") in LEVELS and fl.get("message")
 
 
-def test_cli_table_and_exit_codes(tmp_path):
+@pytest.mark.llama
+def test_cli_table_with_a_model():
     ok = cli(SLOTS / "llama_f16_fa.slot", SLOTS / "llama_q8_0_fa.slot", "--model", MODELS / "llama.gguf")
-    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert ok.exit_code == 0, ok.stdout + ok.stderr
     assert "slotfile verify" in ok.stdout and "pass" in ok.stdout and "2 file(s): 2 pass, 0 fail" in ok.stdout
     assert "llama-cpp-python 0.3.36" in ok.stdout
+    assert "structure only" not in ok.stdout
 
+
+def test_cli_table_and_exit_codes(tmp_path):
     structure = cli(SLOTS)  # no model: structure only, every fixture reads cleanly
-    assert structure.returncode == 0, structure.stdout
+    assert structure.exit_code == 0, structure.stdout
+    n = len(collect([SLOTS])[0])
+    assert f"{n} file(s): {n} pass, 0 fail (structure only; add --model to test-load) in " in structure.stdout
 
     missing_model = cli(SLOTS / "llama_f16_fa.slot", "--model", tmp_path / "nope.gguf")
-    assert missing_model.returncode == 8 and "model not found" in missing_model.stderr
+    assert missing_model.exit_code == 8 and "model not found" in missing_model.stderr
 
     missing_path = cli(SLOTS / "llama_f16_fa.slot", tmp_path / "nope.slot", "--json")
-    assert missing_path.returncode == 8 and "no such file" in missing_path.stderr
+    assert missing_path.exit_code == 8 and "no such file" in missing_path.stderr
     assert json.loads(missing_path.stdout)["errors"]
+    only_missing = cli(tmp_path / "nope.slot")  # nothing to verify: no empty table before the error
+    assert only_missing.exit_code == 8 and only_missing.stdout == ""
+    assert only_missing.stderr == f"slotfile: {tmp_path / 'nope.slot'}: no such file or directory\n"
 
-    assert cli(SLOTS / "llama_f16_fa.slot", "--deep").returncode == 2  # --deep needs --model
-    assert cli().returncode == 2
-    assert cli(SLOTS / "llama_f16_fa.slot", "--jobs", "0").returncode == 2
+    assert cli(SLOTS / "llama_f16_fa.slot", "--deep").exit_code == 2  # --deep needs --model
+    assert cli().exit_code == 2
+    assert cli(SLOTS / "llama_f16_fa.slot", "--jobs", "0").exit_code == 2
 
     bad = tmp_path / "bad.slot"
     bad.write_bytes(damage.truncate_body(damage.BASE.read_bytes(), tmp_path))
     r = cli(bad)
-    assert r.returncode == 4 and "fail" in r.stdout and "truncated" in r.stdout
+    assert r.exit_code == 4 and "fail" in r.stdout and "truncated" in r.stdout
 
 
+def test_cli_directory_with_no_slot_files_fails(tmp_path):
+    """A CI job pointed at the wrong directory must not go green."""
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "txt").mkdir()
+    (tmp_path / "txt" / "notes.txt").write_text("not a slot")
+    for d in (tmp_path / "empty", tmp_path / "txt"):
+        r = cli(d)
+        assert r.exit_code == 8 and r.stdout == ""
+        assert r.stderr == f"slotfile: no slot files found under {d}\n"
+        doc = json.loads(cli(d, "--json").stdout)
+        assert doc["exit_code"] == 8 and doc["files"] == [] and doc["errors"] == [f"no slot files found under {d}"]
+    # one empty directory among good files still fails the run
+    r = cli(SLOTS / "llama_f16_fa.slot", tmp_path / "empty")
+    assert r.exit_code == 8 and "1 file(s): 1 pass" in r.stdout
+
+
+def test_cli_shows_warnings_in_the_table(tmp_path):
+    """A version-4 file with a version-3 body reads by trial: a structure warning, shown in the
+    table (verdict and first-problem column), not only by inspect."""
+    data = (SLOTS / "gemma3_iswa_fa.slot").read_bytes()
+    p = tmp_path / "v4.slot"
+    p.write_bytes(data[:4] + struct.pack("<I", 4) + data[8:])
+    r = cli(p)
+    assert r.exit_code == 0, r.stdout + r.stderr
+    assert "pass, 1 warning" in r.stdout and "warning: structure: body at offset 244: GGSQ version 4" in r.stdout
+    assert "exactly like version 3" in r.stdout  # the row may fold: the message goes on
+    plain = cli(SLOTS / "gemma3_iswa_fa.slot").stdout
+    assert "warning" not in plain
+
+
+def test_cli_quiet(tmp_path):
+    bad = tmp_path / "bad.slot"
+    bad.write_bytes(damage.truncate_body(damage.BASE.read_bytes(), tmp_path))
+    r = cli(SLOTS / "llama_f16_fa.slot", bad, "-q")
+    assert r.exit_code == 4
+    lines = r.stdout.splitlines()
+    assert len(lines) == 2 and "slotfile verify" not in r.stdout  # no table
+    assert lines[0].startswith(f"{bad}: fail: structure: ") and "truncated" in lines[0]
+    assert lines[1].startswith("2 file(s): 1 pass, 1 fail")
+    ok = cli(SLOTS / "llama_f16_fa.slot", "--quiet")
+    assert ok.exit_code == 0 and ok.stdout.startswith("1 file(s): 1 pass, 0 fail") and len(ok.stdout.splitlines()) == 1
+    assert json.loads(cli(bad, "-q", "--json").stdout)["summary"]["fail"] == 1  # JSON is unchanged by -q
+
+
+@pytest.mark.llama
 def test_cli_version_mismatch_reported(corpus):
     r = cli(corpus["version-4"], "--model", MODELS / "llama.gguf", "--json")
-    assert r.returncode == 4
+    assert r.exit_code == 4
     f = json.loads(r.stdout)["files"][0]
     assert f["levels"]["load"]["status"] == "fail"
     assert "state version 4" in f["first_problem"] and "llama-cpp-python" in f["first_problem"]

@@ -10,8 +10,18 @@ import typer
 from slotfile import __version__
 from slotfile.exitcodes import OK
 
+# -h as well as --help, on the group and on every command
+HELP = {"help_option_names": ["-h", "--help"]}
+
+
+def _examples(*lines: str) -> str:
+    """An epilog of examples; the \\b paragraph keeps click from re-wrapping the lines."""
+    return "\b\nExamples:\n" + "\n".join(f"  {line}" for line in lines)
+
+
 app = typer.Typer(
     name="slotfile",
+    context_settings=HELP,
     help="Inspect, verify and repair llama.cpp slot save files (llama-server --slot-save-path).",
     add_completion=False,
     no_args_is_help=True,
@@ -33,7 +43,11 @@ def _root(
     """Exit codes: 0 ok, 2 usage error, 4 problems found, 8 operational error."""
 
 
-@app.command()
+@app.command(context_settings=HELP, epilog=_examples(
+    "slotfile inspect slot0.bin",
+    "slotfile inspect slot0.bin --model model.gguf   # with the text",
+    "slotfile inspect slot0.bin --layers             # every layer",
+))
 def inspect(
     files: list[Path] = typer.Argument(..., help="Slot (GGSQ) or session (GGSN) files."),
     model: Optional[Path] = typer.Option(None, "--model", "-m", help="GGUF model: adds a detokenised preview."),
@@ -45,7 +59,11 @@ def inspect(
     raise typer.Exit(run_inspect(files, model, layers))
 
 
-@app.command()
+@app.command(context_settings=HELP, epilog=_examples(
+    "slotfile dump slot0.bin",
+    "slotfile dump slot0.bin --json --tokens > slot0.json",
+    "slotfile dump slot0.bin --json | jq .problems",
+))
 def dump(
     file: Path = typer.Argument(..., help="Slot (GGSQ) or session (GGSN) file."),
     json_out: bool = typer.Option(False, "--json", help="JSON on stdout (schema slotfile.dump/1, see README)."),
@@ -58,7 +76,11 @@ def dump(
     raise typer.Exit(run_dump(file, json_out, tokens, model))
 
 
-@app.command()
+@app.command(context_settings=HELP, epilog=_examples(
+    "slotfile verify slots/                    # structure only",
+    "slotfile verify slots/ -m model.gguf -q   # test-load too, quietly",
+    "slotfile verify slot0.bin -m model.gguf --deep --junit verify.xml",
+))
 def verify(
     paths: list[Path] = typer.Argument(..., help="Slot files, or directories (every *.slot / *.bin / slot-magic file under them)."),
     model: Optional[Path] = typer.Option(None, "--model", "-m", help="GGUF model: metadata checks and a test-load."),
@@ -70,6 +92,7 @@ def verify(
     junit: Optional[Path] = typer.Option(None, "--junit", help="Also write JUnit XML here (one testcase per file)."),
     timeout: float = typer.Option(300.0, "--timeout", help="Seconds allowed for each llama.cpp load."),
     scan: bool = typer.Option(False, "--scan", help="Structure level: check every K/V/R/S value is finite (reads all data)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No table: the failing files and the summary line only."),
 ) -> None:
     """Structure, model metadata, a real test-load and (--deep) a recompute, each reported per file."""
     pool = None
@@ -81,7 +104,7 @@ def verify(
     from .verify_cmd import run_verify
 
     raise typer.Exit(run_verify(paths, model, draft_model, deep, n_gpu_layers, jobs, json_out, junit, timeout, scan,
-                                pool=pool))
+                                pool=pool, quiet=quiet))
 
 
 _OUT = typer.Option(None, "--output", "-o", help="Where to write the repaired file (must not exist unless --force).")
@@ -94,7 +117,11 @@ _DRAFT = typer.Option(None, "--draft-model", help="Draft GGUF: test-load (and re
 _TIMEOUT = typer.Option(600.0, "--timeout", help="Seconds allowed for each llama.cpp worker.")
 
 
-@app.command("truncate-recover")
+@app.command("truncate-recover", context_settings=HELP, epilog=_examples(
+    "slotfile truncate-recover slot0.bin --dry-run      # print the plan",
+    "slotfile truncate-recover slot0.bin -o fixed.bin",
+    "slotfile truncate-recover slot0.bin -o fixed.bin -m model.gguf",
+))
 def truncate_recover(
     file: Path = typer.Argument(..., help="Damaged slot file (opened read-only)."),
     output: Optional[Path] = _OUT,
@@ -116,7 +143,10 @@ def truncate_recover(
                                 checkpoint_at=checkpoint_at, timeout=timeout))
 
 
-@app.command("strip-draft")
+@app.command("strip-draft", context_settings=HELP, epilog=_examples(
+    "slotfile strip-draft slot0.bin -o nodraft.bin",
+    "slotfile strip-draft slot0.bin --in-place     # keeps slot0.bin.bak",
+))
 def strip_draft(
     file: Path = typer.Argument(..., help="Slot file (opened read-only)."),
     output: Optional[Path] = _OUT,
@@ -131,7 +161,10 @@ def strip_draft(
                                 dry_run=dry_run, json_out=json_out, model=model, timeout=timeout))
 
 
-@app.command("re-save")
+@app.command("re-save", context_settings=HELP, epilog=_examples(
+    "slotfile re-save slot0.bin -m model.gguf --flash-attn on -o fa.bin",
+    "slotfile re-save slot0.bin -m model.gguf --tokens plain -o plain.bin",
+))
 def re_save(
     file: Path = typer.Argument(..., help="Slot file (opened read-only)."),
     output: Optional[Path] = _OUT,

@@ -1,4 +1,4 @@
-"""Shared pieces of the commands: opening files, loading the model, consoles."""
+"""Shared pieces of the commands: opening files, loading the model, consoles, error lines."""
 
 from __future__ import annotations
 
@@ -8,8 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from slotfile.exitcodes import OK, OPERATIONAL, PROBLEMS
-from slotfile.model import ModelError, ModelInfo, escape_text, load_model_info
+from slotfile.model import ModelError, ModelInfo, load_model_info
 from slotfile.reader import SlotFile, open_slot_file
+
+from .terminal import escape_text
 
 
 def __getattr__(name: str) -> Any:
@@ -26,9 +28,11 @@ def __getattr__(name: str) -> Any:
     return console
 
 
-def fail(message: str) -> None:
-    """One line on stderr."""
-    sys.stderr.write(f"slotfile: {escape_text(message)}\n")
+def fail(message: str, command: str | None = None) -> None:
+    """The one way a command reports an error: one line on stderr, ``slotfile: MESSAGE`` (or
+    ``slotfile COMMAND: MESSAGE``), escaped and never wrapped (people grep for these)."""
+    prefix = f"slotfile {command}" if command else "slotfile"
+    sys.stderr.write(f"{prefix}: {escape_text(message)}\n")
     sys.stderr.flush()
 
 

@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from slotfile.exitcodes import OPERATIONAL
-from slotfile.model import escape_text
 from slotfile.report import to_json
 
 from .common import exit_code, load_model_or_report, open_or_report
+from .terminal import escape_text
 
 
 def run_dump(path: Path, as_json: bool, with_tokens: bool, model_path: Path | None) -> int:
@@ -27,9 +27,26 @@ def run_dump(path: Path, as_json: bool, with_tokens: bool, model_path: Path | No
         json.dump(doc, sys.stdout, indent=1, ensure_ascii=True)
         sys.stdout.write("\n")
     else:
-        for offset, name, value in _fields(doc):
-            sys.stdout.write(f"{offset:>12}  {name:<64} {escape_text(str(value), 200)}\n")
+        sys.stdout.writelines(text_lines(doc))
     return exit_code([sf])
+
+
+def text_lines(doc: dict[str, Any]) -> Iterator[str]:
+    """The text form: every field in file order (sorted by offset), then each problem with its
+    offset and message, then the verdict."""
+    # sorted() is stable: a section's own line stays before the fields that share its offset
+    for offset, name, value in sorted(_fields(doc), key=lambda f: (f[0] is None, f[0] or 0)):
+        yield _line(offset, name, escape_text(str(value), 200))
+    for i, p in enumerate(doc["problems"]):
+        # never capped: one problem, one whole line (people grep for these)
+        yield _line(p["offset"], f"problems[{i}]",
+                    escape_text(f"{p['severity']} {p['code']}: {p['section']}: {p['message']}"))
+    yield _line(None, "verdict", escape_text(str(doc["verdict"])))
+
+
+def _line(offset: int | None, name: str, value: str) -> str:
+    where = "" if offset is None else str(offset)
+    return f"{where:>12}  {name:<64} {value}\n"
 
 
 def _fields(node: Any, name: str = "") -> Iterator[tuple[int, str, Any]]:
@@ -43,7 +60,7 @@ def _fields(node: Any, name: str = "") -> Iterator[tuple[int, str, Any]]:
                              if k in node and not isinstance(node[k], (dict, list)))
             yield node["offset"], name, desc
         for k, v in node.items():
-            if k in ("offset", "sections") or (not name and k in ("file", "schema")):
+            if k in ("offset", "sections") or (not name and k in ("file", "schema", "problems")):
                 continue
             if isinstance(v, (dict, list)):
                 yield from _fields(v, f"{name}.{k}" if name else k)

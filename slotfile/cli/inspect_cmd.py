@@ -9,11 +9,12 @@ from rich.table import Table
 from rich.text import Text
 
 from slotfile.exitcodes import OPERATIONAL
-from slotfile.model import ModelInfo, escape_text
+from slotfile.model import ModelInfo
 from slotfile.reader import GGSN_VERSIONS, GGSQ_VERSIONS, MemoryBlock, SlotFile
 from slotfile.report import flash_attn_of
 
 from .common import exit_code, load_model_or_report, open_or_report, out
+from .terminal import escape_text, human_size
 
 PREVIEW_CHARS = 160
 
@@ -34,14 +35,6 @@ def run_inspect(files: list[Path], model_path: Path | None, layers: bool) -> int
     return exit_code(results)
 
 
-def _size(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024  # type: ignore[assignment]
-    return str(n)
-
-
 def _kv(table: Table, key: str, value: str | Text) -> None:
     table.add_row(Text(key, style="bold"), value if isinstance(value, Text) else Text(value))
 
@@ -56,7 +49,7 @@ def render(sf: SlotFile, model: ModelInfo | None, layers: bool) -> None:
     _kv(summary, "format", f"{kind}, version {sf.version}" if sf.version is not None else kind)
     if sf.version in known:
         _kv(summary, "written by", known[sf.version])  # type: ignore[index]
-    _kv(summary, "size", f"{sf.size} bytes ({_size(sf.size)})")
+    _kv(summary, "size", f"{sf.size} bytes ({human_size(sf.size)})")
     if sf.arch is not None:
         _kv(summary, "architecture", escape_text(sf.arch))
     _tokens(summary, sf, model)

@@ -49,7 +49,6 @@ from rich.table import Table
 from rich.text import Text
 
 from slotfile.exitcodes import OK, OPERATIONAL, PROBLEMS, USAGE
-from slotfile.model import escape_text
 from slotfile.verify import (
     LEVELS,
     LOGITS_TOLERANCE,
@@ -62,26 +61,24 @@ from slotfile.verify import (
     collect,
 )
 
-from .common import err, out
-from .inspect_cmd import _size
+from .common import err, fail, out
+from .terminal import escape_text, human_size, problem_line
 
 if TYPE_CHECKING:
     from slotfile.loader import LoaderPool
 
 TABLE_WIDTH = 200  # when stdout is not a terminal: one line per file where possible
-
-
-def fail(message: str) -> None:
-    """One operational message, one line on stderr (never wrapped: people grep for these)."""
-    err.print(f"slotfile: {escape_text(message)}", soft_wrap=True)
+STRUCTURE_ONLY = "(structure only; add --model to test-load)"
 
 
 def run_verify(paths: list[Path], model: Path | None, draft_model: Path | None, deep: bool, n_gpu_layers: int,
                jobs: int, json_out: bool, junit: Path | None, timeout: float = 300.0, scan: bool = False,
-               pool: LoaderPool | None = None) -> int:
-    """``pool``: loader workers already started for ``model`` (they load it meanwhile)."""
+               pool: LoaderPool | None = None, quiet: bool = False) -> int:
+    """``pool``: loader workers already started for ``model`` (they load it meanwhile).
+    ``quiet``: no table, only the failing files and the summary (JSON is unchanged)."""
     try:
-        return _run_verify(paths, model, draft_model, deep, n_gpu_layers, jobs, json_out, junit, timeout, scan, pool)
+        return _run_verify(paths, model, draft_model, deep, n_gpu_layers, jobs, json_out, junit, timeout, scan, pool,
+                           quiet)
     finally:
         if pool is not None:
             pool.close()
@@ -89,7 +86,7 @@ def run_verify(paths: list[Path], model: Path | None, draft_model: Path | None, 
 
 def _run_verify(paths: list[Path], model: Path | None, draft_model: Path | None, deep: bool, n_gpu_layers: int,
                 jobs: int, json_out: bool, junit: Path | None, timeout: float, scan: bool,
-                pool: LoaderPool | None) -> int:
+                pool: LoaderPool | None, quiet: bool) -> int:
     if deep and model is None:
         fail("--deep needs --model (the recompute runs the model)")
         return USAGE
@@ -110,7 +107,7 @@ def _run_verify(paths: list[Path], model: Path | None, draft_model: Path | None,
     except VerifyError as e:
         fail(str(e))
         return OPERATIONAL
-    show = err.is_terminal and (any(p.is_dir() for p in paths) or model is not None or len(files) > 1)
+    show = not quiet and err.is_terminal and (any(p.is_dir() for p in paths) or model is not None or len(files) > 1)
     reports: list[FileReport] = []
     try:
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -148,8 +145,8 @@ def _run_verify(paths: list[Path], model: Path | None, draft_model: Path | None,
             doc["exit_code"] = rc
     if json_out:
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
-    else:
-        render(reports, loader, elapsed)
+    elif reports:  # nothing verified: the error lines on stderr say why, stdout stays empty
+        render(reports, loader, elapsed, structure_only=opts.model is None, quiet=quiet)
     return rc
 
 
@@ -182,30 +179,61 @@ def _reached(r: FileReport) -> str:
     return f"{n} {LEVELS[n - 1]}" if n else "0"
 
 
-def render(reports: list[FileReport], loader: dict[str, Any] | None, elapsed: float) -> None:
+def _warnings(r: FileReport) -> list[str]:
+    return [problem_line(name, p) for name in LEVELS for p in r.levels[name].problems if p["severity"] == "warning"]
+
+
+def _verdict_cell(r: FileReport) -> Text:
+    cell = Text(r.verdict, style=_VERDICT_STYLE[r.verdict])
+    n = len(_warnings(r))
+    if n:
+        cell.append(f", {n} warning{'s' if n > 1 else ''}", style="yellow")
+    return cell
+
+
+def _problem_cell(r: FileReport) -> Text:
+    """The first error; for a file that passed, its first warning."""
+    if r.first_problem:
+        return Text(escape_text(r.first_problem))
+    warnings = _warnings(r)
+    return Text(escape_text(f"warning: {warnings[0]}"), style="yellow") if warnings else Text("")
+
+
+def render(reports: list[FileReport], loader: dict[str, Any] | None, elapsed: float, structure_only: bool = False,
+           quiet: bool = False) -> None:
+    if quiet:  # the failing files, one line each, then the summary (unreadable ones are on stderr already)
+        for r in reports:
+            if r.verdict == "fail":
+                out.print(escape_text(f"{r.path}: {r.verdict}: {r.first_problem}"), soft_wrap=True)
+    else:
+        _table(reports)
+    counts = {v: sum(1 for r in reports if r.verdict == v) for v in ("pass", "fail", "error")}
+    line = f"{len(reports)} file(s): {counts['pass']} pass, {counts['fail']} fail"
+    if counts["error"]:
+        line += f", {counts['error']} unreadable"
+    if structure_only:
+        line += f" {STRUCTURE_ONLY}"
+    line += f" in {elapsed:.1f} s"
+    if loader:
+        line += (f"; loader llama-cpp-python {loader.get('llama_cpp_python')} "
+                 f"(state version {loader.get('state_seq_version')})")
+    out.print(line, soft_wrap=True)
+
+
+def _table(reports: list[FileReport]) -> None:
     table = Table(title="slotfile verify", title_justify="left")
     for col, just in (("file", "left"), ("size", "right"), ("tokens", "right"), ("levels", "left"),
                       ("level reached", "left"), ("verdict", "left"), ("first problem", "left")):
         table.add_column(col, justify=just, overflow="fold")  # type: ignore[arg-type]
     for r in reports:
         levels = " ".join(f"{name[0].upper()}:{_STATUS_MARK[r.levels[name].status]}" for name in LEVELS) if not r.error else "-"
-        table.add_row(Text(escape_text(r.path)), _size(r.size) if r.size is not None else "-",
-                      str(r.n_tokens) if r.n_tokens is not None else "-", levels, _reached(r),
-                      Text(r.verdict, style=_VERDICT_STYLE[r.verdict]),
-                      Text(escape_text(r.first_problem or "")))
+        table.add_row(Text(escape_text(r.path)), human_size(r.size) if r.size is not None else "-",
+                      str(r.n_tokens) if r.n_tokens is not None else "-", levels, _reached(r), _verdict_cell(r),
+                      _problem_cell(r))
     if out.is_terminal or os.environ.get("COLUMNS"):
         out.print(table)
     else:  # a pipe or a file: wide enough for one line per file
         Console(highlight=False, markup=False, soft_wrap=False, width=TABLE_WIDTH).print(table)
-    counts = {v: sum(1 for r in reports if r.verdict == v) for v in ("pass", "fail", "error")}
-    line = f"{len(reports)} file(s): {counts['pass']} pass, {counts['fail']} fail"
-    if counts["error"]:
-        line += f", {counts['error']} unreadable"
-    line += f" in {elapsed:.1f} s"
-    if loader:
-        line += (f"; loader llama-cpp-python {loader.get('llama_cpp_python')} "
-                 f"(state version {loader.get('state_seq_version')})")
-    out.print(line, soft_wrap=True)
 
 
 def _x(s: Any) -> str:

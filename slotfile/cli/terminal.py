@@ -1,0 +1,43 @@
+"""Text for a terminal: escaping what comes from a file, and the small formats the commands share."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def escape_text(text: str, limit: int | None = None) -> str:
+    """Printable form of text taken from a file: control characters escaped, length capped."""
+    out = []
+    for ch in text:
+        o = ord(ch)
+        if ch == "\n":
+            out.append("\\n")
+        elif ch == "\t":
+            out.append("\\t")
+        elif ch == "\\":
+            out.append("\\\\")
+        elif o < 0x20 or 0x7F <= o < 0xA0 or o in (0x2028, 0x2029) or 0x202A <= o <= 0x202E or 0x2066 <= o <= 0x2069:
+            out.append(f"\\x{o:02x}" if o < 0x100 else f"\\u{o:04x}")
+        else:
+            out.append(ch)
+    s = "".join(out)
+    if limit is not None and len(s) > limit:
+        s = s[: limit - 1] + "…"
+    return s
+
+
+def human_size(n: int) -> str:
+    """1536 -> '1.5 KiB'; bytes below 1 KiB stay exact."""
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{n} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return str(n)
+
+
+def problem_line(level: str, p: dict[str, Any]) -> str:
+    """'<level>: <section> at offset <o>: <message>', the form verify's first_problem has."""
+    sec, off = p.get("section"), p.get("offset")
+    where = f"{sec} at offset {off}: " if sec and off is not None else (f"{sec}: " if sec else "")
+    return f"{level}: {where}{p['message']}"
