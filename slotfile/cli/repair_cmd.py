@@ -10,11 +10,11 @@ from typing import Any
 
 from slotfile.exitcodes import OK, OPERATIONAL, PROBLEMS, USAGE
 from slotfile.ggml_types import KV_CACHE_TYPES
-from slotfile.model import escape_text
 from slotfile.repair import Options, Outcome, Report, run
 from slotfile.safewrite import WriteRefused, resolve_target
 
-from .common import err, out
+from .common import fail, out
+from .terminal import escape_text
 
 EXIT_CODES = {
     Outcome.REPAIRED: OK,
@@ -104,7 +104,7 @@ def _usage(command: str, input_path: Path, message: str, json_out: bool) -> int:
     report = Report(command, str(input_path), input_size=_size(input_path)).fail(Outcome.UNUSABLE_OUTPUT, message)
     if json_out:
         _print_json(report)
-    err.print(f"slotfile {command}: {escape_text(message)}", soft_wrap=True)
+    fail(message, command)
     return USAGE
 
 
@@ -125,12 +125,12 @@ def _emit(report: Report, json_out: bool) -> None:
     if json_out:
         _print_json(report)
         if code and report.reason:
-            err.print(f"slotfile {report.command}: {escape_text(report.reason)}", soft_wrap=True)
+            fail(report.reason, report.command)
         return
     if code:
         # one line with the reason on stderr; what a refused or failed repair found on stdout
         # (a repair that could not start or write has nothing to show there)
-        err.print(f"slotfile {report.command}: {escape_text(report.reason or report.status)}", soft_wrap=True)
+        fail(report.reason or report.status, report.command)
         if report.outcome in (Outcome.REFUSED, Outcome.CHECK_FAILED):
             lines = report.lines()
             for line in lines[2:] if report.reason else lines[1:]:
