@@ -54,7 +54,7 @@ def _name(key: str) -> str:
 class StringArray(Sequence[str]):
     """A string array left in the file: ``len()``, indexing and iteration decode on demand."""
 
-    __slots__ = ("_buf", "_count", "_marks", "_order", "_errors")
+    __slots__ = ("_buf", "_count", "_errors", "_marks", "_order")
 
     def __init__(self, buf: Any, count: int, marks: np.ndarray, order: str, errors: str = "strict") -> None:
         self._buf = buf
@@ -115,7 +115,7 @@ class StringArray(Sequence[str]):
 class GGUFArray:
     """An array left in the file: its element type, count and where it lies."""
 
-    __slots__ = ("key", "item_type", "count", "offset", "end", "_buf", "_order", "_marks")
+    __slots__ = ("_buf", "_marks", "_order", "count", "end", "item_type", "key", "offset")
 
     def __init__(self, key: str, item_type: int, count: int, offset: int, end: int, buf: Any, order: str,
                  marks: np.ndarray | None = None) -> None:
@@ -129,7 +129,7 @@ class GGUFArray:
         """A numeric array as a read-only numpy view of the file (no copy)."""
         if self.item_type not in _DTYPE:
             raise TypeError(f"{self.key}: an array of {TYPE_NAMES[self.item_type]} has no numpy view")
-        dt = np.dtype(_DTYPE[self.item_type]).newbyteorder(self._order)
+        dt = np.dtype(self._order + _DTYPE[self.item_type])
         return np.frombuffer(self._buf, dtype=dt, count=self.count, offset=self.offset)
 
     def strings(self, errors: str = "strict") -> StringArray:
@@ -183,7 +183,7 @@ class _Scanner:
         at = self.pos
         n = self.read_u64(key, f"{what} length")
         if n > MAX_STRING or n > self.size - self.pos:
-            raise self.fail(key, at, f"{what} of {n} bytes runs past the end of the file "
+            raise self.fail(key, at, f"{what} ({n} bytes) runs past the end of the file "
                                      f"({self.size - self.pos} bytes left)")
         b = bytes(self.buf[self.pos : self.pos + n])
         self.pos += n
@@ -198,9 +198,9 @@ class _Scanner:
                                      f"{left} bytes left in the file")
         return n
 
-    def value(self, key: str, vtype: int, depth: int = 0) -> Any:
+    def value(self, key: str, vtype: int, depth: int = 0, what: str = "string") -> Any:
         if vtype == STRING:
-            b = self.read_bytes(key, "string")
+            b = self.read_bytes(key, what)
             try:
                 return b.decode("utf-8")
             except UnicodeDecodeError:
@@ -216,7 +216,7 @@ class _Scanner:
         self.pos += n
         return v
 
-    def array(self, key: str, depth: int) -> list[Any] | GGUFArray:
+    def array(self, key: str, depth: int) -> list[Any] | GGUFArray | None:
         if depth >= MAX_DEPTH:
             raise self.fail(key, self.pos, f"arrays nested more than {MAX_DEPTH} deep")
         at = self.pos
@@ -229,13 +229,13 @@ class _Scanner:
             self.budget -= n
             if itype in _DTYPE:
                 size = n * _MIN_SIZE[itype]
-                dt = np.dtype(_DTYPE[itype]).newbyteorder(self.order)
+                dt = np.dtype(self.order + _DTYPE[itype])
                 out = np.frombuffer(self.buf, dtype=dt, count=n, offset=start).tolist()
                 self.pos += size
                 return out
-            vals = [self.value(key, itype, depth + 1) for _ in range(n)]
+            vals = [self.value(key, itype, depth + 1, f"string {i} of {n}") for i in range(n)]
             if itype == STRING and any(v is None for v in vals):
-                return None  # type: ignore[return-value] - one bad string spoiled the whole array in GGUFReader
+                return None  # one bad string spoiled the whole array in GGUFReader
             return vals
         marks = None
         if itype in _DTYPE:
@@ -294,8 +294,8 @@ class _Scanner:
                                             "the file") from None
                 ln = unpack(buf, o)[0]
                 if ln > size - o - 8:
-                    raise self.fail(key, o, f"string {i} of {n} claims {ln} bytes, {size - o - 8} left in "
-                                            "the file") from None
+                    raise self.fail(key, o, f"string {i} of {n} ({ln} bytes) runs past the end of the file "
+                                            f"({size - o - 8} bytes left)") from None
                 o += 8 + ln
             raise AssertionError("unreachable")  # pragma: no cover
         self.pos = o

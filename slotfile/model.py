@@ -106,7 +106,7 @@ def load_model_info(path: str | Path, *, vocab: bool = True) -> ModelInfo:
         raise ModelError(f"cannot read {p} as GGUF: {e}") from e
     except OSError as e:
         raise ModelError(f"cannot read {p}: {e.strerror or e}") from e
-    except Exception as e:  # noqa: BLE001 - any parse failure of a model is operational
+    except Exception as e:  # any parse failure of a model is operational
         raise ModelError(f"cannot read {p} as GGUF: {type(e).__name__}: {e}") from e
     meta: dict[str, Any] = {"GGUF.version": g.version, "GGUF.tensor_count": g.tensor_count, "GGUF.kv_count": g.kv_count}
     meta.update((k, v) for k, v in g.fields.items() if k not in _VOCAB_KEYS)
