@@ -200,7 +200,8 @@ HOSTILE: dict[str, tuple[bytes, str]] = {
     "string length runs past the end": (
         _raw(_ARCH + _s("tokenizer.ggml.tokens") + struct.pack("<IIQ", 9, 8, 3) + _s("a") + _s("b")
              + struct.pack("<Q", 1000) + b"xyz", 2),
-        r"key 'tokenizer.ggml.tokens' at offset \d+: string 2 of 3 \(1000 bytes\) runs past the end of the file \(3 bytes left\)"),
+        r"key 'tokenizer.ggml.tokens' at offset \d+: string 2 of 3 \(1000 bytes\) runs past the end of the file "
+        r"\(3 bytes left\)"),
     "string length near 2**64 in a long array": (
         _raw(_ARCH + _s("tokenizer.ggml.tokens") + struct.pack("<IIQ", 9, 8, 2000) + _s("a") * 1500
              + struct.pack("<Q", 2**64 - 1) + b"\0" * 4000, 2),
