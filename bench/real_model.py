@@ -113,10 +113,10 @@ def run_real(work: Path, repeat: int, before: str | None = None, log: Any = prin
         "verify_model": lambda: run_child([*sf, "verify", str(slot), "--model", str(model)], env=env_new),
         "inspect_model": lambda: run_child([*sf, "inspect", str(slot), "--model", str(model)], env=env_new),
     }
-    if before:
-        env_old = dict(os.environ, PYTHONPATH=before)
-        cmds["inspect_model_before"] = lambda: run_child([PY, "-m", "slotfile", "inspect", str(slot), "--model",
-                                                          str(model)], env=env_old)
+    if before:  # children run in ROOT, whose slotfile a plain -m / -c would import first
+        old_cli = f"import sys; sys.path.insert(0, {before!r}); from slotfile.cli.app import main; main()"
+        cmds["inspect_model_before"] = lambda: run_child([PY, "-c", old_cli, "inspect", str(slot), "--model",
+                                                          str(model)])
     ms = interleaved(cmds, repeat, budget_s=600.0)
     res: dict[str, Any] = {"model": model.name, "slot_bytes": slot.stat().st_size, "tokens": n_tok,
                            "commands": {k: summary(m) for k, m in ms.items()}}
@@ -132,8 +132,8 @@ def run_real(work: Path, repeat: int, before: str | None = None, log: Any = prin
                 "real_262k": lambda: run_child([PY, "-c", META_CHILD, str(model)], env=env_new, capture=True),
                 "synthetic_1m": lambda: run_child([PY, "-c", META_CHILD, str(big)], env=env_new, capture=True)}
         if before:
-            runs["real_262k_before"] = lambda: run_child([PY, "-c", META_CHILD, str(model)],
-                                                         env=dict(os.environ, PYTHONPATH=before), capture=True)
+            old_meta = f"import sys; sys.path.insert(0, {before!r})\n" + META_CHILD
+            runs["real_262k_before"] = lambda: run_child([PY, "-c", old_meta, str(model)], capture=True)
         mm = interleaved(runs, repeat, budget_s=600.0)
         for k, m in mm.items():
             inner = [json.loads(s.out)["read_s"] for s in m.samples if s.rc == 0 and s.out.startswith("{")]
