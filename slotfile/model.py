@@ -1,11 +1,13 @@
 """The model bridge: what a GGUF file says about the state a slot file should hold.
 
-Read through the ``gguf`` package (memory-mapped, no weights loaded).  Used for the
-detokenised preview and for the model-side checks of later stages.
+Read through :mod:`slotfile.gguf_meta` (memory-mapped, no weights, no whole vocabulary: the token
+strings are decoded when a preview asks for them).  Used for the detokenised preview and for the
+model-side checks of later stages.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -40,7 +42,8 @@ class ModelInfo:
     path: str
     arch: str
     metadata: dict[str, Any]
-    tokens: list[str] = field(default_factory=list)
+    # a list, or a lazy StringArray over the GGUF's mmap (len() and indexing decode on demand)
+    tokens: Sequence[str] = field(default_factory=list)
     token_types: np.ndarray | None = None
     tokenizer: str = ""
 
@@ -59,12 +62,14 @@ class ModelInfo:
         verbatim, ids outside the vocabulary as ``<?id>``)."""
         out = bytearray()
         dec = _gpt2_byte_decoder()
+        n_vocab = len(self.tokens)
+        n_types = len(self.token_types) if self.token_types is not None else 0
         for t in np.asarray(ids, dtype=np.int64).tolist():
-            if t < 0 or t >= len(self.tokens):
+            if t < 0 or t >= n_vocab:
                 out += f"<?{t}>".encode()
                 continue
             piece = self.tokens[t]
-            ttype = int(self.token_types[t]) if self.token_types is not None and t < len(self.token_types) else 1
+            ttype = int(self.token_types[t]) if self.token_types is not None and t < n_types else 1
             if ttype == CONTROL:
                 out += piece.encode()
             elif self.tokenizer == "gpt2":
@@ -76,44 +81,46 @@ class ModelInfo:
         return out.decode("utf-8", "replace")
 
 
-def _field_value(f: Any) -> Any:
-    try:
-        v = f.contents()
-    except Exception:  # noqa: BLE001 - an odd field must not stop the rest
-        return None
-    if isinstance(v, np.generic):
-        return v.item()
-    return v
+# left in the file: the vocabulary (read lazily into ModelInfo.tokens / token_types) and the two
+# per-token arrays nothing here uses
+_VOCAB_KEYS = frozenset(("tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.merges",
+                         "tokenizer.ggml.scores"))
 
 
 def load_model_info(path: str | Path, *, vocab: bool = True) -> ModelInfo:
-    """Read a GGUF's metadata (and its vocabulary when ``vocab``), never its weights."""
-    try:
-        from gguf import GGUFReader
-    except ImportError as e:  # pragma: no cover - gguf is a dependency
-        raise ModelError(f"the gguf package is missing: {e}") from e
+    """Read a GGUF's metadata (and its vocabulary when ``vocab``), never its weights.
+
+    ``metadata`` holds every key but the vocabulary arrays, plus ``GGUF.version``,
+    ``GGUF.tensor_count`` and ``GGUF.kv_count`` (as ``gguf.GGUFReader`` listed them): scalars as
+    Python numbers, strings as ``str`` (None when not UTF-8), arrays of up to
+    ``gguf_meta.SHORT_ARRAY`` elements as lists; a longer array as a lazy ``gguf_meta.GGUFArray``.
+    """
+    from . import gguf_meta
+
     p = Path(path)
     if not p.is_file():
         raise ModelError(f"model not found: {p}")
     try:
-        reader = GGUFReader(str(p), "r")
-    except Exception as e:  # noqa: BLE001 - any parse failure of a model is operational
+        g = gguf_meta.scan(p)
+    except gguf_meta.GGUFError as e:
         raise ModelError(f"cannot read {p} as GGUF: {e}") from e
-    meta: dict[str, Any] = {}
-    tokens: list[str] = []
+    except OSError as e:
+        raise ModelError(f"cannot read {p}: {e.strerror or e}") from e
+    except Exception as e:  # any parse failure of a model is operational
+        raise ModelError(f"cannot read {p} as GGUF: {type(e).__name__}: {e}") from e
+    meta: dict[str, Any] = {"GGUF.version": g.version, "GGUF.tensor_count": g.tensor_count, "GGUF.kv_count": g.kv_count}
+    meta.update((k, v) for k, v in g.fields.items() if k not in _VOCAB_KEYS)
+    tokens: Sequence[str] = []
     types: np.ndarray | None = None
-    for name, f in reader.fields.items():
-        if name == "tokenizer.ggml.tokens":
-            if vocab:
-                tokens = list(f.contents())
-            continue
-        if name == "tokenizer.ggml.token_type":
-            if vocab:
-                types = np.asarray(f.contents(), dtype=np.int32)
-            continue
-        if name in ("tokenizer.ggml.merges", "tokenizer.ggml.scores"):
-            continue
-        meta[name] = _field_value(f)
+    if vocab:
+        tok = g.array("tokenizer.ggml.tokens")
+        if tok is not None and tok.item_type == gguf_meta.STRING:
+            tokens = tok.strings(errors="replace")
+        tt = g.array("tokenizer.ggml.token_type")
+        if tt is not None and tt.item_type == gguf_meta.INT32 and g.order == "<":
+            types = tt.view()  # zero-copy over the mmap
+        elif tt is not None and tt.item_type not in (gguf_meta.STRING, gguf_meta.ARRAY):
+            types = tt.view().astype(np.int32)
     arch = str(meta.get("general.architecture", ""))
     return ModelInfo(str(p), arch, meta, tokens, types, str(meta.get("tokenizer.ggml.model", "")))
 
