@@ -123,24 +123,3 @@ def load_model_info(path: str | Path, *, vocab: bool = True) -> ModelInfo:
             types = tt.view().astype(np.int32)
     arch = str(meta.get("general.architecture", ""))
     return ModelInfo(str(p), arch, meta, tokens, types, str(meta.get("tokenizer.ggml.model", "")))
-
-
-def escape_text(text: str, limit: int | None = None) -> str:
-    """Printable form of text taken from a file: control characters escaped, length capped."""
-    out = []
-    for ch in text:
-        o = ord(ch)
-        if ch == "\n":
-            out.append("\\n")
-        elif ch == "\t":
-            out.append("\\t")
-        elif ch == "\\":
-            out.append("\\\\")
-        elif o < 0x20 or 0x7F <= o < 0xA0 or o in (0x2028, 0x2029) or 0x202A <= o <= 0x202E or 0x2066 <= o <= 0x2069:
-            out.append(f"\\x{o:02x}" if o < 0x100 else f"\\u{o:04x}")
-        else:
-            out.append(ch)
-    s = "".join(out)
-    if limit is not None and len(s) > limit:
-        s = s[: limit - 1] + "…"
-    return s

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from slotfile.model import ModelError, escape_text, load_model_info
+from slotfile.model import ModelError, load_model_info
 from slotfile.reader import open_slot_file
 
 from .conftest import MANIFEST, MODELS, SLOTS
@@ -38,8 +38,3 @@ def test_detokenize_agrees_with_llama_cpp():
 def test_missing_model():
     with pytest.raises(ModelError):
         load_model_info("/nonexistent.gguf")
-
-
-def test_escape_text():
-    assert escape_text("a\x1b[31mb\nc\u202e") == "a\\x1b[31mb\\nc\\u202e"
-    assert len(escape_text("x" * 500, 100)) == 100
