@@ -44,7 +44,7 @@ def time_bound(seconds: int) -> Iterator[None]:
 
 
 def check_read_only_paths(data: bytes, label: str, render: bool = True) -> SlotFile:
-    from cli import inspect_cmd
+    from slotfile.cli import inspect_cmd
 
     with time_bound(PER_INPUT_SECONDS):
         sf = parse_buffer(data, label)
