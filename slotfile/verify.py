@@ -304,6 +304,13 @@ def _model_side(path: str | None) -> ModelSide | None:
     return side
 
 
+def read(path: Path, side: ModelSide | None, dside: ModelSide | None) -> SlotFile:
+    """Open ``path`` the way ``inspect --model`` and ``dump --model`` read it: in the model's
+    layout when there is one (:func:`slotfile.reader.open_slot_file`)."""
+    return open_slot_file(path, expect=side.expect if side is not None else None,
+                          draft_expect=dside.expect if dside is not None else None)
+
+
 def level_model(sf: SlotFile, side: ModelSide | None, dside: ModelSide | None) -> Level:
     """The model check (slotfile.modelcheck, the same problems ``inspect --model`` lists), and
     what this run could not check: a model without an expectation, draft blobs without
@@ -644,9 +651,7 @@ class Verifier:
         try:
             if path.is_dir():
                 raise IsADirectoryError(21, "is a directory")
-            # in the model's layout when there is one (as inspect and dump read it)
-            sf = open_slot_file(path, expect=self.side.expect if self.side else None,
-                                draft_expect=self.dside.expect if self.dside else None)
+            sf = read(path, self.side, self.dside)
         except OSError as e:
             rep.error = f"{path}: {e.strerror or e}"
             return rep
