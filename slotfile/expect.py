@@ -20,8 +20,9 @@ class, no blocks and a note.  Nothing is guessed silently.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from .layout import BlockSpec, Layout, MemoryKind
 from .model import ModelInfo
@@ -29,8 +30,8 @@ from .records import BlockExpect, CacheExpect, ModelExpect, RecExpect
 
 # The expectation records live in slotfile.records (the reader's SlotFile carries them); they are
 # re-exported here, where they are built.
-__all__ = ["CacheExpect", "RecExpect", "BlockExpect", "ModelExpect", "expect_from_model", "layout_of",
-           "block_spec", "describe_blocks"]
+__all__ = ["BlockExpect", "CacheExpect", "ModelExpect", "RecExpect", "block_spec", "describe_blocks",
+           "expect_from_model", "layout_of"]
 
 MEMORY_CLASSES = ("none", "kv-cache", "iswa", "recurrent", "hybrid", "hybrid-iswa", "hybrid-idx",
                   "dsa", "dsa-iswa", "msa", "dsv4", "unknown")

@@ -36,6 +36,7 @@ class MemoryKind(StrEnum):
 
 
 KV, REC = MemoryKind.KV, MemoryKind.REC
+Kinds = tuple[MemoryKind, ...]  # the block kinds of a body, in order
 
 
 class Confidence(StrEnum):
@@ -69,7 +70,7 @@ class Layout:
     legacy: bool = False  # KV blocks without n_stream (grammar.kv_block_legacy)
 
     @property
-    def kinds(self) -> tuple[str, ...]:
+    def kinds(self) -> Kinds:
         return tuple(b.kind for b in self.blocks)
 
     @property
@@ -127,7 +128,7 @@ ROLES = {
 }
 
 # Ordered by likelihood (slot-format.md §13.1 step 4).
-SEQUENCES: tuple[tuple[str, ...], ...] = (
+SEQUENCES: tuple[Kinds, ...] = (
     (KV,),
     (KV, REC),
     (KV, KV),
@@ -136,12 +137,12 @@ SEQUENCES: tuple[tuple[str, ...], ...] = (
     (REC,),
     (KV, KV, KV),
 )
-LEGACY_SEQUENCES: tuple[tuple[str, ...], ...] = ((KV,), (KV, KV))
+LEGACY_SEQUENCES: tuple[Kinds, ...] = ((KV,), (KV, KV))
 # The block sequences an arch name allows (llama_model::create_memory), for GGSN files, which
 # name their arch; the usual one first.  Only families whose choice is fixed by the arch, or by
 # one hparam listed here, are named: gemma3 has a single KV cache when its GGUF has no
 # attention.sliding_window, lfm2 becomes hybrid-iSWA when it has one.
-ARCH_SEQUENCES: dict[str, tuple[tuple[str, ...], ...]] = {
+ARCH_SEQUENCES: dict[str, tuple[Kinds, ...]] = {
     **{a: ((KV,),) for a in ("llama", "qwen2", "qwen3", "qwen2vl", "qwen3vl", "deepseek2")},
     **{a: ((KV, KV),) for a in ("gemma2", "cohere2")},
     "gemma3": ((KV, KV), (KV,)),
@@ -158,7 +159,7 @@ EXT_SIZES = (0, 12, 8)
 TRAILING_MARGIN = 0
 
 # PARTIAL_ONLY keeps (llama_memory_*::state_write with LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY):
-PARTIAL_OF = {
+PARTIAL_OF: dict[str, Kinds] = {
     "kv-cache": (KV,),
     "iswa": (KV,),  # the SWA half only
     "dsa": (KV, KV),  # llama_kv_cache_dsa ignores the flag
@@ -316,7 +317,7 @@ def _walk(
     if not kinds:
         yield specs, parsed, off
         return
-    label = Layout(specs + (BlockSpec(kinds[0]),), ext, legacy=legacy).describe()
+    label = Layout(specs + (BlockSpec(MemoryKind(kinds[0])),), ext, legacy=legacy).describe()
     if kinds[0] == KV:
         blk = _parse_kv(view, off, end, ext, whole, has_v[0], deep, label, extra, legacy)
         if blk is not None:
@@ -389,7 +390,8 @@ def detect(
     accepted: list[tuple[Layout, tuple[Any, ...], int]] = []
     partial: list[tuple[Layout, tuple[Any, ...], int]] = []
     if fixed is not None:
-        plans = [(fixed.kinds, tuple(b.has_v for b in fixed.blocks), fixed.ext, fixed.extra, fixed.legacy)]
+        plans: list[tuple[tuple[str, ...], tuple[bool, ...], int, tuple[int, int], bool]] = [
+            (fixed.kinds, tuple(b.has_v for b in fixed.blocks), fixed.ext, fixed.extra, fixed.legacy)]
     else:
         plans = [(k, hv, ext, x, False) for x in extras for k in sequences for ext in ext_sizes for hv in _has_v_options(k)]
         if legacy:  # no cell ext and no REC block existed then: [KV] and the iSWA pair

@@ -72,15 +72,24 @@ def _arch_problems(sf: SlotFile, exp: ModelExpect) -> list[Problem]:
     """A session file names the arch that wrote it (slot files do not)."""
     if sf.format != FileFormat.GGSN or sf.arch is None or not exp.arch or sf.arch == exp.arch:
         return []
-    return [Problem(Severity.ERROR, "wrong-arch", "arch", 12 + 4 * (sf.n_token_count or 0),
-                    f"the session was written by a {sf.arch!r} model; --model is {exp.arch!r}")]
+    return [
+        Problem(
+            Severity.ERROR,
+            "wrong-arch",
+            "arch",
+            12 + 4 * (sf.n_token_count or 0),
+            f"the session was written by a {sf.arch!r} model; --model is {exp.arch!r}",
+        )
+    ]
 
 
 def _layout_problems(exp: ModelExpect, body: Body, partial: bool, section: str) -> list[Problem]:
     if not exp.modelled:
         return [Problem(Severity.WARNING, "not-modelled", section, body.offset, not_modelled_message(exp))]
-    return [Problem(Severity.ERROR, "model-mismatch", m.section, m.offset, m.message)
-            for m in compare(exp, body, partial=partial, prefix=section)]
+    return [
+        Problem(Severity.ERROR, "model-mismatch", m.section, m.offset, m.message)
+        for m in compare(exp, body, partial=partial, prefix=section)
+    ]
 
 
 def null_token_allowed(tp: TokenPayload) -> np.ndarray:
@@ -112,10 +121,15 @@ def _token_problems(tp: TokenPayload, n_vocab: int) -> list[Problem]:
         return []
     i = int(where[0])
     t = int(ids[i])
-    what = ("-1 (LLAMA_TOKEN_NULL) where no media chunk starts a run of -1" if t == LLAMA_TOKEN_NULL
-            else f"id {t}, outside the model's vocabulary [0, {n_vocab})")
+    what = (
+        "-1 (LLAMA_TOKEN_NULL) where no media chunk starts a run of -1"
+        if t == LLAMA_TOKEN_NULL
+        else f"id {t}, outside the model's vocabulary [0, {n_vocab})"
+    )
     more = f" ({where.size} such tokens)" if where.size > 1 else ""
-    return [Problem(Severity.ERROR, "token-out-of-vocab", "tokens", tp.ids_offset + 4 * i, f"token {i} is {what}{more}")]
+    return [
+        Problem(Severity.ERROR, "token-out-of-vocab", "tokens", tp.ids_offset + 4 * i, f"token {i} is {what}{more}")
+    ]
 
 
 def _position_problems(body: Body, n_ctx_train: int) -> list[Problem]:
@@ -123,8 +137,15 @@ def _position_problems(body: Body, n_ctx_train: int) -> list[Problem]:
     for blk in body.blocks:
         pos = blk.positions()
         if pos.size and int(pos.max()) >= n_ctx_train:
-            out.append(Problem(Severity.WARNING, "position-beyond-context", f"body.{blk.role}", blk.offset,
-                               f"highest position {int(pos.max())} is beyond the model's training context "
-                               f"{n_ctx_train} (llama.cpp only warns about a context this long; without rope "
-                               "scaling the output may degrade)"))
+            out.append(
+                Problem(
+                    Severity.WARNING,
+                    "position-beyond-context",
+                    f"body.{blk.role}",
+                    blk.offset,
+                    f"highest position {int(pos.max())} is beyond the model's training context "
+                    f"{n_ctx_train} (llama.cpp only warns about a context this long; without rope "
+                    "scaling the output may degrade)",
+                )
+            )
     return out

@@ -17,7 +17,6 @@ import numpy as np
 from construct import ConstructError
 
 from . import grammar as g
-from .expect import expect_from_model, layout_of
 from .ggml_types import TYPES
 from .layout import (
     ARCH_SEQUENCES,
@@ -25,12 +24,12 @@ from .layout import (
     SEQUENCES,
     Confidence,
     Detection,
+    Kinds,
     MemoryKind,
     appendix_at,
     detect,
     failure_of,
 )
-from .modelcheck import check_against_model
 from .records import (
     Appendix,
     BlobInfo,
@@ -54,9 +53,9 @@ if TYPE_CHECKING:
 
 # The records used to live here; other modules still import them from the reader.
 __all__ = [
-    "GGSQ_VERSIONS", "GGSN_VERSIONS", "open_slot_file", "parse_buffer", "Appendix", "BlobInfo", "Body",
-    "Checkpoint", "FileFormat", "KVStream", "LayerRun", "MemoryBlock", "Problem", "Section", "Severity",
-    "SlotFile", "TokenForm", "TokenPayload",
+    "GGSN_VERSIONS", "GGSQ_VERSIONS", "Appendix", "BlobInfo", "Body", "Checkpoint", "FileFormat", "KVStream",
+    "LayerRun", "MemoryBlock", "Problem", "Section", "Severity", "SlotFile", "TokenForm", "TokenPayload",
+    "open_slot_file", "parse_buffer",
 ]
 
 # Which llama.cpp line writes and loads each state version (slot-format.md §12).
@@ -95,14 +94,23 @@ def parse_buffer(buf: Any, path: str = "<buffer>", model: ModelInfo | None = Non
     view = memoryview(buf).cast("B") if not isinstance(buf, memoryview) else buf
     sf = SlotFile(path=path, size=len(view), format=FileFormat.UNKNOWN, buffer=buf)
     try:
-        sf.expect = expect if expect is not None or model is None else expect_from_model(model)
-        sf.draft_expect = draft_expect if draft_expect is not None or draft_model is None else expect_from_model(draft_model)
+        sf.expect, sf.draft_expect = _expectation(model, expect), _expectation(draft_model, draft_expect)
         _parse_file(sf, view)
         if sf.expect is not None or sf.draft_expect is not None:
+            from .modelcheck import check_against_model  # only with a model, like the expectation
+
             sf.problems += check_against_model(sf, sf.expect, sf.draft_expect)
     except (ConstructError, ValueError, OverflowError, IndexError) as e:  # a reader bug, never a crash
         sf.problem("error", "internal", "file", 0, f"reader error: {type(e).__name__}: {e}")
     return sf
+
+
+def _expectation(model: ModelInfo | None, given: ModelExpect | None) -> ModelExpect | None:
+    if given is not None or model is None:
+        return given
+    from .expect import expect_from_model  # imported only with a model: start-up without one does not pay for it
+
+    return expect_from_model(model)
 
 
 def _parse_file(sf: SlotFile, view: memoryview) -> None:
@@ -272,6 +280,8 @@ def _detect_with_model(sf: SlotFile, view: memoryview, start: int, end: int, exp
     layout that explains them all: that is a wrong model, not a damaged file."""
     if exp is None or not exp.modelled:
         return detect(view, start, end, **kw)
+    from .expect import layout_of
+
     want = layout_of(exp, partial=partial)
     fixed = detect(view, start, end, fixed=want, **{k: v for k, v in kw.items() if k == "whole" or k == "exact"})
     if fixed.layout is not None and fixed.confidence != Confidence.TRAILING:
@@ -306,7 +316,7 @@ def _is_v4(sf: SlotFile) -> bool:
     return sf.format == FileFormat.GGSQ and sf.version == 4
 
 
-def _sequences_for(sf: SlotFile) -> list[tuple[str, ...]]:
+def _sequences_for(sf: SlotFile) -> list[Kinds]:
     """Candidate block sequences: those a session's arch name allows, when it names one."""
     return list(ARCH_SEQUENCES.get(sf.arch or "", SEQUENCES))
 
@@ -561,13 +571,13 @@ def _check_block(sf: SlotFile, blk: MemoryBlock, sec: str) -> None:
             sf.problem("error", "invalid", sec, blk.offset,
                        f"{len(active)} non-empty streams in a single-sequence save (at most 1)")
         for st in active:
-            cells = st.cells.cells if st.cells is not None else None
-            if cells is None:
+            ct = st.cells
+            if ct is None:
                 continue
-            _check_positions(sf, cells["pos"], st.cells.offset, cells.dtype.itemsize, f"{sec}.stream[{st.index}]")
-            seq = np.unique(st.cells.seq_ids)
+            _check_positions(sf, ct.cells["pos"], ct.offset, ct.cells.dtype.itemsize, f"{sec}.stream[{st.index}]")
+            seq = np.unique(ct.seq_ids)
             if sf.format == FileFormat.GGSQ and seq.size > 1:
-                sf.problem("warning", "invalid", f"{sec}.stream[{st.index}]", st.cells.offset,
+                sf.problem("warning", "invalid", f"{sec}.stream[{st.index}]", ct.offset,
                            f"cells carry {seq.size} different seq ids in a single-sequence save")
     elif blk.cells is not None and blk.cell_count:
         _check_positions(sf, blk.cells.cells["pos"], blk.cells.offset, blk.cells.cells.dtype.itemsize, sec)
@@ -591,8 +601,8 @@ def _check_positions(sf: SlotFile, pos: np.ndarray, off: int, stride: int, sec: 
 
 
 def _check_tokens_vs_cells(sf: SlotFile) -> None:
-    if sf.tokens is None or sf.body is None or not sf.body.blocks or sf.tokens.form == TokenForm.PACKED \
-            and sf.tokens.raw is None:
+    if sf.tokens is None or sf.body is None or not sf.body.blocks or (
+            sf.tokens.form == TokenForm.PACKED and sf.tokens.raw is None):
         return
     t = sf.n_tokens
     first = sf.body.blocks[0]

@@ -10,9 +10,10 @@ file's buffer.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Iterator, Union
+from typing import Any
 
 import numpy as np
 
@@ -21,9 +22,25 @@ from .ggml_types import ELEMENT_DTYPE, TYPES, type_name
 from .layout import Layout, MemoryKind
 
 __all__ = [
-    "Severity", "FileFormat", "TokenForm", "MemoryKind", "Problem", "Section", "LayerRun", "KVStream",
-    "MemoryBlock", "Body", "BlobInfo", "Checkpoint", "Appendix", "TokenPayload", "SlotFile",
-    "CacheExpect", "RecExpect", "BlockExpect", "ModelExpect",
+    "Appendix",
+    "BlobInfo",
+    "BlockExpect",
+    "Body",
+    "CacheExpect",
+    "Checkpoint",
+    "FileFormat",
+    "KVStream",
+    "LayerRun",
+    "MemoryBlock",
+    "MemoryKind",
+    "ModelExpect",
+    "Problem",
+    "RecExpect",
+    "Section",
+    "Severity",
+    "SlotFile",
+    "TokenForm",
+    "TokenPayload",
 ]
 
 
@@ -58,8 +75,13 @@ class Problem:
         return f"{self.section} at offset {self.offset}: {self.message}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"severity": self.severity, "code": self.code, "section": self.section,
-                "offset": self.offset, "message": self.message}
+        return {
+            "severity": self.severity,
+            "code": self.code,
+            "section": self.section,
+            "offset": self.offset,
+            "message": self.message,
+        }
 
 
 @dataclass(slots=True)
@@ -284,7 +306,7 @@ class RecExpect:
         return MemoryKind.REC
 
 
-BlockExpect = Union[CacheExpect, RecExpect]
+BlockExpect = CacheExpect | RecExpect
 
 
 @dataclass(frozen=True)
@@ -329,6 +351,9 @@ class SlotFile:
     buffer: Any = None
     expect: ModelExpect | None = None  # of --model, when given
     draft_expect: ModelExpect | None = None  # of --draft-model
+
+    def __post_init__(self) -> None:
+        self.format = FileFormat(self.format)  # a caller may still pass the plain string
 
     @property
     def errors(self) -> list[Problem]:

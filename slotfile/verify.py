@@ -325,6 +325,9 @@ def level_model(sf: SlotFile, side: ModelSide | None, dside: ModelSide | None) -
             lv.warn("not-modelled", "body", sf.body.offset if sf.body else None, s.note)
     for p in check_against_model(sf, exp, dexp):
         lv.add(p.severity, p.code, p.section, p.offset, p.message)
+    if exp is not None and sf.body is not None and sf.body.layout is None:
+        lv.warn("not-checked", "body", sf.body.offset,
+                "the body does not parse (see the structure level), so its layout is not compared with the model")
     dft_blobs = []
     if sf.draft is not None and sf.draft.dft is not None and sf.draft.dft.length:
         dft_blobs.append((sf.draft.dft, "sdft.data_dft"))

@@ -37,7 +37,7 @@ def _with_tokens(data: bytes, ids: list[int], media: list[tuple[int, int]] | Non
     """``data`` (a GGSQ file with a packed payload) with its payload replaced: the packed form
     with ``media`` [(key, chunk type)], or the plain form when ``media`` is None."""
     n_words = struct.unpack_from("<I", data, 8)[0]
-    rest = data[12 + 4 * n_words:]
+    rest = data[12 + 4 * n_words :]
     if media is None:
         payload = struct.pack(f"<{len(ids)}i", *ids)
     else:
@@ -118,7 +118,7 @@ def test_position_past_the_training_context_is_a_warning(llama, tmp_path):
     sf = parse_buffer(data)
     cells = sf.body.blocks[0].active_streams()[0].cells
     off = cells.offset + (cells.cells.size - 1) * cells.cells.dtype.itemsize
-    moved = data[:off] + struct.pack("<i", 256) + data[off + 4:]  # n_ctx_train 256: positions 0..255
+    moved = data[:off] + struct.pack("<i", 256) + data[off + 4 :]  # n_ctx_train 256: positions 0..255
     reader, dumped, verified = _all_three(moved, llama, tmp_path)
     assert reader == dumped == verified
     (p,) = reader
@@ -127,7 +127,7 @@ def test_position_past_the_training_context_is_a_warning(llama, tmp_path):
     lv = V.level_model(parse_buffer(moved), llama, None)
     assert lv.status == V.Status.PASS and lv.status == "pass"
     # 255 is the last position inside the training context
-    ok = data[:off] + struct.pack("<i", 255) + data[off + 4:]
+    ok = data[:off] + struct.pack("<i", 255) + data[off + 4 :]
     assert check_against_model(parse_buffer(ok), llama.expect, None) == []
 
 
@@ -139,6 +139,8 @@ def test_layout_problems_are_the_same_for_every_command(tmp_path):
     assert reader and reader == dumped == verified
     assert {p["code"] for p in reader} == {"model-mismatch"}
     assert {p["section"].split(".")[0] for p in reader} == {"body", "sckp"}
+    # verify's structure level leaves them to the model level
+    assert V.level_structure(V.read(tmp_path / "f.slot", side, None)).problems == []
 
 
 def test_session_arch_is_checked_everywhere(tmp_path):
@@ -190,7 +192,9 @@ def test_verify_opens_files_in_the_model_layout(tmp_path):
 
 def test_enums_stay_plain_strings_in_json():
     p = Problem(Severity.ERROR, "x", "body", 1, "m")
-    assert json.dumps(p.to_dict()) == '{"severity": "error", "code": "x", "section": "body", "offset": 1, "message": "m"}'
+    assert (
+        json.dumps(p.to_dict()) == '{"severity": "error", "code": "x", "section": "body", "offset": 1, "message": "m"}'
+    )
     assert json.dumps([FileFormat.GGSQ, TokenForm.PACKED, V.Status.SKIPPED]) == '["GGSQ", "packed", "skipped"]'
     assert f"{Severity.WARNING}" == "warning" and Severity("error") is Severity.ERROR
     sf = open_slot_file(BASE)
@@ -202,3 +206,19 @@ def test_enums_stay_plain_strings_in_json():
 def test_expectation_of_the_fixture_model():
     exp = expect_from_model(load_model_info(MODELS / "llama.gguf"))
     assert (exp.n_vocab, exp.n_ctx_train) == (320, 256)
+
+
+def test_a_body_that_does_not_parse_is_reported_once(llama, tmp_path):
+    """The structure names a cut body; the model check does not repeat it as a mismatch, and
+    verify's model level says the layout went unchecked."""
+    data = BASE.read_bytes()
+    sf = parse_buffer(data)
+    cut = data[: (sf.body.offset + sf.body.end) // 2]
+    path = tmp_path / "cut.slot"
+    path.write_bytes(cut)
+    read = V.read(path, llama, None)
+    assert read.body.layout is None and read.model_problems == []
+    assert [p.code for p in read.problems] == ["truncated"]
+    lv = V.level_model(read, llama, None)
+    assert [(p["severity"], p["code"]) for p in lv.problems] == [("warning", "not-checked")]
+    assert V.level_structure(read).status == "fail"
