@@ -349,7 +349,8 @@ def _kv_from(role: str, c: Any, has_v: bool) -> MemoryBlock:
 
 
 def _rec_from(role: str, c: Any) -> MemoryBlock:
-    blk = MemoryBlock(role, MemoryKind.REC, c.offset, c.end, cell_count=c.cell_count, cells=c.meta, n_layer=c.n_layer, raw=c)
+    blk = MemoryBlock(role, MemoryKind.REC, c.offset, c.end, cell_count=c.cell_count, cells=c.meta, n_layer=c.n_layer,
+                      raw=c)
     for j, e in enumerate(c.r):
         if "r" in e:  # an R entry followed by its PLE conv rows
             blk.r.append(LayerRun("R", j, e.r.offset, e.r.type, e.r.row_size, c.cell_count, e.r.data))
@@ -516,7 +517,7 @@ def _parse_seq_blob(sf: SlotFile, view: memoryview, blob: BlobInfo, section: str
         return
     blob.seq_id = pre.seq_id
     if _is_dsv4(view, start + 8, end):
-        blob.body = Body(start + 8, end, None, Confidence.NONE)
+        blob.body = Body(start + 8, end, None, "none")
         sf.problem("error", "unsupported-layout", section, start + 8,
                    "DeepSeek-V4 (DSV4) state frame: not supported yet")
         return
