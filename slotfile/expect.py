@@ -20,79 +20,23 @@ class, no blocks and a note.  Nothing is guessed silently.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Union
+from typing import Any
 
-from .ggml_types import TYPES, type_name
-from .layout import BlockSpec, Layout
+from .layout import BlockSpec, Layout, MemoryKind
 from .model import ModelInfo
+from .records import BlockExpect, CacheExpect, ModelExpect, RecExpect
 
-if TYPE_CHECKING:  # the reader is only needed for type names
-    from .reader import Body, KVStream, LayerRun, MemoryBlock
-
-__all__ = ["CacheExpect", "RecExpect", "ModelExpect", "expect_from_model", "layout_of", "compare"]
+# The expectation records live in slotfile.records (the reader's SlotFile carries them); they are
+# re-exported here, where they are built.
+__all__ = ["BlockExpect", "CacheExpect", "ModelExpect", "RecExpect", "block_spec", "describe_blocks",
+           "expect_from_model", "layout_of"]
 
 MEMORY_CLASSES = ("none", "kv-cache", "iswa", "recurrent", "hybrid", "hybrid-iswa", "hybrid-idx",
                   "dsa", "dsa-iswa", "msa", "dsv4", "unknown")
 
 CELL_EXT = 12  # sizeof(llama_kv_cell_ext): i32 x, y, tok (src/llama-kv-cells.h)
-F32 = 0
-
-
-@dataclass(frozen=True)
-class CacheExpect:
-    """One ``llama_kv_cache`` block."""
-
-    role: str  # "kv", "kv-base", "kv-swa", "kv-index"
-    layers: tuple[int, ...]  # model layer indices in this cache, ascending
-    n_embd_k: tuple[int, ...]  # per cache layer: n_embd_k_gqa(il)
-    n_embd_v: tuple[int, ...]  # per cache layer: n_embd_v_gqa(il); () when the cache has no V
-
-    @property
-    def kind(self) -> str:
-        return "KV"
-
-    @property
-    def has_v(self) -> bool:
-        # has_v is uniform over a cache (llama_kv_cache ctor: has_v = !is_mla)
-        return len(self.n_embd_v) == len(self.n_embd_k)
-
-
-@dataclass(frozen=True)
-class RecExpect:
-    """One ``llama_memory_recurrent`` block."""
-
-    n_layer_field: int  # the n_layer word: hparams.n_layer(), null layers included
-    layers: tuple[int, ...]  # layers with R/S entries
-    n_embd_r: int
-    n_embd_s: int
-    has_p: bool = False
-    role: str = "rec"
-
-    @property
-    def kind(self) -> str:
-        return "REC"
-
-
-BlockExpect = Union[CacheExpect, RecExpect]
-
-
-@dataclass(frozen=True)
-class ModelExpect:
-    arch: str
-    memory_class: str
-    blocks: tuple[BlockExpect, ...]  # body order for a full (flags = 0) save
-    partial_blocks: tuple[BlockExpect, ...]  # body order under LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
-    cell_ext: int  # 0 or 12 (llama_kv_cache::has_cell_ext)
-    n_vocab: int
-    n_ctx_train: int
-    n_layer: int
-    notes: tuple[str, ...] = ()
-
-    @property
-    def modelled(self) -> bool:
-        """Whether ``blocks`` describes the body (False: unknown arch or unmodelled class)."""
-        return self.memory_class == "none" or bool(self.blocks)
 
 
 class _Refused(Exception):
@@ -664,167 +608,28 @@ def expect_from_model(info: ModelInfo) -> ModelExpect:
     if hp.n_layer_nextn:
         notes.append(f"{hp.n_layer_nextn} NextN/MTP layer(s) excluded from the trunk caches; a draft (MTP) "
                      "context would hold only those")
-    ext = _cell_ext(hp) if any(b.kind == "KV" for b in blocks) else 0
+    ext = _cell_ext(hp) if any(b.kind == MemoryKind.KV for b in blocks) else 0
     return ModelExpect(arch, cls, blocks, partial, ext, _n_vocab(info, k), hp.n_ctx_train, hp.n_layer(),
                        tuple(notes))
 
 
 # ---------------------------------------------------------------------------------------
-# layout and comparison
+# the expectation as a layout
 # ---------------------------------------------------------------------------------------
 
 
-def _spec(b: BlockExpect) -> BlockSpec:
+def block_spec(b: BlockExpect) -> BlockSpec:
     if isinstance(b, CacheExpect):
-        return BlockSpec("KV", has_v=b.has_v)
-    return BlockSpec("REC", True, len(b.layers), b.has_p)
+        return BlockSpec(MemoryKind.KV, has_v=b.has_v)
+    return BlockSpec(MemoryKind.REC, True, len(b.layers), b.has_p)
 
 
 def layout_of(exp: ModelExpect, partial: bool = False) -> Layout:
     """The :class:`Layout` the model implies (what ``layout.detect(fixed=...)`` takes)."""
     blocks = exp.partial_blocks if partial else exp.blocks
-    ext = exp.cell_ext if any(b.kind == "KV" for b in blocks) else 0
-    return Layout(tuple(_spec(b) for b in blocks), ext)
+    ext = exp.cell_ext if any(b.kind == MemoryKind.KV for b in blocks) else 0
+    return Layout(tuple(block_spec(b) for b in blocks), ext)
 
 
-Problem = tuple[str, int, str]
-
-
-def _describe(blocks: tuple[BlockExpect, ...]) -> str:
-    return " + ".join(_spec(b).describe() for b in blocks) or "an empty body"
-
-
-def _row(type_id: int, n: int) -> str:
-    t = TYPES[type_id]
-    return f"{t.row_size(n)} B ({t.name} x {n})"
-
-
-def _check_rows(sec: str, part: str, runs: list[LayerRun], layers: tuple[int, ...], n_embd: tuple[int, ...],
-                what: str) -> list[Problem]:
-    out: list[Problem] = []
-    for j, (run, il, ne) in enumerate(zip(runs, layers, n_embd)):
-        t = TYPES.get(run.type_id)
-        if t is None:
-            continue  # an unknown type id: the reader already warns; its size cannot be checked
-        if run.transposed:
-            el = run.row_size // run.n_embd if run.n_embd else t.type_size
-            if run.n_embd != ne:
-                out.append((sec, run.offset + 8, f"{part} layer {j} (model layer {il}): transposed n_embd_v_gqa "
-                            f"{run.n_embd}; the model needs {ne} ({what})"))
-            elif el != t.type_size:
-                out.append((sec, run.offset + 4, f"{part} layer {j} (model layer {il}): element size {el} B "
-                            f"for {t.name} (needs {t.type_size})"))
-            continue
-        if ne % t.blck_size:
-            out.append((sec, run.offset, f"{part} layer {j} (model layer {il}): row size {run.row_size} B of "
-                        f"{t.name}, but the model's {what} {ne} is not a whole number of {t.name} blocks "
-                        f"({t.blck_size}): llama.cpp cannot cache this model in {t.name}"))
-            continue
-        want = t.row_size(ne)
-        if run.row_size != want:
-            out.append((sec, run.offset, f"{part} layer {j} (model layer {il}): row size {run.row_size} B; "
-                        f"the model needs {_row(run.type_id, ne)} = ggml_row_size({t.name}, {what})"))
-    return out
-
-
-def _compare_kv_stream(sec: str, st: KVStream, exp: CacheExpect, raw: Any) -> list[Problem]:
-    out: list[Problem] = []
-    n_layer_off = int(raw.data.v_trans_offset) + 4 if raw is not None and raw.data is not None else st.offset
-    if st.n_layer != len(exp.layers):
-        out.append((sec, n_layer_off, f"n_layer {st.n_layer}; the model's {exp.role} cache has "
-                    f"{_layers(len(exp.layers))} {list(exp.layers)}"))
-    out += _check_rows(sec, "K", st.k, exp.layers, exp.n_embd_k, "n_embd_k_gqa")
-    if not exp.has_v and st.v:
-        out.append((sec, st.v[0].offset, f"{len(st.v)} V entries, but the model's {exp.role} cache has no V "
-                    "(MLA / K-only cache)"))
-    elif exp.has_v and exp.layers and not st.v:
-        out.append((sec, n_layer_off, f"no V section; the model's {exp.role} cache has V for every layer"))
-    elif exp.has_v:
-        out += _check_rows(sec, "V", st.v, exp.layers, exp.n_embd_v, "n_embd_v_gqa")
-    return out
-
-
-def _compare_kv(sec: str, blk: MemoryBlock, exp: CacheExpect) -> list[Problem]:
-    out: list[Problem] = []
-    raws = list(blk.raw.streams) if blk.raw is not None else [None] * len(blk.streams)
-    for st, raw in zip(blk.streams, raws):
-        if st.cell_count:  # an empty stream writes only its cell_count word
-            out += _compare_kv_stream(f"{sec}.stream[{st.index}]", st, exp, raw)
-    return out
-
-
-def _compare_rec(sec: str, blk: MemoryBlock, exp: RecExpect) -> list[Problem]:
-    out: list[Problem] = []
-    n_layer_off = int(blk.raw.s_trans_offset) + 4 if blk.raw is not None else blk.offset
-    if blk.n_layer != exp.n_layer_field:
-        out.append((sec, n_layer_off, f"n_layer word {blk.n_layer}; the model has {_layers(exp.n_layer_field)} "
-                    "(hparams.n_layer(), layers without recurrent state included)"))
-    for part, runs in (("R", blk.r), ("S", blk.s)):
-        if len(runs) != len(exp.layers):
-            out.append((sec, runs[0].offset if runs else n_layer_off, f"{len(runs)} {part} entries; the model has "
-                        f"recurrent state in {_layers(len(exp.layers))} {list(exp.layers)}"))
-    if bool(blk.p) != exp.has_p:
-        out.append((sec, blk.offset, "PLE conv (P) rows after each R entry" if blk.p else
-                    "no PLE conv (P) rows, but the model has them"))
-    out += _check_rows(sec, "R", blk.r, exp.layers, (exp.n_embd_r,) * len(exp.layers), "n_embd_r")
-    out += _check_rows(sec, "S", blk.s, exp.layers, (exp.n_embd_s,) * len(exp.layers), "n_embd_s")
-    for part, runs in (("R", blk.r), ("S", blk.s)):
-        bad = [r for r in runs if r.type_id != F32]
-        if bad:  # create_memory passes GGML_TYPE_F32; the loader demands the same type
-            out.append((sec, bad[0].offset, f"{part} layer {bad[0].index}: type {type_name(bad[0].type_id)}; "
-                        "llama.cpp always keeps recurrent state in f32"))
-    return out
-
-
-def _pair(got: list[MemoryBlock], want: tuple[BlockExpect, ...]) -> list[tuple[MemoryBlock, BlockExpect]]:
-    """Found blocks with the expected block they stand for: in order when the kinds agree,
-    else each found block with the next expected block of its kind (so a REC is still
-    checked against the model's REC when a KV is missing or extra)."""
-    if tuple(b.kind for b in got) == tuple(b.kind for b in want):
-        return list(zip(got, want))
-    out: list[tuple[MemoryBlock, BlockExpect]] = []
-    i = 0
-    for blk in got:
-        j = next((j for j in range(i, len(want)) if want[j].kind == blk.kind), None)
-        if j is None:
-            continue
-        out.append((blk, want[j]))
-        i = j + 1
-    return out
-
-
-def _layers(n: int) -> str:
-    return f"{n} layer{'' if n == 1 else 's'}"
-
-
-def _has_cells(blk: MemoryBlock) -> bool:
-    return blk.kind == "KV" and any(s.cell_count for s in blk.streams)
-
-
-def compare(exp: ModelExpect, body: Body, *, partial: bool = False, prefix: str = "body") -> list[Problem]:
-    """Every disagreement between the model's expectation and a parsed body, as
-    ``(section, offset, message)``.  ``partial``: the body is a PARTIAL_ONLY blob (a checkpoint's
-    data_tgt / data_dft).  An arch whose layout is not modelled gives one "not checked" entry."""
-    if not exp.modelled:
-        why = "; ".join(exp.notes) or "layout not modelled"
-        return [(prefix, body.offset, f"not checked against the model ({exp.arch}, {exp.memory_class}): {why}")]
-    want = exp.partial_blocks if partial else exp.blocks
-    if body.layout is None:
-        return [(prefix, body.offset, f"the body does not parse; the model ({exp.arch}) needs {_describe(want)}")]
-    out: list[Problem] = []
-    got = body.blocks
-    if tuple(b.kind for b in got) != tuple(b.kind for b in want):
-        found = body.layout.describe() if got else "an empty body"
-        what = f"{exp.memory_class}{', PARTIAL_ONLY' if partial else ''}"
-        out.append((prefix, body.offset, f"blocks are {found}; the model ({exp.arch}, {what}) writes {_describe(want)}"))
-    for blk, eb in _pair(got, want):
-        sec = f"{prefix}.{blk.role}"
-        if isinstance(eb, CacheExpect):
-            out += _compare_kv(sec, blk, eb)
-        else:
-            out += _compare_rec(sec, blk, eb)
-    if any(_has_cells(b) for b in got) and body.layout.ext != exp.cell_ext:
-        kv = next(b for b in got if _has_cells(b))
-        out.append((f"{prefix}.{kv.role}", kv.offset, f"cell ext {body.layout.ext} B per cell; the model needs "
-                    f"{exp.cell_ext} B (llama_kv_cache::has_cell_ext: M-RoPE/IMRoPE or PLE)"))
-    return out
+def describe_blocks(blocks: tuple[BlockExpect, ...]) -> str:
+    return " + ".join(block_spec(b).describe() for b in blocks) or "an empty body"

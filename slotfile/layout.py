@@ -10,6 +10,7 @@ appendix magic, or at the end of a checkpoint blob (slot-format.md §13.1).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, Iterable, Iterator
 
 from construct import ConstructError
@@ -29,15 +30,34 @@ from .grammar import (
 )
 
 
+class MemoryKind(StrEnum):
+    KV = "KV"  # one llama_kv_cache::state_write block
+    REC = "REC"  # one llama_memory_recurrent::state_write block
+
+
+KV, REC = MemoryKind.KV, MemoryKind.REC
+Kinds = tuple[MemoryKind, ...]  # the block kinds of a body, in order
+
+
+class Confidence(StrEnum):
+    """How a body's layout was decided."""
+
+    MODEL = "model"  # the model's layout (layout.detect(fixed=...))
+    UNIQUE = "unique"  # the only layout that fits the bytes
+    AMBIGUOUS = "ambiguous"  # several fit; the likeliest was taken
+    TRAILING = "trailing"  # none ends where the body must; the fullest parse, bytes left over
+    NONE = "none"  # nothing parses
+
+
 @dataclass(frozen=True, slots=True)
 class BlockSpec:
-    kind: str  # "KV" or "REC"
+    kind: MemoryKind
     has_v: bool = True
     n_rec: int = 0
     has_p: bool = False
 
     def describe(self) -> str:
-        if self.kind == "KV":
+        if self.kind == KV:
             return "KV" if self.has_v else "KV(K-only)"
         return f"REC({self.n_rec}{'+P' if self.has_p else ''})"
 
@@ -50,14 +70,14 @@ class Layout:
     legacy: bool = False  # KV blocks without n_stream (grammar.kv_block_legacy)
 
     @property
-    def kinds(self) -> tuple[str, ...]:
+    def kinds(self) -> Kinds:
         return tuple(b.kind for b in self.blocks)
 
     @property
     def _key(self) -> tuple[str, ...]:
         # two K-only KV blocks are an MLA cache and its lightning indexer (llama_kv_cache_dsa),
         # not an iSWA pair: an SWA cache always has V
-        if self.kinds == ("KV", "KV") and not any(b.has_v for b in self.blocks):
+        if self.kinds == (KV, KV) and not any(b.has_v for b in self.blocks):
             return ("KV-K", "KV-K")
         return self.kinds
 
@@ -85,51 +105,51 @@ class Layout:
 
 MEMORY_CLASS = {
     (): "none",
-    ("KV",): "kv-cache",
-    ("KV", "KV"): "iswa",
+    (KV,): "kv-cache",
+    (KV, KV): "iswa",
     ("KV-K", "KV-K"): "dsa",
-    ("REC",): "recurrent",
-    ("KV", "REC"): "hybrid",
-    ("KV", "KV", "REC"): "hybrid-iswa",
-    ("KV", "REC", "KV"): "hybrid-idx",
-    ("KV", "KV", "KV"): "dsa-iswa",
+    (REC,): "recurrent",
+    (KV, REC): "hybrid",
+    (KV, KV, REC): "hybrid-iswa",
+    (KV, REC, KV): "hybrid-idx",
+    (KV, KV, KV): "dsa-iswa",
 }
 
 ROLES = {
     (): (),
-    ("KV",): ("kv",),
-    ("KV", "KV"): ("kv-base", "kv-swa"),
+    (KV,): ("kv",),
+    (KV, KV): ("kv-base", "kv-swa"),
     ("KV-K", "KV-K"): ("kv-mla", "kv-index"),
-    ("REC",): ("rec",),
-    ("KV", "REC"): ("kv", "rec"),
-    ("KV", "KV", "REC"): ("kv-base", "kv-swa", "rec"),
-    ("KV", "REC", "KV"): ("kv", "rec", "kv-index"),
-    ("KV", "KV", "KV"): ("kv-mla", "kv-index", "kv-swa"),
+    (REC,): ("rec",),
+    (KV, REC): ("kv", "rec"),
+    (KV, KV, REC): ("kv-base", "kv-swa", "rec"),
+    (KV, REC, KV): ("kv", "rec", "kv-index"),
+    (KV, KV, KV): ("kv-mla", "kv-index", "kv-swa"),
 }
 
 # Ordered by likelihood (slot-format.md §13.1 step 4).
-SEQUENCES: tuple[tuple[str, ...], ...] = (
-    ("KV",),
-    ("KV", "REC"),
-    ("KV", "KV"),
-    ("KV", "KV", "REC"),
-    ("KV", "REC", "KV"),
-    ("REC",),
-    ("KV", "KV", "KV"),
+SEQUENCES: tuple[Kinds, ...] = (
+    (KV,),
+    (KV, REC),
+    (KV, KV),
+    (KV, KV, REC),
+    (KV, REC, KV),
+    (REC,),
+    (KV, KV, KV),
 )
-LEGACY_SEQUENCES: tuple[tuple[str, ...], ...] = (("KV",), ("KV", "KV"))
+LEGACY_SEQUENCES: tuple[Kinds, ...] = ((KV,), (KV, KV))
 # The block sequences an arch name allows (llama_model::create_memory), for GGSN files, which
 # name their arch; the usual one first.  Only families whose choice is fixed by the arch, or by
 # one hparam listed here, are named: gemma3 has a single KV cache when its GGUF has no
 # attention.sliding_window, lfm2 becomes hybrid-iSWA when it has one.
-ARCH_SEQUENCES: dict[str, tuple[tuple[str, ...], ...]] = {
-    **{a: (("KV",),) for a in ("llama", "qwen2", "qwen3", "qwen2vl", "qwen3vl", "deepseek2")},
-    **{a: (("KV", "KV"),) for a in ("gemma2", "cohere2")},
-    "gemma3": (("KV", "KV"), ("KV",)),
-    **{a: (("REC",),) for a in ("mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7")},
-    **{a: (("KV", "REC"),) for a in ("jamba", "falcon-h1", "lfm2moe", "granitehybrid", "nemotron_h",
+ARCH_SEQUENCES: dict[str, tuple[Kinds, ...]] = {
+    **{a: ((KV,),) for a in ("llama", "qwen2", "qwen3", "qwen2vl", "qwen3vl", "deepseek2")},
+    **{a: ((KV, KV),) for a in ("gemma2", "cohere2")},
+    "gemma3": ((KV, KV), (KV,)),
+    **{a: ((REC,),) for a in ("mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7")},
+    **{a: ((KV, REC),) for a in ("jamba", "falcon-h1", "lfm2moe", "granitehybrid", "nemotron_h",
                                      "qwen3next", "qwen35", "qwen35moe", "plamo2")},
-    "lfm2": (("KV", "REC"), ("KV", "KV", "REC")),
+    "lfm2": ((KV, REC), (KV, KV, REC)),
 }
 
 EXT_SIZES = (0, 12, 8)
@@ -139,15 +159,15 @@ EXT_SIZES = (0, 12, 8)
 TRAILING_MARGIN = 0
 
 # PARTIAL_ONLY keeps (llama_memory_*::state_write with LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY):
-PARTIAL_OF = {
-    "kv-cache": ("KV",),
-    "iswa": ("KV",),  # the SWA half only
-    "dsa": ("KV", "KV"),  # llama_kv_cache_dsa ignores the flag
-    "recurrent": ("REC",),
-    "hybrid": ("REC",),
-    "hybrid-iswa": ("KV", "REC"),  # SWA KV + REC
-    "hybrid-idx": ("REC",),
-    "dsa-iswa": ("KV",),
+PARTIAL_OF: dict[str, Kinds] = {
+    "kv-cache": (KV,),
+    "iswa": (KV,),  # the SWA half only
+    "dsa": (KV, KV),  # llama_kv_cache_dsa ignores the flag
+    "recurrent": (REC,),
+    "hybrid": (REC,),
+    "hybrid-iswa": (KV, REC),  # SWA KV + REC
+    "hybrid-idx": (REC,),
+    "dsa-iswa": (KV,),
     "none": (),
 }
 
@@ -168,7 +188,7 @@ class Detection:
     layout: Layout | None
     blocks: list[Any]
     end: int
-    confidence: str  # "model", "unique", "ambiguous", "trailing", "none"
+    confidence: Confidence
     alternatives: list[Layout] = field(default_factory=list)
     failure: Failure | None = None
 
@@ -297,12 +317,12 @@ def _walk(
     if not kinds:
         yield specs, parsed, off
         return
-    label = Layout(specs + (BlockSpec(kinds[0]),), ext, legacy=legacy).describe()
-    if kinds[0] == "KV":
+    label = Layout(specs + (BlockSpec(MemoryKind(kinds[0])),), ext, legacy=legacy).describe()
+    if kinds[0] == KV:
         blk = _parse_kv(view, off, end, ext, whole, has_v[0], deep, label, extra, legacy)
         if blk is not None:
             yield from _walk(view, blk.end, end, kinds[1:], has_v[1:], ext, whole, deep,
-                             specs + (BlockSpec("KV", has_v[0]),), parsed + (blk,), extra, legacy)
+                             specs + (BlockSpec(KV, has_v[0]),), parsed + (blk,), extra, legacy)
         return
     tried_p = 0
     for n_rec, has_p in _rec_candidates(view, off, end, whole):
@@ -313,7 +333,7 @@ def _walk(
         blk = _parse_rec(view, off, end, whole, n_rec, has_p, deep, label)
         if blk is not None:
             yield from _walk(view, blk.end, end, kinds[1:], has_v[1:], ext, whole, deep,
-                             specs + (BlockSpec("REC", True, n_rec, has_p),), parsed + (blk,), extra)
+                             specs + (BlockSpec(REC, True, n_rec, has_p),), parsed + (blk,), extra)
             if not has_p:
                 return  # the fullest plain split that parses wins; P rows only when none does
 
@@ -321,10 +341,10 @@ def _walk(
 def _has_v_options(kinds: tuple[str, ...]) -> list[tuple[bool, ...]]:
     n = len(kinds)
     opts = [tuple(True for _ in kinds), tuple(False for _ in kinds)]
-    if kinds.count("KV") >= 2:  # an indexer or MLA part next to a cache with V
-        opts.append(tuple(k != "KV" or i < n - 1 for i, k in enumerate(kinds)))
-        opts.append(tuple(k == "KV" and i == n - 1 for i, k in enumerate(kinds)))
-    if "KV" not in kinds:
+    if kinds.count(KV) >= 2:  # an indexer or MLA part next to a cache with V
+        opts.append(tuple(k != KV or i < n - 1 for i, k in enumerate(kinds)))
+        opts.append(tuple(k == KV and i == n - 1 for i, k in enumerate(kinds)))
+    if KV not in kinds:
         opts = opts[:1]
     seen: list[tuple[bool, ...]] = []
     for o in opts:
@@ -362,7 +382,7 @@ def detect(
     """
     deep = _Deepest()
     if start == end or (not exact and appendix_at(view, start, end)):
-        return Detection(Layout(()), [], start, "unique")
+        return Detection(Layout(()), [], start, Confidence.UNIQUE)
 
     def ends_well(e: int) -> bool:
         return e == end or (not exact and appendix_at(view, e, end))
@@ -370,13 +390,14 @@ def detect(
     accepted: list[tuple[Layout, tuple[Any, ...], int]] = []
     partial: list[tuple[Layout, tuple[Any, ...], int]] = []
     if fixed is not None:
-        plans = [(fixed.kinds, tuple(b.has_v for b in fixed.blocks), fixed.ext, fixed.extra, fixed.legacy)]
+        plans: list[tuple[tuple[str, ...], tuple[bool, ...], int, tuple[int, int], bool]] = [
+            (fixed.kinds, tuple(b.has_v for b in fixed.blocks), fixed.ext, fixed.extra, fixed.legacy)]
     else:
         plans = [(k, hv, ext, x, False) for x in extras for k in sequences for ext in ext_sizes for hv in _has_v_options(k)]
         if legacy:  # no cell ext and no REC block existed then: [KV] and the iSWA pair
             plans += [(k, hv, 0, (0, 0), True) for k in LEGACY_SEQUENCES for hv in _has_v_options(k)]
     for kinds, hv, ext, x, old in plans:
-        if (ext or x != (0, 0)) and "KV" not in kinds:
+        if (ext or x != (0, 0)) and KV not in kinds:
             continue
         for specs, blocks, e in _walk(view, start, end, kinds, hv, ext, whole, deep, extra=x, legacy=old):
             lay = Layout(specs, ext, x, old)
@@ -390,9 +411,10 @@ def detect(
         if strong:
             accepted = strong + [a for a in accepted if a not in strong]
         elif cut:  # only a reading with R rows standing in for S rows fits: the file was cut
-            return Detection(None, [], start, "none", [a[0] for a in accepted], deep.cut)
+            return Detection(None, [], start, Confidence.NONE, [a[0] for a in accepted], deep.cut)
         lay, blocks, e = accepted[0]
-        conf = "model" if fixed is not None else ("unique" if len(accepted) == 1 else "ambiguous")
+        conf = Confidence.MODEL if fixed is not None else (
+            Confidence.UNIQUE if len(accepted) == 1 else Confidence.AMBIGUOUS)
         return Detection(lay, list(blocks), e, conf, [a[0] for a in accepted[1:]], deep.best)
     if partial and not exact:
         partial.sort(key=lambda a: -a[2])  # the fullest parse; the rest is trailing bytes
@@ -402,17 +424,17 @@ def detect(
         if deep.cut is not None and deep.cut.offset >= e + TRAILING_MARGIN:
             deep.best = deep.cut
         else:
-            return Detection(lay, list(blocks), e, "trailing", [a[0] for a in partial[1:4]], deep.best)
+            return Detection(lay, list(blocks), e, Confidence.TRAILING, [a[0] for a in partial[1:4]], deep.best)
     if partial and deep.best is not None and exact:
         lay, _, e = max(partial, key=lambda a: a[2])
         if e > deep.best.offset:
             deep.best = Failure(e, f"body ends at {e}, {end - e} bytes before the end of the blob", "trailing-bytes", "", lay.describe())
-    return Detection(None, [], start, "none", [], deep.best)
+    return Detection(None, [], start, Confidence.NONE, [], deep.best)
 
 
 def _same_rec(fixed: Layout, got: Layout) -> bool:
     for a, b in zip(fixed.blocks, got.blocks):
-        if a.kind == "REC" and a.n_rec and (a.n_rec, a.has_p) != (b.n_rec, b.has_p):
+        if a.kind == REC and a.n_rec and (a.n_rec, a.has_p) != (b.n_rec, b.has_p):
             return False
     return True
 

@@ -10,17 +10,55 @@ from __future__ import annotations
 
 import mmap
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from construct import ConstructError
 
 from . import appendix as ap
 from . import grammar as g
-from .ggml_types import TYPES, type_name
-from .layout import PARTIAL_OF, SEQUENCES, Detection, Failure, Layout, appendix_at, detect, failure_of
+from .ggml_types import TYPES
+from .layout import (
+    ARCH_SEQUENCES,
+    PARTIAL_OF,
+    SEQUENCES,
+    Confidence,
+    Detection,
+    Failure,
+    Kinds,
+    MemoryKind,
+    appendix_at,
+    detect,
+    failure_of,
+)
+from .records import (
+    Appendix,
+    BlobInfo,
+    Body,
+    Checkpoint,
+    FileFormat,
+    KVStream,
+    LayerRun,
+    MemoryBlock,
+    ModelExpect,
+    Problem,
+    Section,
+    Severity,
+    SlotFile,
+    TokenForm,
+    TokenPayload,
+)
+
+if TYPE_CHECKING:
+    from .model import ModelInfo
+
+# The records used to live here; other modules still import them from the reader.
+__all__ = [
+    "GGSN_VERSIONS", "GGSQ_VERSIONS", "Appendix", "BlobInfo", "Body", "Checkpoint", "FileFormat", "KVStream",
+    "LayerRun", "MemoryBlock", "Problem", "Section", "Severity", "SlotFile", "TokenForm", "TokenPayload",
+    "open_slot_file", "parse_buffer",
+]
 
 # Which llama.cpp line writes and loads each state version (slot-format.md §12).
 GGSQ_VERSIONS = {
@@ -35,283 +73,46 @@ GGSN_VERSIONS = {
 }
 
 
-@dataclass(slots=True)
-class Problem:
-    severity: str  # "error" or "warning"
-    code: str
-    section: str
-    offset: int
-    message: str
-
-    def line(self) -> str:
-        return f"{self.section} at offset {self.offset}: {self.message}"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"severity": self.severity, "code": self.code, "section": self.section,
-                "offset": self.offset, "message": self.message}
-
-
-@dataclass(slots=True)
-class Section:
-    name: str
-    offset: int
-    size: int
-    note: str = ""
-
-
-@dataclass(slots=True)
-class LayerRun:
-    """One layer's rows of one tensor (K, V, R, P or S) in one stream."""
-
-    part: str
-    index: int
-    offset: int  # where the entry's header starts
-    type_id: int
-    row_size: int  # bytes per cell (for transposed V: n_embd * el_size)
-    n_cells: int
-    data: g.Run
-    transposed: bool = False
-    n_embd: int | None = None
-
-    @property
-    def type_name(self) -> str:
-        return type_name(self.type_id)
-
-    @property
-    def elements(self) -> int | None:
-        if self.n_embd is not None:
-            return self.n_embd
-        t = TYPES.get(self.type_id)
-        return t.row_elements(self.row_size) if t else None
-
-    def array(self) -> np.ndarray:
-        """Zero-copy view: (cells, elements) for f32/f16/bf16-as-u16, (elements, cells) when
-        transposed, raw (cells, row bytes) uint8 for quantized types."""
-        dt = {0: "<f4", 1: "<f2", 30: "<u2"}.get(self.type_id)
-        if dt is None or self.elements is None:
-            return self.data.array(np.uint8).reshape(self.n_cells, -1) if self.n_cells else self.data.array(np.uint8)
-        arr = self.data.array(dt)
-        if self.transposed:
-            return arr.reshape(self.elements, self.n_cells)
-        return arr.reshape(self.n_cells, self.elements)
-
-
-@dataclass(slots=True)
-class KVStream:
-    index: int
-    offset: int
-    cell_count: int
-    cells: g.CellTable | None = None
-    v_trans: int | None = None
-    n_layer: int = 0
-    k: list[LayerRun] = field(default_factory=list)
-    v: list[LayerRun] = field(default_factory=list)
-
-    @property
-    def positions(self) -> np.ndarray:
-        return self.cells.cells["pos"] if self.cells is not None else np.empty(0, np.int32)
-
-
-@dataclass(slots=True)
-class MemoryBlock:
-    role: str
-    kind: str  # "KV" or "REC"
-    offset: int
-    end: int
-    has_v: bool = True
-    n_stream: int = 0
-    streams: list[KVStream] = field(default_factory=list)
-    # REC only
-    cell_count: int = 0
-    cells: g.CellTable | None = None
-    n_layer: int = 0
-    r: list[LayerRun] = field(default_factory=list)
-    p: list[LayerRun] = field(default_factory=list)
-    s: list[LayerRun] = field(default_factory=list)
-    raw: Any = None  # the construct Container, for building
-
-    @property
-    def size(self) -> int:
-        return self.end - self.offset
-
-    def active_streams(self) -> list[KVStream]:
-        return [s for s in self.streams if s.cell_count]
-
-    def runs(self) -> list[LayerRun]:
-        out: list[LayerRun] = []
-        for s in self.streams:
-            out += s.k + s.v
-        return out + self.r + self.p + self.s
-
-    def n_cells(self) -> int:
-        if self.kind == "REC":
-            return self.cell_count
-        return sum(s.cell_count for s in self.streams)
-
-    def positions(self) -> np.ndarray:
-        if self.kind == "REC":
-            return self.cells.cells["pos"] if self.cells is not None else np.empty(0, np.int32)
-        parts = [s.positions for s in self.streams if s.cell_count]
-        return np.concatenate(parts) if parts else np.empty(0, np.int32)
-
-
-@dataclass(slots=True)
-class Body:
-    offset: int
-    end: int
-    layout: Layout | None
-    confidence: str
-    blocks: list[MemoryBlock] = field(default_factory=list)
-    alternatives: list[Layout] = field(default_factory=list)
-
-    @property
-    def size(self) -> int:
-        return self.end - self.offset
-
-    @property
-    def memory_class(self) -> str:
-        return self.layout.memory_class if self.layout else "unknown"
-
-
-@dataclass(slots=True)
-class BlobInfo:
-    name: str
-    offset: int  # of the u64 length field
-    length: int
-    data: g.Run
-    seq_id: int | None = None
-    body: Body | None = None
-
-    @property
-    def data_offset(self) -> int:
-        return self.offset + 8
-
-
-@dataclass(slots=True)
-class Checkpoint:
-    index: int
-    offset: int
-    end: int
-    n_tokens: int
-    pos_min: int
-    pos_max: int
-    tgt: BlobInfo
-    dft: BlobInfo
-    spec: BlobInfo
-
-
-@dataclass(slots=True)
-class Appendix:
-    name: str  # "SCKP" or "SDFT"
-    offset: int
-    end: int
-    version: int
-    count: int = 0  # SCKP
-    complete: bool = True
-    dft: BlobInfo | None = None  # SDFT
-    spec: BlobInfo | None = None
-
-
-@dataclass(slots=True)
-class TokenPayload:
-    form: str  # "packed", "plain" or "empty"
-    offset: int
-    n_words: int
-    tokens: np.ndarray
-    version: int | None = None
-    media: list[dict[str, Any]] = field(default_factory=list)
-    padding: int = 0
-    raw: Any = None
-
-    @property
-    def size(self) -> int:
-        return 4 * self.n_words
-
-
-@dataclass(slots=True)
-class SlotFile:
-    path: str
-    size: int
-    format: str  # "GGSQ", "GGSN" or "unknown"
-    version: int | None = None
-    n_token_count: int | None = None
-    tokens: TokenPayload | None = None
-    arch: str | None = None
-    body: Body | None = None
-    sckp: Appendix | None = None
-    checkpoints: list[Checkpoint] = field(default_factory=list)
-    draft: Appendix | None = None
-    trailing: tuple[int, int] | None = None
-    sections: list[Section] = field(default_factory=list)
-    problems: list[Problem] = field(default_factory=list)
-    buffer: Any = None
-    expect: Any = None  # slotfile.expect.ModelExpect of --model, when given
-    draft_expect: Any = None  # the same for --draft-model
-
-    @property
-    def errors(self) -> list[Problem]:
-        return [p for p in self.problems if p.severity == "error"]
-
-    def value_runs(self) -> Iterator[tuple[str, LayerRun]]:
-        """Every non-empty K/V/R/P/S run of the body, the checkpoint blobs and the draft
-        state, as (section name, run), in file order."""
-        bodies = [("body", self.body)]
-        bodies += [(f"sckp.checkpoint[{c.index}].{b.name}", b.body) for c in self.checkpoints for b in (c.tgt, c.dft)]
-        if self.draft and self.draft.dft:
-            bodies.append(("sdft.data_dft", self.draft.dft.body))
-        for name, body in bodies:
-            if body is None:
-                continue
-            for blk in body.blocks:
-                for r in blk.runs():
-                    if r.data.length:
-                        yield f"{name}.{blk.role}", r
-
-    @property
-    def verdict(self) -> str:
-        if self.errors:
-            return "damaged"
-        if self.problems:
-            return "ok with warnings"
-        return "ok"
-
-    @property
-    def n_tokens(self) -> int:
-        return int(self.tokens.tokens.size) if self.tokens is not None else 0
-
-    def problem(self, severity: str, code: str, section: str, offset: int, message: str) -> None:
-        self.problems.append(Problem(severity, code, section, offset, message))
-
-
 # ---------------------------------------------------------------------------------------
 
 
-def open_slot_file(path: str | os.PathLike[str], model: Any = None, draft_model: Any = None) -> SlotFile:
+def open_slot_file(path: str | os.PathLike[str], model: ModelInfo | None = None, draft_model: ModelInfo | None = None,
+                   *, expect: ModelExpect | None = None, draft_expect: ModelExpect | None = None) -> SlotFile:
     """Map ``path`` read-only and parse it.  Raises OSError only for an unreadable path.
 
     ``model`` / ``draft_model``: :class:`slotfile.model.ModelInfo` of the target and draft
-    GGUF; the layout then comes from the model and every disagreement is a problem."""
+    GGUF (or ``expect`` / ``draft_expect``, their expectation already built); the layout then
+    comes from the model and every disagreement is a problem (:mod:`slotfile.modelcheck`)."""
     p = Path(path)
     with open(p, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         buf: Any = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
-    return parse_buffer(buf, str(p), model=model, draft_model=draft_model)
+    return parse_buffer(buf, str(p), model=model, draft_model=draft_model, expect=expect, draft_expect=draft_expect)
 
 
-def parse_buffer(buf: Any, path: str = "<buffer>", model: Any = None, draft_model: Any = None) -> SlotFile:
+def parse_buffer(buf: Any, path: str = "<buffer>", model: ModelInfo | None = None, draft_model: ModelInfo | None = None,
+                 *, expect: ModelExpect | None = None, draft_expect: ModelExpect | None = None) -> SlotFile:
     """Parse a whole file held in ``buf`` (bytes, mmap or anything with the buffer protocol)."""
     view = memoryview(buf).cast("B") if not isinstance(buf, memoryview) else buf
-    sf = SlotFile(path=path, size=len(view), format="unknown", buffer=buf)
+    sf = SlotFile(path=path, size=len(view), format=FileFormat.UNKNOWN, buffer=buf)
     try:
-        if model is not None or draft_model is not None:
-            from .expect import expect_from_model
-
-            sf.expect = expect_from_model(model) if model is not None else None
-            sf.draft_expect = expect_from_model(draft_model) if draft_model is not None else None
+        sf.expect, sf.draft_expect = _expectation(model, expect), _expectation(draft_model, draft_expect)
         _parse_file(sf, view)
+        if sf.expect is not None or sf.draft_expect is not None:
+            from .modelcheck import check_against_model  # only with a model, like the expectation
+
+            sf.problems += check_against_model(sf, sf.expect, sf.draft_expect)
     except (ConstructError, ValueError, OverflowError, IndexError) as e:  # a reader bug, never a crash
         sf.problem("error", "internal", "file", 0, f"reader error: {type(e).__name__}: {e}")
     return sf
+
+
+def _expectation(model: ModelInfo | None, given: ModelExpect | None) -> ModelExpect | None:
+    if given is not None or model is None:
+        return given
+    from .expect import expect_from_model  # imported only with a model: start-up without one does not pay for it
+
+    return expect_from_model(model)
 
 
 def _parse_file(sf: SlotFile, view: memoryview) -> None:
@@ -320,16 +121,16 @@ def _parse_file(sf: SlotFile, view: memoryview) -> None:
         magic = bytes(view[:4])
         sf.problem("error", "truncated", "header", size, f"file of {size} bytes: a header needs 12")
         if magic in (b"qsgg", b"nsgg"):
-            sf.format = "GGSQ" if magic == b"qsgg" else "GGSN"
+            sf.format = FileFormat.GGSQ if magic == b"qsgg" else FileFormat.GGSN
         return
     hdr = g.FileHeader.parse(bytes(view[:12]))
     sf.version, sf.n_token_count = hdr.version, hdr.n_token_count
     sf.sections.append(Section("header", 0, 12))
     if hdr.magic == g.GGSQ_MAGIC:
-        sf.format = "GGSQ"
+        sf.format = FileFormat.GGSQ
         known = GGSQ_VERSIONS
     elif hdr.magic == g.GGSN_MAGIC:
-        sf.format = "GGSN"
+        sf.format = FileFormat.GGSN
         known = GGSN_VERSIONS
     else:
         sf.problem("error", "bad-magic", "header", 0,
@@ -345,8 +146,8 @@ def _parse_file(sf: SlotFile, view: memoryview) -> None:
                    f"header declares {n} token words ({4 * n} bytes), {size - 12} bytes remain")
         return
     body_start = 12 + 4 * n
-    _parse_tokens(sf, view, n, packed_allowed=sf.format == "GGSQ")
-    if sf.format == "GGSN":
+    _parse_tokens(sf, view, n, packed_allowed=sf.format == FileFormat.GGSQ)
+    if sf.format == FileFormat.GGSN:
         body_start = _parse_session_prefix(sf, view, body_start)
         if body_start is None:
             return
@@ -354,7 +155,7 @@ def _parse_file(sf: SlotFile, view: memoryview) -> None:
     if sf.body is None or sf.body.layout is None:
         return
     end = sf.body.end
-    if sf.format == "GGSN":
+    if sf.format == FileFormat.GGSN:
         if end != size:  # llama_context::state_load_file demands exact consumption
             sf.trailing = (end, size - end)
             sf.sections.append(Section("trailing", end, size - end))
@@ -371,10 +172,10 @@ def _parse_tokens(sf: SlotFile, view: memoryview, n: int, packed_allowed: bool) 
     sf.sections.append(Section("tokens", start, 4 * n))
     words = np.frombuffer(view, dtype="<i4", count=n, offset=start)
     if n == 0:
-        sf.tokens = TokenPayload("empty", start, 0, words)
+        sf.tokens = TokenPayload(TokenForm.EMPTY, start, 0, words)
         return
     if not packed_allowed or int(words[0]) != g.PACKED_MARKER:
-        sf.tokens = TokenPayload("plain", start, n, words)
+        sf.tokens = TokenPayload(TokenForm.PLAIN, start, n, words)
         return
     s = g.ViewStream(view, start, end)
     try:
@@ -383,14 +184,15 @@ def _parse_tokens(sf: SlotFile, view: memoryview, n: int, packed_allowed: bool) 
         f = failure_of(e, s)
         where = f" ({f.loc})" if f.loc else ""
         sf.problem("error", f.code, "tokens", f.offset, f"packed server_tokens payload{where}: {f.message}")
-        sf.tokens = TokenPayload("packed", start, n, np.empty(0, np.int32), version=int(words[1]) if n > 1 else None)
+        sf.tokens = TokenPayload(TokenForm.PACKED, start, n, np.empty(0, np.int32),
+                                 version=int(words[1]) if n > 1 else None)
         return
     media = [
         {"key": int(k), "offset": m["offset"], "length": m["length"],
          "type": int(m["chunk"].type), "n_text": int(m["chunk"].n_text)}
         for k, m in zip(c.media_keys, c.media)
     ]
-    sf.tokens = TokenPayload("packed", start, n, c.tokens, c.version, media, c.padding.length, raw=c)
+    sf.tokens = TokenPayload(TokenForm.PACKED, start, n, c.tokens, c.version, media, c.padding.length, raw=c)
 
 
 def _parse_session_prefix(sf: SlotFile, view: memoryview, off: int) -> int | None:
@@ -416,11 +218,11 @@ def _parse_session_prefix(sf: SlotFile, view: memoryview, off: int) -> int | Non
 
 
 def _parse_body(sf: SlotFile, view: memoryview, start: int) -> None:
-    whole = sf.format == "GGSN"
+    whole = sf.format == FileFormat.GGSN
     end = len(view)
     if _is_dsv4(view, start, end):
         sf.problem("error", "unsupported-layout", "body", start, "DeepSeek-V4 (DSV4) state frame: not supported yet")
-        sf.body = Body(start, end, None, "none")
+        sf.body = Body(start, end, None, Confidence.NONE)
         return
     extras = V4_EXTRAS if _is_v4(sf) else ((0, 0),)
     det = _detect_with_model(sf, view, start, end, sf.expect, False, "body", whole=whole, exact=whole,
@@ -431,8 +233,6 @@ def _parse_body(sf: SlotFile, view: memoryview, start: int) -> None:
                    f"{sf.format} {sf.version} body in the layout of llama.cpp before mid-2025 (KV blocks without "
                    "n_stream, single-sequence cells without seq id); current llama.cpp cannot load it"
                    + ("; the model comparison covers current layouts only" if sf.expect is not None else ""))
-    elif sf.expect is not None and sf.body.layout is not None:
-        _model_problems(sf, sf.expect, sf.body, False, "body")
     if det.layout is None and _is_v4(sf):
         f = det.failure
         sf.problem("error", "unsupported-version", "body", f.offset if f else start,
@@ -464,40 +264,34 @@ def _parse_body(sf: SlotFile, view: memoryview, start: int) -> None:
     # not when an appendix follows the body (nothing was cut there).
     at_eof = det.end == end
     for b in sf.body.blocks:
-        if b.kind == "KV" and not b.has_v and b.n_cells() and sf.expect is None and at_eof:
+        if b.kind == MemoryKind.KV and not b.has_v and b.n_cells() and sf.expect is None and at_eof:
             sf.problem("warning", "k-only", f"body.{b.role}", b.end,
                        "KV block without V (an MLA or indexer cache); for any other model the file "
                        f"was cut at offset {b.end}, where V should start (give --model to decide)")
-    if det.confidence == "ambiguous":
+    if det.confidence == Confidence.AMBIGUOUS:
         alts = "; ".join(a.describe() for a in det.alternatives)
         sf.problem("warning", "ambiguous-layout", "body", start,
                    f"the bytes also parse as {alts}; chose {det.layout.describe()} (give --model to decide)")
 
 
-def _detect_with_model(sf: SlotFile, view: memoryview, start: int, end: int, exp: Any, partial: bool,
-                       section: str, **kw: Any) -> Detection:
-    """Detect with the model's layout when there is one; when the bytes do not fit it, say so
-    and fall back to what the bytes alone say (so the rest can still be described)."""
+def _detect_with_model(sf: SlotFile, view: memoryview, start: int, end: int, exp: ModelExpect | None,
+                       partial: bool, section: str, **kw: Any) -> Detection:
+    """Detect with the model's layout when there is one; when the bytes do not fit it, fall
+    back to what the bytes alone say (so the rest can still be described; the model check
+    then names each disagreement).  The model's layout that leaves bytes over loses to a
+    layout that explains them all: that is a wrong model, not a damaged file."""
     if exp is None or not exp.modelled:
         return detect(view, start, end, **kw)
     from .expect import layout_of
 
     want = layout_of(exp, partial=partial)
     fixed = detect(view, start, end, fixed=want, **{k: v for k, v in kw.items() if k == "whole" or k == "exact"})
-    if fixed.layout is not None:
+    if fixed.layout is not None and fixed.confidence != Confidence.TRAILING:
         return fixed
     free = detect(view, start, end, **kw)
-    return free if free.layout is not None else fixed  # compare() then names each disagreement
-
-
-def _model_problems(sf: SlotFile, exp: Any, body: Body, partial: bool, section: str) -> None:
-    from .expect import compare
-
-    for sec, off, msg in compare(exp, body, partial=partial, prefix=section):
-        if msg.startswith("not checked"):
-            sf.problem("warning", "not-modelled", sec, off, msg)
-        else:
-            sf.problem("error", "model-mismatch", sec, off, msg)
+    if free.layout is not None and (fixed.layout is None or free.confidence != Confidence.TRAILING):
+        return free
+    return fixed  # its failure says where the model's layout stops fitting
 
 
 # GGSQ v4 trial shapes: (u32 words before v_trans, after n_layer) in each KV stream
@@ -512,17 +306,15 @@ def _is_dsv4(view: memoryview, start: int, end: int) -> bool:
 def _may_be_legacy(sf: SlotFile) -> bool:
     """State version 2 and session version 9 were written both before and after llama.cpp
     added n_stream to the KV block (mid-2025), without a version bump."""
-    return (sf.format, sf.version) in (("GGSQ", 2), ("GGSN", 9))
+    return (sf.format, sf.version) in ((FileFormat.GGSQ, 2), (FileFormat.GGSN, 9))
 
 
 def _is_v4(sf: SlotFile) -> bool:
-    return sf.format == "GGSQ" and sf.version == 4
+    return sf.format == FileFormat.GGSQ and sf.version == 4
 
 
-def _sequences_for(sf: SlotFile) -> list[tuple[str, ...]]:
+def _sequences_for(sf: SlotFile) -> list[Kinds]:
     """Candidate block sequences: those a session's arch name allows, when it names one."""
-    from .layout import ARCH_SEQUENCES
-
     return list(ARCH_SEQUENCES.get(sf.arch or "", SEQUENCES))
 
 
@@ -531,12 +323,12 @@ def _body_from(det: Detection, start: int) -> Body:
     if det.layout is None:
         return body
     for role, spec, raw in zip(det.layout.roles(), det.layout.blocks, det.blocks):
-        body.blocks.append(_kv_from(role, raw, spec.has_v) if spec.kind == "KV" else _rec_from(role, raw))
+        body.blocks.append(_kv_from(role, raw, spec.has_v) if spec.kind == MemoryKind.KV else _rec_from(role, raw))
     return body
 
 
 def _kv_from(role: str, c: Any, has_v: bool) -> MemoryBlock:
-    blk = MemoryBlock(role, "KV", c.offset, c.end, has_v=has_v, n_stream=c.n_stream, raw=c)
+    blk = MemoryBlock(role, MemoryKind.KV, c.offset, c.end, has_v=has_v, n_stream=c.n_stream, raw=c)
     for i, sc in enumerate(c.streams):
         st = KVStream(i, sc.offset, sc.cell_count)
         d = sc.data
@@ -554,7 +346,8 @@ def _kv_from(role: str, c: Any, has_v: bool) -> MemoryBlock:
 
 
 def _rec_from(role: str, c: Any) -> MemoryBlock:
-    blk = MemoryBlock(role, "REC", c.offset, c.end, cell_count=c.cell_count, cells=c.meta, n_layer=c.n_layer, raw=c)
+    blk = MemoryBlock(role, MemoryKind.REC, c.offset, c.end, cell_count=c.cell_count, cells=c.meta, n_layer=c.n_layer,
+                      raw=c)
     for j, e in enumerate(c.r):
         if "r" in e:  # an R entry followed by its PLE conv rows
             blk.r.append(LayerRun("R", j, e.r.offset, e.r.type, e.r.row_size, c.cell_count, e.r.data))
@@ -700,7 +493,7 @@ def _parse_checkpoint_blobs(sf: SlotFile, view: memoryview) -> None:
 
 
 def _parse_seq_blob(sf: SlotFile, view: memoryview, blob: BlobInfo, section: str, partial: tuple[str, ...] | None,
-                    exp: Any = None, exp_partial: bool = False) -> None:
+                    exp: ModelExpect | None = None, exp_partial: bool = False) -> None:
     """A ``llama_state_seq_get_data`` blob: io_magic, seq_id, then a body that fills the blob."""
     start, end = blob.data_offset, blob.data_offset + blob.length
     seq_id = ap.blob_seq_id(view, start, end)
@@ -718,8 +511,7 @@ def _parse_seq_blob(sf: SlotFile, view: memoryview, blob: BlobInfo, section: str
                              extras=V4_EXTRAS if _is_v4(sf) else ((0, 0),))
     blob.body = _body_from(det, start + 8)
     if exp is not None and blob.body.layout is not None:
-        _model_problems(sf, exp, blob.body, exp_partial, section)
-        return
+        return  # read in the model's layout: modelcheck.check_against_model judges it
     if det.layout is None:
         f = det.failure
         msg = f"{f.message} ({f.layout}{', ' + f.loc if f.loc else ''})" if f else "no known layout fills the blob"
@@ -755,24 +547,22 @@ def _check_semantics(sf: SlotFile) -> None:
             _check_block(sf, blk, f"sdft.data_dft.{blk.role}")
     _check_tokens_vs_cells(sf)
     _check_checkpoints(sf)
-    if sf.expect is not None:
-        _check_against_model(sf, sf.expect)
 
 
 def _check_block(sf: SlotFile, blk: MemoryBlock, sec: str) -> None:
-    if blk.kind == "KV":
+    if blk.kind == MemoryKind.KV:
         active = blk.active_streams()
-        if len(active) > 1 and sf.format == "GGSQ":
+        if len(active) > 1 and sf.format == FileFormat.GGSQ:
             sf.problem("error", "invalid", sec, blk.offset,
                        f"{len(active)} non-empty streams in a single-sequence save (at most 1)")
         for st in active:
-            cells = st.cells.cells if st.cells is not None else None
-            if cells is None:
+            ct = st.cells
+            if ct is None:
                 continue
-            _check_positions(sf, cells["pos"], st.cells.offset, cells.dtype.itemsize, f"{sec}.stream[{st.index}]")
-            seq = np.unique(st.cells.seq_ids)
-            if sf.format == "GGSQ" and seq.size > 1:
-                sf.problem("warning", "invalid", f"{sec}.stream[{st.index}]", st.cells.offset,
+            _check_positions(sf, ct.cells["pos"], ct.offset, ct.cells.dtype.itemsize, f"{sec}.stream[{st.index}]")
+            seq = np.unique(ct.seq_ids)
+            if sf.format == FileFormat.GGSQ and seq.size > 1:
+                sf.problem("warning", "invalid", f"{sec}.stream[{st.index}]", ct.offset,
                            f"cells carry {seq.size} different seq ids in a single-sequence save")
     elif blk.cells is not None and blk.cell_count:
         _check_positions(sf, blk.cells.cells["pos"], blk.cells.offset, blk.cells.cells.dtype.itemsize, sec)
@@ -796,12 +586,13 @@ def _check_positions(sf: SlotFile, pos: np.ndarray, off: int, stride: int, sec: 
 
 
 def _check_tokens_vs_cells(sf: SlotFile) -> None:
-    if sf.tokens is None or sf.body is None or not sf.body.blocks or sf.tokens.form == "packed" and sf.tokens.raw is None:
+    if sf.tokens is None or sf.body is None or not sf.body.blocks or (
+            sf.tokens.form == TokenForm.PACKED and sf.tokens.raw is None):
         return
     t = sf.n_tokens
     first = sf.body.blocks[0]
     pos = first.positions()
-    if first.kind == "KV" and first.role in ("kv", "kv-base") and not (sf.tokens.media):
+    if first.kind == MemoryKind.KV and first.role in ("kv", "kv-base") and not (sf.tokens.media):
         n = first.n_cells()
         if n != t:
             sf.problem("warning", "token-mismatch", f"body.{first.role}", first.offset,
@@ -829,23 +620,3 @@ def _check_checkpoints(sf: SlotFile) -> None:
 
 def body_end_or_appendix(view: memoryview, off: int) -> bool:
     return appendix_at(view, off, len(view))
-
-
-def _check_against_model(sf: SlotFile, exp: Any) -> None:
-    """Token ids within the vocabulary, positions within the trained context."""
-    tp = sf.tokens
-    if tp is not None and tp.tokens.size and exp.n_vocab:
-        ids = tp.tokens
-        bad = np.flatnonzero(((ids < 0) & (ids != -1)) | (ids >= exp.n_vocab))
-        if bad.size:
-            i = int(bad[0])
-            base = tp.offset + (12 if tp.form == "packed" else 0)
-            sf.problem("error", "token-out-of-vocab", "tokens", base + 4 * i,
-                       f"token {i} is id {int(ids[i])}, outside the model's vocabulary of {exp.n_vocab} "
-                       f"({bad.size} such tokens)")
-    if sf.body is not None and exp.n_ctx_train:
-        for blk in sf.body.blocks:
-            pos = blk.positions()
-            if pos.size and int(pos.max()) >= exp.n_ctx_train:
-                sf.problem("warning", "position-range", f"body.{blk.role}", blk.offset,
-                           f"position {int(pos.max())} is beyond the model's trained context {exp.n_ctx_train}")

@@ -12,17 +12,9 @@ from typing import Any
 import numpy as np
 
 from .ggml_types import type_name
-from .reader import (
-    GGSN_VERSIONS,
-    GGSQ_VERSIONS,
-    Appendix,
-    BlobInfo,
-    Body,
-    Checkpoint,
-    LayerRun,
-    MemoryBlock,
-    SlotFile,
-)
+from .layout import MemoryKind
+from .reader import GGSN_VERSIONS, GGSQ_VERSIONS
+from .records import Appendix, BlobInfo, Body, Checkpoint, FileFormat, LayerRun, MemoryBlock, SlotFile, TokenForm
 
 SCHEMA = "slotfile.dump/1"
 
@@ -65,7 +57,7 @@ def _cells(ct: Any, ext: int) -> dict[str, Any] | None:
 
 def block_json(b: MemoryBlock, ext: int) -> dict[str, Any]:
     d: dict[str, Any] = {"role": b.role, "kind": b.kind, "offset": b.offset, "size": b.size}
-    if b.kind == "KV":
+    if b.kind == MemoryKind.KV:
         c = b.raw
         d["has_v"] = b.has_v
         d["n_stream"] = _f(c.offset, b.n_stream)
@@ -158,7 +150,7 @@ def tokens_json(sf: SlotFile, with_ids: bool) -> dict[str, Any] | None:
     if t is None:
         return None
     d: dict[str, Any] = {"offset": t.offset, "size": t.size, "form": t.form, "n_tokens": int(t.tokens.size)}
-    if t.form == "packed" and t.raw is not None:
+    if t.form == TokenForm.PACKED and t.raw is not None:
         c = t.raw
         d["marker"] = _f(c.offset, int(c.marker))
         d["state_version"] = _f(c.offset + 4, int(c.version))
@@ -176,14 +168,14 @@ def tokens_json(sf: SlotFile, with_ids: bool) -> dict[str, Any] | None:
 
 
 def to_json(sf: SlotFile, *, with_tokens: bool = False, text: str | None = None) -> dict[str, Any]:
-    known = GGSQ_VERSIONS if sf.format == "GGSQ" else GGSN_VERSIONS
+    known = GGSQ_VERSIONS if sf.format == FileFormat.GGSQ else GGSN_VERSIONS
     d: dict[str, Any] = {
         "schema": SCHEMA,
         "file": sf.path,
         "size": sf.size,
         "format": sf.format,
         "version": sf.version,
-        "version_note": known.get(sf.version or -1) if sf.format != "unknown" else None,
+        "version_note": known.get(sf.version or -1) if sf.format != FileFormat.UNKNOWN else None,
         "header": None,
         "tokens": tokens_json(sf, with_tokens),
         "arch": None,

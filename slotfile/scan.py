@@ -24,8 +24,8 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from .ggml_types import TYPES
-from .reader import LayerRun, SlotFile
+from .ggml_types import TYPES, TypeId
+from .records import LayerRun, SlotFile
 
 # Bytes per task.  Large enough that per-task Python overhead, the page faults of a fresh
 # range and the TLB shootdown of each MADV_DONTNEED are amortised; small enough that a
@@ -33,13 +33,17 @@ from .reader import LayerRun, SlotFile
 CHUNK = 2 << 20
 
 # float element types: (unsigned lane dtype, exponent mask, element size)
-_FLOATS = {
-    1: (np.dtype("<u2"), 0x7C00, 2),  # f16
-    30: (np.dtype("<u2"), 0x7F80, 2),  # bf16
-    0: (np.dtype("<u4"), 0x7F800000, 4),  # f32
+_FLOATS: dict[int, tuple[np.dtype, int, int]] = {
+    TypeId.F16: (np.dtype("<u2"), 0x7C00, 2),
+    TypeId.BF16: (np.dtype("<u2"), 0x7F80, 2),
+    TypeId.F32: (np.dtype("<u4"), 0x7F800000, 4),
 }
-# quantized block types whose first half (d) - and for *_1 also the second (m) - is an f16
-_SCALES = {2: 1, 3: 2, 6: 1, 7: 2, 8: 1, 9: 2, 20: 1, 39: 0}
+# quantized block types whose first half (d) - and for *_1 also the second (m) - is an f16;
+# mxfp4's scale is an E8M0 byte, which has no inf/NaN to find
+_SCALES: dict[int, int] = {
+    TypeId.Q4_0: 1, TypeId.Q4_1: 2, TypeId.Q5_0: 1, TypeId.Q5_1: 2, TypeId.Q8_0: 1, TypeId.Q8_1: 2,
+    TypeId.IQ4_NL: 1, TypeId.MXFP4: 0,
+}
 _F16_EXP = 0x7C00
 
 

@@ -33,22 +33,27 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from .expect import expect_from_model
+from .ggml_types import TypeId
 from .loader import LoaderError, LoaderPool, LoadResult, LoadSettings, settings_for
 from .model import ModelError, ModelInfo, load_model_info
-from .reader import GGSN_VERSIONS, GGSQ_VERSIONS, Body, LayerRun, MemoryBlock, SlotFile, open_slot_file
+from .modelcheck import check_against_model
+from .reader import GGSN_VERSIONS, GGSQ_VERSIONS, open_slot_file
+from .records import Body, LayerRun, MemoryBlock, ModelExpect, Severity, SlotFile
 
 SCHEMA = "slotfile.verify/1"
 LEVELS = ("structure", "model", "load", "deep")
 SLOT_SUFFIXES = (".slot", ".bin")
 MAGICS = (b"qsgg", b"nsgg")
 
-FLOAT_TYPES = (0, 1, 30)  # f32, f16, bf16
-EIGHT_BIT = (8, 9)  # q8_0, q8_1
+FLOAT_TYPES = (TypeId.F32, TypeId.F16, TypeId.BF16)
+EIGHT_BIT = (TypeId.Q8_0, TypeId.Q8_1)
 ROW_TOLERANCE = {"float": 0.05, "8-bit": 0.08, "low-bit": 0.25}
 LOGITS_TOLERANCE = {"float": 0.05, "8-bit": 0.10, "low-bit": 0.10}
 CHUNK_CELLS = 4096  # cells dequantized at a time (bounded memory on big files)
@@ -74,30 +79,46 @@ def tolerance_class(type_id: int) -> str:
 # ---------------------------------------------------------------------------------------
 
 
+class Status(StrEnum):
+    """A level's outcome."""
+
+    PASS = "pass"
+    FAIL = "fail"
+    SKIPPED = "skipped"
+
+
+class Verdict(StrEnum):
+    """A file's outcome: every level that ran passed, one failed, or the file could not be read."""
+
+    PASS = "pass"
+    FAIL = "fail"
+    ERROR = "error"
+
+
 @dataclass
 class Level:
-    status: str = "skipped"  # pass, fail, skipped
+    status: Status = Status.SKIPPED
     problems: list[dict[str, Any]] = field(default_factory=list)
     reason: str = ""  # why it was skipped
     details: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
 
-    def add(self, severity: str, code: str, section: str, offset: int | None, message: str) -> None:
+    def add(self, severity: Severity, code: str, section: str, offset: int | None, message: str) -> None:
         self.problems.append({"severity": severity, "code": code, "section": section, "offset": offset,
                               "message": message})
 
     def error(self, code: str, section: str, offset: int | None, message: str) -> None:
-        self.add("error", code, section, offset, message)
+        self.add(Severity.ERROR, code, section, offset, message)
 
     def warn(self, code: str, section: str, offset: int | None, message: str) -> None:
-        self.add("warning", code, section, offset, message)
+        self.add(Severity.WARNING, code, section, offset, message)
 
     def finish(self) -> "Level":
-        self.status = "fail" if any(p["severity"] == "error" for p in self.problems) else "pass"
+        self.status = Status.FAIL if any(p["severity"] == Severity.ERROR for p in self.problems) else Status.PASS
         return self
 
     def skip(self, reason: str) -> "Level":
-        self.status, self.reason = "skipped", reason
+        self.status, self.reason = Status.SKIPPED, reason
         return self
 
     def to_dict(self) -> dict[str, Any]:
@@ -122,17 +143,17 @@ class FileReport:
     seconds: float = 0.0
 
     @property
-    def verdict(self) -> str:
+    def verdict(self) -> Verdict:
         if self.error is not None:
-            return "error"
-        return "fail" if any(lv.status == "fail" for lv in self.levels.values()) else "pass"
+            return Verdict.ERROR
+        return Verdict.FAIL if any(lv.status == Status.FAIL for lv in self.levels.values()) else Verdict.PASS
 
     @property
     def level_reached(self) -> int:
         """The highest level n such that levels 1..n all ran and passed (0: structure failed)."""
         n = 0
         for i, name in enumerate(LEVELS, start=1):
-            if self.levels[name].status != "pass":
+            if self.levels[name].status != Status.PASS:
                 break
             n = i
         return n
@@ -143,7 +164,7 @@ class FileReport:
             return self.error
         for name in LEVELS:
             for p in self.levels[name].problems:
-                if p["severity"] == "error":
+                if p["severity"] == Severity.ERROR:
                     return f"{name}: {_where(p)}{p['message']}"
         return None
 
@@ -236,8 +257,9 @@ def collect(args: list[Path]) -> tuple[list[Path], list[str]]:
 
 
 def level_structure(sf: SlotFile) -> Level:
+    """The reader's problems, less the model check's (the model level reports those)."""
     lv = Level()
-    for p in sf.problems:
+    for p in sf.file_problems:
         lv.add(p.severity, p.code, p.section, p.offset, p.message)
     lv.details = {"format": sf.format, "version": sf.version,
                   "layout": sf.body.layout.describe() if sf.body and sf.body.layout else None,
@@ -266,7 +288,7 @@ def scan_into(lv: Level, sf: SlotFile, jobs: int) -> None:
 @dataclass
 class ModelSide:
     info: ModelInfo
-    expect: Any = None  # slotfile.expect.ModelExpect, or None when expect is unavailable
+    expect: ModelExpect | None = None  # None when the expectation code cannot read this model
     note: str = ""
 
 
@@ -279,86 +301,47 @@ def _model_side(path: str | None) -> ModelSide | None:
         raise VerifyError(str(e)) from e
     side = ModelSide(info)
     try:
-        from . import expect as _expect
-
-        side.expect = _expect.expect_from_model(info)
-    except ImportError:
-        side.note = "slotfile.expect is not available: layouts not checked against the model"
+        side.expect = expect_from_model(info)
     except Exception as e:  # noqa: BLE001 - a model the expectation code cannot read
-        side.note = f"no expected layout for this model ({type(e).__name__}: {e})"
+        side.note = f"no expected layout for this model ({type(e).__name__}: {e}); not checked against it"
     return side
 
 
-def _compare(exp: Any, body: Body | None, partial: bool, prefix: str) -> list[tuple[str, int, str]]:
-    from . import expect as _expect
-
-    if body is None:
-        return []
-    return _expect.compare(exp, body, partial=partial, prefix=prefix)
-
-
-def _token_offsets(sf: SlotFile) -> int:
-    tp = sf.tokens
-    if tp is None:
-        return 12
-    return tp.offset + (12 if tp.form == "packed" else 0)
+def read(path: Path, side: ModelSide | None, dside: ModelSide | None) -> SlotFile:
+    """Open ``path`` the way ``inspect --model`` and ``dump --model`` read it: in the model's
+    layout when there is one (:func:`slotfile.reader.open_slot_file`)."""
+    return open_slot_file(path, expect=side.expect if side is not None else None,
+                          draft_expect=dside.expect if dside is not None else None)
 
 
 def level_model(sf: SlotFile, side: ModelSide | None, dside: ModelSide | None) -> Level:
+    """The model check (slotfile.modelcheck, the same problems ``inspect --model`` lists), and
+    what this run could not check: a model without an expectation, draft blobs without
+    ``--draft-model``."""
     lv = Level()
     if side is None:
         return lv.skip("no --model")
     info, exp = side.info, side.expect
-    if side.note:
-        lv.warn("not-modelled", "body", sf.body.offset if sf.body else None, side.note)
-    if sf.format == "GGSN" and sf.arch is not None and sf.arch != info.arch:
-        lv.error("wrong-arch", "arch", 12 + 4 * (sf.n_token_count or 0),
-                 f"the session was written by a {sf.arch!r} model; --model is {info.arch!r}")
-    if exp is not None and sf.body is not None:
-        modelled = bool(getattr(exp, "modelled", True))
-        for sec, off, msg in _compare(exp, sf.body, False, "body"):
-            (lv.error if modelled else lv.warn)("model-mismatch" if modelled else "not-modelled", sec, off, msg)
-        for ck in sf.checkpoints:
-            if ck.tgt.body is not None and modelled:
-                for sec, off, msg in _compare(exp, ck.tgt.body, True, f"sckp.checkpoint[{ck.index}].data_tgt"):
-                    lv.error("model-mismatch", sec, off, msg)
-    # token ids: the server rejects ids outside [0, n_vocab) (server_tokens::validate)
-    n_vocab = (getattr(exp, "n_vocab", 0) if exp is not None else 0) or info.n_vocab
-    if sf.tokens is not None and sf.tokens.tokens.size and n_vocab:
-        toks = np.asarray(sf.tokens.tokens)
-        media = sf.tokens.form == "packed" and bool(sf.tokens.media)
-        bad = np.flatnonzero(((toks < 0) & ~(media & (toks == -1))) | (toks >= n_vocab))
-        if bad.size:
-            i = int(bad[0])
-            lv.error("token-out-of-vocab", "tokens", _token_offsets(sf) + 4 * i,
-                     f"token {i} is id {int(toks[i])}, outside the model's vocabulary [0, {n_vocab})"
-                     + (f" ({bad.size} such tokens)" if bad.size > 1 else ""))
-    # positions: beyond the training context only works with rope scaling
-    n_ctx_train = (getattr(exp, "n_ctx_train", 0) if exp is not None else 0) or int(info.get("context_length", 0) or 0)
-    if n_ctx_train and sf.body is not None:
-        scaled = str(info.get("rope.scaling.type", "none") or "none") not in ("none", "")
-        for blk in sf.body.blocks:
-            pos = blk.positions()
-            if pos.size and int(pos.max()) >= n_ctx_train:
-                msg = (f"highest position {int(pos.max())} is beyond the model's training context {n_ctx_train}"
-                       + (" (the model has rope scaling, so this may be intended)" if scaled else ""))
-                (lv.warn if scaled else lv.error)("position-beyond-context", f"body.{blk.role}", blk.offset, msg)
-                break
-    # the draft state against the draft model
+    dexp = dside.expect if dside is not None else None
+    for s in (side, dside):
+        if s is not None and s.note:
+            lv.warn("not-modelled", "body", sf.body.offset if sf.body else None, s.note)
+    for p in check_against_model(sf, exp, dexp):
+        lv.add(p.severity, p.code, p.section, p.offset, p.message)
+    if exp is not None and sf.body is not None and sf.body.layout is None:
+        lv.warn("not-checked", "body", sf.body.offset,
+                "the body does not parse (see the structure level), so its layout is not compared with the model")
     dft_blobs = []
     if sf.draft is not None and sf.draft.dft is not None and sf.draft.dft.length:
-        dft_blobs.append((sf.draft.dft, False, "sdft.data_dft"))
-    dft_blobs += [(ck.dft, True, f"sckp.checkpoint[{ck.index}].data_dft") for ck in sf.checkpoints if ck.dft.length]
-    if dft_blobs:
-        if dside is None:
-            lv.warn("draft-not-checked", dft_blobs[0][2], dft_blobs[0][0].offset,
-                    f"{len(dft_blobs)} draft blob(s) not checked (no --draft-model)")
-        elif dside.expect is not None and getattr(dside.expect, "modelled", True):
-            for blob, partial, sec in dft_blobs:
-                for s2, off, msg in _compare(dside.expect, blob.body, partial, sec):
-                    lv.error("draft-mismatch", s2, off, msg)
+        dft_blobs.append((sf.draft.dft, "sdft.data_dft"))
+    dft_blobs += [(ck.dft, f"sckp.checkpoint[{ck.index}].data_dft") for ck in sf.checkpoints if ck.dft.length]
+    if dft_blobs and dside is None:
+        lv.warn("draft-not-checked", dft_blobs[0][1], dft_blobs[0][0].offset,
+                f"{len(dft_blobs)} draft blob(s) not checked (no --draft-model)")
+    n_vocab = (exp.n_vocab if exp is not None else 0) or info.n_vocab
+    n_ctx_train = (exp.n_ctx_train if exp is not None else 0) or int(info.get("context_length", 0) or 0)
     lv.details = {"arch": info.arch, "n_vocab": n_vocab, "n_ctx_train": n_ctx_train,
-                  "memory_class": getattr(exp, "memory_class", None)}
+                  "memory_class": exp.memory_class if exp is not None else None}
     return lv.finish()
 
 
@@ -441,11 +424,11 @@ def _dequant_rows(run: LayerRun, c0: int, c1: int) -> np.ndarray:
         return np.zeros((c1 - c0, 0))
     if run.transposed:
         a = run.array()[:, c0:c1]
-        a = (a.astype(np.uint32) << 16).view(np.float32) if t == 30 else a
+        a = (a.astype(np.uint32) << 16).view(np.float32) if t == TypeId.BF16 else a
         return np.asarray(a, dtype=np.float64).T
-    if t in (0, 1):
+    if t in (TypeId.F32, TypeId.F16):
         return np.asarray(run.array()[c0:c1], dtype=np.float64)
-    if t == 30:
+    if t == TypeId.BF16:
         return (run.array()[c0:c1].astype(np.uint32) << 16).view(np.float32).astype(np.float64)
     import gguf.quants as gq
     from gguf import GGMLQuantizationType
@@ -597,7 +580,7 @@ def level_deep(sf: SlotFile, path: str, pool: LoaderPool | None, load: Level, op
         return lv.skip("no --deep")
     if pool is None:
         return lv.skip("no --model")
-    if load.status != "pass":
+    if load.status != Status.PASS:
         return lv.skip("the file does not load")
     why = _deep_preconditions(sf, int(pool.info.get("n_vocab") or 0))
     if why:
@@ -674,7 +657,7 @@ class Verifier:
         try:
             if path.is_dir():
                 raise IsADirectoryError(21, "is a directory")
-            sf = open_slot_file(path)
+            sf = read(path, self.side, self.dside)
         except OSError as e:
             rep.error = f"{path}: {e.strerror or e}"
             return rep

@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from slotfile.expect import CacheExpect, ModelExpect, RecExpect, compare, expect_from_model, layout_of
+from slotfile.compare import compare
+from slotfile.expect import CacheExpect, ModelExpect, RecExpect, expect_from_model, layout_of
 from slotfile.model import ModelInfo, load_model_info
 from slotfile.reader import SlotFile, open_slot_file
 

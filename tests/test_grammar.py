@@ -38,6 +38,22 @@ def test_type_table_matches_gguf():
         assert t.name.lower() == GGMLQuantizationType(int(qt)).name.lower()
 
 
+def test_type_ids_are_gguf_names():
+    """ggml_types.TypeId spells each id as gguf.GGMLQuantizationType does; only ids gguf does
+    not know yet (q2_0) are its own, and every id in the size table is a TypeId."""
+    from gguf.constants import GGMLQuantizationType
+
+    from slotfile.ggml_types import TypeId
+
+    for t in TypeId:
+        if t.name in GGMLQuantizationType.__members__:
+            assert GGMLQuantizationType[t.name] == t, t
+        else:
+            assert t.name == "Q2_0" and int(t) not in {int(q) for q in GGMLQuantizationType}, t
+        assert TYPES[t].name.lower() == t.name.lower()
+    assert set(TYPES) == {int(t) for t in TypeId}
+
+
 def test_bulk_runs_are_views_not_copies():
     path = next(p for p in SLOT_FILES if p.name == "llama_f16_fa.slot")
     sf = open_slot_file(path)
