@@ -28,15 +28,21 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-CONFIGS = (("f32_nofa", False, 0), ("f16_fa", True, 1), ("f16_nofa", False, 1), ("bf16_fa", True, 30),
-           ("q8_0_fa", True, 8), ("q4_0_fa", True, 2))
+CONFIGS = (
+    ("f32_nofa", False, 0),
+    ("f16_fa", True, 1),
+    ("f16_nofa", False, 1),
+    ("bf16_fa", True, 30),
+    ("q8_0_fa", True, 8),
+    ("q4_0_fa", True, 2),
+)
 CHUNKS = (1, 3, 17, 64, 5)
 
 
 def write_files(out: Path, n_tokens: int) -> Path:
     """The model and one slot file per cache configuration (llama_cpp imported here only)."""
-    import numpy as np
     import llama_cpp as L
+    import numpy as np
 
     from fixtures import models
 
@@ -48,7 +54,7 @@ def write_files(out: Path, n_tokens: int) -> Path:
     L.llama_backend_init()
     model = L.llama_model_load_from_file(str(model_path).encode(), L.llama_model_default_params())
     rng = np.random.default_rng(0)
-    toks = [models.BOS_ID] + rng.integers(0, 318, n_tokens - 1).tolist()
+    toks = [models.BOS_ID, *rng.integers(0, 318, n_tokens - 1).tolist()]
     for name, fa, t in CONFIGS:
         p = L.llama_context_default_params()
         p.n_ctx, p.n_batch, p.n_ubatch, p.n_threads, p.n_threads_batch = 512, 512, 16, 1, 1
@@ -94,13 +100,15 @@ def measure(out: Path, model_path: Path) -> None:
                     rec = open_slot_file(tmp.name)
                     worst = {"K": 0.0, "V": 0.0}
                     rel = 0.0
-                    for fb, rb in zip(sf.body.blocks, rec.body.blocks):
-                        for a, b in zip(fb.runs(), rb.runs()):
+                    for fb, rb in zip(sf.body.blocks, rec.body.blocks, strict=False):
+                        for a, b in zip(fb.runs(), rb.runs(), strict=False):
                             m = compare_run(a, b)
                             worst[a.part] = max(worst[a.part], m["worst_cell_rel"])
                             rel = max(rel, m["rel"])
-                    print(f"{name:<12} {label:>8} {worst['K']:>13.3g} {worst['V']:>13.3g} {rel:>10.3g} "
-                          f"{r.logits['rel']:>10.3g}")
+                    print(
+                        f"{name:<12} {label:>8} {worst['K']:>13.3g} {worst['V']:>13.3g} {rel:>10.3g} "
+                        f"{r.logits['rel']:>10.3g}"
+                    )
 
 
 def main() -> int:

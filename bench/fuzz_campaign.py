@@ -56,7 +56,7 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "fuzz.json")
     args = ap.parse_args()
     slotfile = [sys.executable, "-m", "slotfile"]
-    has_verify = subprocess.run(slotfile + ["verify", "--help"], capture_output=True).returncode == 0
+    has_verify = subprocess.run([*slotfile, "verify", "--help"], capture_output=True).returncode == 0
     small = sorted(p for p in SLOTS.iterdir() if p.suffix in (".slot", ".session") and p.stat().st_size <= 20_000)
     inputs: list[tuple[str, bytes]] = []
     for p in small:

@@ -31,7 +31,14 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.run import BARE_LOAD, PY, Sample, interleaved, run_child, slotfile_argv
+from bench.run import (  # noqa: E402 - after the sys.path line above
+    BARE_LOAD,
+    PY,
+    Sample,
+    interleaved,
+    run_child,
+    slotfile_argv,
+)
 
 BARE_MODEL = BARE_LOAD.split("with open(slot_path")[0] + "sys.exit(0)\n"
 
@@ -91,9 +98,13 @@ def med(samples: list[Sample]) -> float:
 
 
 def summary(m: Any) -> dict[str, Any]:
-    return {"median_s": round(med(m.samples), 3), "all_s": [round(s.wall, 3) for s in m.samples],
-            "peak_rss_mib": round(m.rss_mib, 1), "rc": [s.rc for s in m.samples],
-            "error": next((s.out[-300:] for s in m.samples if s.rc != 0), None)}
+    return {
+        "median_s": round(med(m.samples), 3),
+        "all_s": [round(s.wall, 3) for s in m.samples],
+        "peak_rss_mib": round(m.rss_mib, 1),
+        "rc": [s.rc for s in m.samples],
+        "error": next((s.out[-300:] for s in m.samples if s.rc != 0), None),
+    }
 
 
 def run_real(work: Path, repeat: int, before: str | None = None, log: Any = print) -> dict[str, Any]:
@@ -115,11 +126,16 @@ def run_real(work: Path, repeat: int, before: str | None = None, log: Any = prin
     }
     if before:  # children run in ROOT, whose slotfile a plain -m / -c would import first
         old_cli = f"import sys; sys.path.insert(0, {before!r}); from slotfile.cli.app import main; main()"
-        cmds["inspect_model_before"] = lambda: run_child([PY, "-c", old_cli, "inspect", str(slot), "--model",
-                                                          str(model)])
+        cmds["inspect_model_before"] = lambda: run_child(
+            [PY, "-c", old_cli, "inspect", str(slot), "--model", str(model)]
+        )
     ms = interleaved(cmds, repeat, budget_s=600.0)
-    res: dict[str, Any] = {"model": model.name, "slot_bytes": slot.stat().st_size, "tokens": n_tok,
-                           "commands": {k: summary(m) for k, m in ms.items()}}
+    res: dict[str, Any] = {
+        "model": model.name,
+        "slot_bytes": slot.stat().st_size,
+        "tokens": n_tok,
+        "commands": {k: summary(m) for k, m in ms.items()},
+    }
     c = res["commands"]
     res["verify_vs_bare_load"] = round(c["verify_model"]["median_s"] / c["bare_load"]["median_s"], 2)
     res["inspect_vs_bare_model_load"] = round(c["inspect_model"]["median_s"] / c["bare_model_load"]["median_s"], 2)
@@ -128,9 +144,11 @@ def run_real(work: Path, repeat: int, before: str | None = None, log: Any = prin
         big = Path(td) / "vocab1m.gguf"
         write_vocab(big, 1_000_000)
         meta: dict[str, Any] = {}
-        runs = {"numpy_import": lambda: run_child([PY, "-c", "import numpy"]),
-                "real_262k": lambda: run_child([PY, "-c", META_CHILD, str(model)], env=env_new, capture=True),
-                "synthetic_1m": lambda: run_child([PY, "-c", META_CHILD, str(big)], env=env_new, capture=True)}
+        runs = {
+            "numpy_import": lambda: run_child([PY, "-c", "import numpy"]),
+            "real_262k": lambda: run_child([PY, "-c", META_CHILD, str(model)], env=env_new, capture=True),
+            "synthetic_1m": lambda: run_child([PY, "-c", META_CHILD, str(big)], env=env_new, capture=True),
+        }
         if before:
             old_meta = f"import sys; sys.path.insert(0, {before!r})\n" + META_CHILD
             runs["real_262k_before"] = lambda: run_child([PY, "-c", old_meta, str(model)], capture=True)
@@ -152,20 +170,27 @@ def table(res: dict[str, Any]) -> str:
             return
         b = c[base] if base else None
         ratio = f"{c[k]['median_s'] / b['median_s']:.2f}x" if b else "-"
-        rows.append(f"| {name} | {c[k]['median_s']:.2f} s | {c[k]['peak_rss_mib']:.0f} MiB | "
-                    + (f"{b['median_s']:.2f} s ({base.replace('_', ' ')})" if b else "-") + f" | {ratio} |")
+        rows.append(
+            f"| {name} | {c[k]['median_s']:.2f} s | {c[k]['peak_rss_mib']:.0f} MiB | "
+            + (f"{b['median_s']:.2f} s ({base.replace('_', ' ')})" if b else "-")
+            + f" | {ratio} |"
+        )
 
     row("bare llama-cpp-python: load model + context + state", "bare_load", None)
     row("bare llama-cpp-python: load model + context", "bare_model_load", None)
     row("slotfile verify SLOT --model", "verify_model", "bare_load")
     row("slotfile inspect SLOT --model", "inspect_model", "bare_model_load")
     row("slotfile inspect SLOT --model (before)", "inspect_model_before", "bare_model_load")
-    for k, name in (("real_262k", "metadata read, 262,144 entries"),
-                    ("synthetic_1m", "metadata read, 1,000,000 entries"),
-                    ("real_262k_before", "metadata read, 262,144 entries (before)")):
+    for k, name in (
+        ("real_262k", "metadata read, 262,144 entries"),
+        ("synthetic_1m", "metadata read, 1,000,000 entries"),
+        ("real_262k_before", "metadata read, 262,144 entries (before)"),
+    ):
         if k in m and "read_median_s" in m[k]:
-            rows.append(f"| {name} | {m[k]['read_median_s']:.3f} s | {m[k]['peak_rss_mib']:.0f} MiB | "
-                        f"python -c 'import numpy': {m['numpy_import']['peak_rss_mib']:.0f} MiB | - |")
+            rows.append(
+                f"| {name} | {m[k]['read_median_s']:.3f} s | {m[k]['peak_rss_mib']:.0f} MiB | "
+                f"python -c 'import numpy': {m['numpy_import']['peak_rss_mib']:.0f} MiB | - |"
+            )
     return "\n".join(rows)
 
 

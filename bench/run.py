@@ -36,9 +36,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -89,8 +90,13 @@ class Sample:
 TIME = shutil.which("time", path="/usr/bin:/bin") or ""
 
 
-def run_child(argv: list[str], out_path: Path | None = None, timeout: float = 900.0,
-              env: dict[str, str] | None = None, capture: bool = False) -> Sample:
+def run_child(
+    argv: list[str],
+    out_path: Path | None = None,
+    timeout: float = 900.0,
+    env: dict[str, str] | None = None,
+    capture: bool = False,
+) -> Sample:
     """Run argv; stdout to out_path (or /dev/null, or captured), stderr to a scratch file.
 
     Wall time from spawn to reap, measured here.  Peak RSS: ru_maxrss of the command as GNU
@@ -99,7 +105,9 @@ def run_child(argv: list[str], out_path: Path | None = None, timeout: float = 90
     every command would look as big as the bench.  /usr/bin/time is a small process whose
     fork is what the command replaces.  Without it, os.wait4's figure is used and flagged."""
     err = tempfile.TemporaryFile()
-    out = open(out_path, "wb") if out_path is not None else (tempfile.TemporaryFile() if capture else subprocess.DEVNULL)
+    out = (
+        open(out_path, "wb") if out_path is not None else (tempfile.TemporaryFile() if capture else subprocess.DEVNULL)
+    )
     rss_file = tempfile.NamedTemporaryFile(prefix="rss", delete=False) if TIME else None
     full = ([TIME, "-f", "%M %x", "-o", rss_file.name] if rss_file else []) + argv
     try:
@@ -151,9 +159,14 @@ class Measure:
         return max(s.rss_kib for s in self.samples) / 1024
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "min_s": round(self.t, 4), "all_s": [round(s.wall, 4) for s in self.samples],
-                "peak_rss_mib": round(self.rss_mib, 1), "rc": [s.rc for s in self.samples],
-                "error": next((s.out[-500:] for s in self.samples if s.rc != 0), None)}
+        return {
+            "name": self.name,
+            "min_s": round(self.t, 4),
+            "all_s": [round(s.wall, 4) for s in self.samples],
+            "peak_rss_mib": round(self.rss_mib, 1),
+            "rc": [s.rc for s in self.samples],
+            "error": next((s.out[-500:] for s in self.samples if s.rc != 0), None),
+        }
 
 
 def interleaved(cmds: dict[str, Callable[[], Sample]], repeat: int, budget_s: float = 120.0) -> dict[str, Measure]:
@@ -164,7 +177,7 @@ def interleaved(cmds: dict[str, Callable[[], Sample]], repeat: int, budget_s: fl
     names = list(cmds)
     t0 = time.perf_counter()
     for r in range(repeat):
-        order = names[r % len(names):] + names[: r % len(names)]
+        order = names[r % len(names) :] + names[: r % len(names)]
         for k in order:
             ms[k].samples.append(cmds[k]())
         used = time.perf_counter() - t0
@@ -208,7 +221,8 @@ import construct; mark("construct")
 import rich.console, rich.table, rich.text; mark("rich console/table")
 import slotfile.grammar; mark("slotfile.grammar (grammars built at import)")
 import slotfile.reader, slotfile.layout; mark("slotfile.reader + layout")
-import slotfile.model, slotfile.report, slotfile.cli.common, slotfile.cli.inspect_cmd, slotfile.cli.dump_cmd; mark("model, report, cli modules")
+import slotfile.model, slotfile.report, slotfile.cli.common
+import slotfile.cli.inspect_cmd, slotfile.cli.dump_cmd; mark("model, report, cli modules")
 sf = slotfile.reader.open_slot_file(sys.argv[1]); mark("open_slot_file (parse, layout detection)")
 doc = slotfile.report.to_json(sf); s = json.dumps(doc, indent=1); mark("to_json + json.dumps")
 import contextlib, io, pathlib
@@ -262,14 +276,26 @@ class Bench:
             "mode": "quick" if args.quick else "full",
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "machine": machine(),
-            "method": ("child processes; time = min of N wall-clock runs (slotfile and baseline interleaved, "
-                       "order rotating); RSS = max over runs of the command's ru_maxrss (wait4 rusage, taken "
-                       "through GNU time so that the bench's own pre-exec image is not counted; it includes "
-                       "the descendants the command waited for); page cache warm (files are read once first)"),
-            "bytecode": "as the environment has it" if args.no_pyc else "cached (PYTHONPYCACHEPREFIX=bench/out/pycache)",
-            "rss_via": "GNU time (wait4 ru_maxrss of the command)" if TIME else "os.wait4 of the child (includes the bench's pre-exec RSS)",
-            "files": [], "metadata": [], "scan": [], "repair": [], "load": [], "many": [],
-            "not_available": [], "targets": [],
+            "method": (
+                "child processes; time = min of N wall-clock runs (slotfile and baseline interleaved, "
+                "order rotating); RSS = max over runs of the command's ru_maxrss (wait4 rusage, taken "
+                "through GNU time so that the bench's own pre-exec image is not counted; it includes "
+                "the descendants the command waited for); page cache warm (files are read once first)"
+            ),
+            "bytecode": "as the environment has it"
+            if args.no_pyc
+            else "cached (PYTHONPYCACHEPREFIX=bench/out/pycache)",
+            "rss_via": "GNU time (wait4 ru_maxrss of the command)"
+            if TIME
+            else "os.wait4 of the child (includes the bench's pre-exec RSS)",
+            "files": [],
+            "metadata": [],
+            "scan": [],
+            "repair": [],
+            "load": [],
+            "many": [],
+            "not_available": [],
+            "targets": [],
         }
         self.has_verify_scan = False
         self.commands: set[str] = set()
@@ -284,10 +310,20 @@ class Bench:
         t0 = time.perf_counter()
         size = write_slot(path, spec)
         dt = time.perf_counter() - t0
-        self.results["files"].append({"name": name, "size": size, "n_cells": spec.n_cells, "n_layer": spec.n_layer,
-                                      "n_embd_k": spec.n_embd_k, "type_k": spec.type_k, "type_v": spec.type_v,
-                                      "checkpoints": spec.checkpoints, "draft_layers": spec.draft_layers,
-                                      "write_s": round(dt, 2)})
+        self.results["files"].append(
+            {
+                "name": name,
+                "size": size,
+                "n_cells": spec.n_cells,
+                "n_layer": spec.n_layer,
+                "n_embd_k": spec.n_embd_k,
+                "type_k": spec.type_k,
+                "type_v": spec.type_v,
+                "checkpoints": spec.checkpoints,
+                "draft_layers": spec.draft_layers,
+                "write_s": round(dt, 2),
+            }
+        )
         self.log(f"  wrote {name}: {human(size)} in {dt:.1f} s")
         return path
 
@@ -314,12 +350,12 @@ class Bench:
         for argv in (["inspect", str(fx)], ["dump", "--json", str(fx)], ["verify", str(fx)]):
             run_child(self.sf + argv)  # compile the byte code once (see --no-pyc)
         run_child([PY, "-c", SCAN_CHILD, str(fx), "2"])
-        s = run_child(self.sf + ["--help"], capture=True)
+        s = run_child([*self.sf, "--help"], capture=True)
         for c in ("inspect", "dump", "verify", "strip-draft", "truncate-recover", "re-save"):
             if f" {c} " in s.out or f"│ {c}" in s.out or f"\n  {c}" in s.out:
                 self.commands.add(c)
         if "verify" in self.commands:
-            h = run_child(self.sf + ["verify", "--help"], capture=True)
+            h = run_child([*self.sf, "verify", "--help"], capture=True)
             self.has_verify_scan = "--scan" in h.out
         self.results["commands"] = sorted(self.commands)
         self.results["verify_scan_option"] = self.has_verify_scan
@@ -366,16 +402,24 @@ class Bench:
         target = n == self.cfg["target_cells"] and type_name == "f16" and label.endswith("cells")
         ms = interleaved(cmds, max(self.repeat, 5) if target else self.repeat, budget_s=budget)
         v = ms["version"].t
-        row: dict[str, Any] = {"label": label, "type": type_name, "n_cells": n, "size": big.stat().st_size,
-                               "size_small": twin.stat().st_size, **{k: m.to_dict() for k, m in ms.items()}}
+        row: dict[str, Any] = {
+            "label": label,
+            "type": type_name,
+            "n_cells": n,
+            "size": big.stat().st_size,
+            "size_small": twin.stat().st_size,
+            **{k: m.to_dict() for k, m in ms.items()},
+        }
         for cmd in ("inspect", "dump_json", "verify"):
             if cmd not in ms:
                 continue
             m, s = ms[cmd], ms[cmd + "_small"]
             row[cmd + "_over_version_ms"] = round((m.t - v) * 1000, 1)
             row[cmd + "_vs_small"] = round(m.t / s.t, 3)
-            self.log(f"  {cmd:10s} {m.t:.3f} s (rc {m.samples[0].rc}), --version {v:.3f} s: +{(m.t - v) * 1000:.0f} ms; "
-                     f"small-row {s.t:.3f} s: {m.t / s.t:.2f}x; RSS {m.rss_mib:.0f} MiB (small-row {s.rss_mib:.0f})")
+            self.log(
+                f"  {cmd:10s} {m.t:.3f} s (rc {m.samples[0].rc}), --version {v:.3f} s: +{(m.t - v) * 1000:.0f} ms; "
+                f"small-row {s.t:.3f} s: {m.t / s.t:.2f}x; RSS {m.rss_mib:.0f} MiB (small-row {s.rss_mib:.0f})"
+            )
         if target:
             ph = [run_child([PY, "-c", PHASES, str(big)], capture=True) for _ in range(3)]
             good = [json.loads(p.out) for p in ph if p.rc == 0 and p.out.startswith("[")]
@@ -401,10 +445,15 @@ class Bench:
         size = big.stat().st_size
         inner = [json.loads(s.out) for s in ms["scan"].samples if s.rc == 0 and s.out.startswith("{")]
         scan_inner = min((d["scan_s"] for d in inner), default=None)
-        row: dict[str, Any] = {"label": label, "type": type_name, "n_cells": n, "size": size,
-                               **{k: m.to_dict() for k, m in ms.items()},
-                               "scan_inner_s": round(scan_inner, 4) if scan_inner else None,
-                               "scan_child": inner[0] if inner else None}
+        row: dict[str, Any] = {
+            "label": label,
+            "type": type_name,
+            "n_cells": n,
+            "size": size,
+            **{k: m.to_dict() for k, m in ms.items()},
+            "scan_inner_s": round(scan_inner, 4) if scan_inner else None,
+            "scan_child": inner[0] if inner else None,
+        }
         dd, sc = ms["dd"].t, ms["scan"].t
         row["dd_gbps"] = round(size / dd / 1e9, 2)
         row["scan_process_gbps"] = round(size / sc / 1e9, 2)
@@ -412,10 +461,14 @@ class Bench:
         if scan_inner:
             row["scan_inner_gbps"] = round(size / scan_inner / 1e9, 2)
             row["scan_inner_vs_dd"] = round(dd / scan_inner, 3)
-        msg = (f"  dd {dd:.3f} s ({size / dd / 1e9:.2f} GB/s, RSS {ms['dd'].rss_mib:.0f} MiB); scan child {sc:.3f} s "
-               f"({size / sc / 1e9:.2f} GB/s = {dd / sc:.0%} of dd")
+        msg = (
+            f"  dd {dd:.3f} s ({size / dd / 1e9:.2f} GB/s, RSS {ms['dd'].rss_mib:.0f} MiB); scan child {sc:.3f} s "
+            f"({size / sc / 1e9:.2f} GB/s = {dd / sc:.0%} of dd"
+        )
         if scan_inner:
-            msg += f"; scan() itself {scan_inner:.3f} s = {size / scan_inner / 1e9:.2f} GB/s = {dd / scan_inner:.0%} of dd"
+            msg += (
+                f"; scan() itself {scan_inner:.3f} s = {size / scan_inner / 1e9:.2f} GB/s = {dd / scan_inner:.0%} of dd"
+            )
         msg += f"), RSS {ms['scan'].rss_mib:.0f} MiB (small-row {ms['scan_small'].rss_mib:.0f})"
         if inner and inner[0]["findings"]:
             msg += f"  !! {inner[0]['findings']} findings on a clean file"
@@ -426,8 +479,9 @@ class Bench:
             self.log(f"  verify --scan {vs.t:.3f} s ({dd / vs.t:.0%} of dd), RSS {vs.rss_mib:.0f} MiB")
         self.results["scan"].append(row)
 
-    def repair(self, label: str, big: Path, twin: Path, n: int, type_name: str, variant: str,
-               budget: float = 150) -> None:
+    def repair(
+        self, label: str, big: Path, twin: Path, n: int, type_name: str, variant: str, budget: float = 150
+    ) -> None:
         cmds_avail = [c for c in ("strip-draft", "truncate-recover") if c in self.commands]
         if not cmds_avail:
             return
@@ -445,24 +499,33 @@ class Bench:
                     s = Sample(s.wall + (time.perf_counter() - t0), max(s.rss_kib, r.rss_kib), r.rc)
                 out.unlink(missing_ok=True)
                 return s
+
             return go
 
         cmds = {"cp": fresh(["cp", str(big), str(out)]), "cp_fsync": fresh(["cp", str(big), str(out)], True)}
         for c in cmds_avail:
-            cmds[c] = fresh(self.sf + [c, str(big), "-o", str(out)])
+            cmds[c] = fresh([*self.sf, c, str(big), "-o", str(out)])
         size = big.stat().st_size
         rep = self.repeat if size < GIB else min(self.repeat, 2)
         ms = interleaved(cmds, rep, budget_s=budget)
-        row: dict[str, Any] = {"label": label, "variant": variant, "type": type_name, "n_cells": n, "size": size,
-                               **{k: m.to_dict() for k, m in ms.items()}}
+        row: dict[str, Any] = {
+            "label": label,
+            "variant": variant,
+            "type": type_name,
+            "n_cells": n,
+            "size": size,
+            **{k: m.to_dict() for k, m in ms.items()},
+        }
         cp, cps = ms["cp"].t, ms["cp_fsync"].t
         parts = [f"  cp {cp:.3f} s, cp+fsync {cps:.3f} s"]
         for c in cmds_avail:
             m = ms[c]
             row[f"{c}_vs_cp"] = round(m.t / cp, 3)
             row[f"{c}_vs_cp_fsync"] = round(m.t / cps, 3)
-            parts.append(f"{c} {m.t:.3f} s (rc {m.samples[0].rc}) = {m.t / cp:.2f}x cp, {m.t / cps:.2f}x cp+fsync, "
-                         f"RSS {m.rss_mib:.0f} MiB")
+            parts.append(
+                f"{c} {m.t:.3f} s (rc {m.samples[0].rc}) = {m.t / cp:.2f}x cp, {m.t / cps:.2f}x cp+fsync, "
+                f"RSS {m.rss_mib:.0f} MiB"
+            )
         self.log("; ".join(parts))
         self.results["repair"].append(row)
 
@@ -487,17 +550,26 @@ class Bench:
             return
         sys.path.insert(0, str(ROOT))
         from fixtures import models as fm  # the project's tiny GGUF writer
-
         from slotfile.loader import settings_for
         from slotfile.reader import open_slot_file
 
         n_kv, hd = LOAD_HEAD
         n_layer = 32
-        spec_m = fm.ModelSpec("llama", n_layer=n_layer, n_embd=n_kv * hd, n_head=n_kv, n_head_kv=n_kv, n_ff=64,
-                              n_ctx_train=1 << 17, seed=7)
+        spec_m = fm.ModelSpec(
+            "llama",
+            n_layer=n_layer,
+            n_embd=n_kv * hd,
+            n_head=n_kv,
+            n_head_kv=n_kv,
+            n_ff=64,
+            n_ctx_train=1 << 17,
+            seed=7,
+        )
         model = self.work / "bench-llama.gguf"
         fm._write(model, spec_m, "slotfile-bench-llama")
-        self.log(f"[test-load] model {model.name}: {n_layer} layers, {n_kv} KV heads x {hd}, {human(model.stat().st_size)}")
+        self.log(
+            f"[test-load] model {model.name}: {n_layer} layers, {n_kv} KV heads x {hd}, {human(model.stat().st_size)}"
+        )
         for n in self.cfg["load"]:
             spec = SynthSpec(n_cells=n, n_layer=n_layer, n_embd_k=n_kv * hd, n_embd_v=n_kv * hd, n_vocab=fm.N_VOCAB)
             path = self.synth(f"load_{n}.slot", spec)
@@ -506,11 +578,24 @@ class Bench:
             del sf
             self.warm(path)
             self.warm(model)
-            bare = [PY, "-c", BARE_LOAD, str(model), str(path), str(st.n_ctx), str(st.n_seq_max),
-                    str(int(st.kv_unified)), str(int(st.flash_attn)), str(st.type_k), str(st.type_v)]
+            bare = [
+                PY,
+                "-c",
+                BARE_LOAD,
+                str(model),
+                str(path),
+                str(st.n_ctx),
+                str(st.n_seq_max),
+                str(int(st.kv_unified)),
+                str(int(st.flash_attn)),
+                str(st.type_k),
+                str(st.type_v),
+            ]
             o = self.work / "verify-out.json"
-            cmds = {"bare": lambda: run_child(bare),
-                    "verify_model": self.sfc("verify", str(path), "--model", str(model), "--json", out=o)}
+            cmds = {
+                "bare": lambda bare=bare: run_child(bare),
+                "verify_model": self.sfc("verify", str(path), "--model", str(model), "--json", out=o),
+            }
             ms = interleaved(cmds, self.repeat, budget_s=120)
             levels = None
             try:
@@ -520,12 +605,21 @@ class Bench:
             except (OSError, ValueError, IndexError, KeyError, TypeError, AttributeError):
                 pass
             b, v = ms["bare"], ms["verify_model"]
-            row = {"n_cells": n, "size": path.stat().st_size, "geometry": f"{n_layer} layers x {n_kv} KV heads x {hd}, f16",
-                   "settings": st.to_dict(), "bare": b.to_dict(), "verify_model": v.to_dict(),
-                   "verify_vs_bare": round(v.t / b.t, 3), "verify_levels": levels}
-            self.log(f"  {human(row['size'])}: bare load {b.t:.3f} s (rc {b.samples[0].rc}, RSS {b.rss_mib:.0f} MiB); "
-                     f"verify --model {v.t:.3f} s (rc {v.samples[0].rc}, RSS {v.rss_mib:.0f} MiB) = {v.t / b.t:.2f}x; "
-                     f"levels {levels}")
+            row = {
+                "n_cells": n,
+                "size": path.stat().st_size,
+                "geometry": f"{n_layer} layers x {n_kv} KV heads x {hd}, f16",
+                "settings": st.to_dict(),
+                "bare": b.to_dict(),
+                "verify_model": v.to_dict(),
+                "verify_vs_bare": round(v.t / b.t, 3),
+                "verify_levels": levels,
+            }
+            self.log(
+                f"  {human(row['size'])}: bare load {b.t:.3f} s (rc {b.samples[0].rc}, RSS {b.rss_mib:.0f} MiB); "
+                f"verify --model {v.t:.3f} s (rc {v.samples[0].rc}, RSS {v.rss_mib:.0f} MiB) = {v.t / b.t:.2f}x; "
+                f"levels {levels}"
+            )
             self.results["load"].append(row)
             self.drop(path)
         self.drop(model)
@@ -544,15 +638,19 @@ class Bench:
         self.log(f"[verify DIR] {n} copies of {src.name}")
         o = self.work / "many-out.txt"
         model = ROOT / "fixtures" / "models" / "llama.gguf"
-        cmds = {"structure": self.sfc("verify", str(d), "--jobs", "2", out=o),
-                "with_model": self.sfc("verify", str(d), "--jobs", "2", "--model", str(model), out=o)}
+        cmds = {
+            "structure": self.sfc("verify", str(d), "--jobs", "2", out=o),
+            "with_model": self.sfc("verify", str(d), "--jobs", "2", "--model", str(model), out=o),
+        }
         ms = interleaved(cmds, min(self.repeat, 2), budget_s=40)
         row: dict[str, Any] = {"files": n, "fixture": src.name}
         for k, m in ms.items():
             row[k] = m.to_dict()
             row[k + "_files_per_s"] = round(n / m.t, 1)
-            self.log(f"  verify DIR --jobs 2{' --model' if k == 'with_model' else ''}: {m.t:.2f} s "
-                     f"(rc {m.samples[0].rc}) = {n / m.t:.0f} files/s, RSS {m.rss_mib:.0f} MiB")
+            self.log(
+                f"  verify DIR --jobs 2{' --model' if k == 'with_model' else ''}: {m.t:.2f} s "
+                f"(rc {m.samples[0].rc}) = {n / m.t:.0f} files/s, RSS {m.rss_mib:.0f} MiB"
+            )
         self.results["many"].append(row)
         self.drop(d)
 
@@ -565,8 +663,11 @@ class Bench:
         def add(name: str, value: Any, limit: str, met: bool | None, detail: str = "") -> None:
             T.append({"target": name, "value": value, "limit": limit, "met": met, "detail": detail})
 
-        md = [r for r in self.results["metadata"] if r["type"] == "f16" and r["n_cells"] == tc and "ckpt" not in r["label"]
-              and "draft" not in r["label"]]
+        md = [
+            r
+            for r in self.results["metadata"]
+            if r["type"] == "f16" and r["n_cells"] == tc and "ckpt" not in r["label"] and "draft" not in r["label"]
+        ]
         if md:
             r = md[0]
             for c in ("inspect", "dump_json", "verify"):
@@ -575,31 +676,67 @@ class Bench:
                 over, vs = r[c + "_over_version_ms"], r[c + "_vs_small"]
                 add(f"{c} on {human(r['size'])}: ms above --version", over, "<= 50 ms", over <= 50)
                 add(f"{c} on {human(r['size'])}: vs small-row file", vs, "<= 1.10x", vs <= 1.10)
-                add(f"{c} on {human(r['size'])}: peak RSS MiB", r[c]["peak_rss_mib"], "<= 100 MiB", r[c]["peak_rss_mib"] <= 100)
+                add(
+                    f"{c} on {human(r['size'])}: peak RSS MiB",
+                    r[c]["peak_rss_mib"],
+                    "<= 100 MiB",
+                    r[c]["peak_rss_mib"] <= 100,
+                )
             add("start-up (slotfile --version) s", r["version"]["min_s"], "<= 0.3 s", r["version"]["min_s"] <= 0.3)
         sc = [r for r in self.results["scan"] if "ckpt" not in r["label"] and "draft" not in r["label"]]
         if sc:
             big = max(sc, key=lambda r: r["size"])
-            add(f"full scan (child process) on {human(big['size'])}: fraction of dd throughput",
-                big["scan_process_vs_dd"], ">= 0.25", big["scan_process_vs_dd"] >= 0.25,
-                f"scan() alone: {big.get('scan_inner_vs_dd')}")
+            add(
+                f"full scan (child process) on {human(big['size'])}: fraction of dd throughput",
+                big["scan_process_vs_dd"],
+                ">= 0.25",
+                big["scan_process_vs_dd"] >= 0.25,
+                f"scan() alone: {big.get('scan_inner_vs_dd')}",
+            )
             rss = [r["scan"]["peak_rss_mib"] for r in sc]
-            add("full scan peak RSS across sizes (MiB)", [round(min(rss)), round(max(rss))], "bounded (flat)",
-                max(rss) <= min(rss) * 1.5 + 16)
+            add(
+                "full scan peak RSS across sizes (MiB)",
+                [round(min(rss)), round(max(rss))],
+                "bounded (flat)",
+                max(rss) <= min(rss) * 1.5 + 16,
+            )
             if self.has_verify_scan:
-                add("verify --scan: fraction of dd throughput", big.get("verify_scan_vs_dd"), ">= 0.25",
-                    (big.get("verify_scan_vs_dd") or 0) >= 0.25)
+                add(
+                    "verify --scan: fraction of dd throughput",
+                    big.get("verify_scan_vs_dd"),
+                    ">= 0.25",
+                    (big.get("verify_scan_vs_dd") or 0) >= 0.25,
+                )
         for r in self.results["repair"]:
             for c in ("strip-draft", "truncate-recover"):
                 if f"{c}_vs_cp" in r:
-                    add(f"{c} on {r['label']} ({human(r['size'])}) vs cp", r[f"{c}_vs_cp"], "<= 1.2x",
-                        r[f"{c}_vs_cp"] <= 1.2, f"vs cp+fsync: {r[f'{c}_vs_cp_fsync']}x")
+                    add(
+                        f"{c} on {r['label']} ({human(r['size'])}) vs cp",
+                        r[f"{c}_vs_cp"],
+                        "<= 1.2x",
+                        r[f"{c}_vs_cp"] <= 1.2,
+                        f"vs cp+fsync: {r[f'{c}_vs_cp_fsync']}x",
+                    )
         for r in self.results["load"]:
-            add(f"test-load verify --model on {human(r['size'])} vs bare", r["verify_vs_bare"], "<= 1.1x",
-                r["verify_vs_bare"] <= 1.1)
+            add(
+                f"test-load verify --model on {human(r['size'])} vs bare",
+                r["verify_vs_bare"],
+                "<= 1.1x",
+                r["verify_vs_bare"] <= 1.1,
+            )
         for r in self.results["many"]:
-            add(f"verify DIR --jobs 2, {r['files']} files: files/s (structure)", r.get("structure_files_per_s"), "(report)", None)
-            add(f"verify DIR --jobs 2 --model, {r['files']} files: files/s", r.get("with_model_files_per_s"), "(report)", None)
+            add(
+                f"verify DIR --jobs 2, {r['files']} files: files/s (structure)",
+                r.get("structure_files_per_s"),
+                "(report)",
+                None,
+            )
+            add(
+                f"verify DIR --jobs 2 --model, {r['files']} files: files/s",
+                r.get("with_model_files_per_s"),
+                "(report)",
+                None,
+            )
 
     def scaling(self) -> str:
         """Markdown: time / RSS per command per size, and what each follows."""
@@ -639,7 +776,7 @@ class Bench:
             by = {s: (t, rss) for s, _, t, rss in pts}
             cells = [f"{by[s][0]:.3f} s / {by[s][1]:.0f} MiB" if s in by else "-" for s in sizes]
             pts.sort()
-            (s0, n0, t0, r0), (s1, n1, t1, r1) = pts[0], pts[-1]
+            (_s0, _n0, _t0, _r0), (_s1, n1, _t1, _r1) = pts[0], pts[-1]
             tw = smalls.get(cmd, {}).get(n1)
             twin_txt = f"{tw[0]:.3f} s / {tw[1]:.0f} MiB" if tw else "-"
             lines.append(f"| {cmd} | " + " | ".join(cells) + f" | {twin_txt} | {classify(pts, tw)} |")
@@ -652,19 +789,26 @@ class Bench:
             return ""
         scans = {r["label"]: r for r in self.results["scan"]}
         reps = {r["label"]: r for r in self.results["repair"]}
-        lines = ["| file | size | inspect | dump --json | verify | scan child | strip-draft | truncate-recover | cp / cp+fsync |",
-                 "|---|---|---|---|---|---|---|---|---|"]
+        lines = [
+            "| file | size | inspect | dump --json | verify | scan child | strip-draft | truncate-recover "
+            "| cp / cp+fsync |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
         for r in rows:
+
             def pair(key: str, d: dict[str, Any] = r) -> str:
                 if key not in d:
                     return "-"
                 small = d.get(key + "_small")
                 txt = f"{d[key]['min_s']:.2f} s / {d[key]['peak_rss_mib']:.0f} MiB"
                 return txt + (f" (twin {small['min_s']:.2f} s)" if small else "")
+
             sc, rp = scans.get(r["label"], {}), reps.get(r["label"], {})
             cp = f"{rp['cp']['min_s']:.3f} / {rp['cp_fsync']['min_s']:.3f} s" if rp else "-"
-            lines.append(f"| {r['label']} | {human(r['size'])} | {pair('inspect')} | {pair('dump_json')} | {pair('verify')} "
-                         f"| {pair('scan', sc)} | {pair('strip-draft', rp)} | {pair('truncate-recover', rp)} | {cp} |")
+            lines.append(
+                f"| {r['label']} | {human(r['size'])} | {pair('inspect')} | {pair('dump_json')} | {pair('verify')} "
+                f"| {pair('scan', sc)} | {pair('strip-draft', rp)} | {pair('truncate-recover', rp)} | {cp} |"
+            )
         return "\n".join(lines)
 
     def targets_table(self) -> str:
@@ -682,10 +826,19 @@ class Bench:
         only = set(self.args.only.split(",")) if self.args.only else None
         self.discover()
         secs = self.results["section_s"] = {}
-        for name, fn in (("series", lambda: (self.size_series("f16", self.cfg["f16"], self.cfg["repair_max"]),
-                                             self.size_series("q8_0", self.cfg["q8_0"], 0))),
-                         ("variants", self.variants), ("load", self.load), ("many", self.many),
-                         ("real", lambda: real_model_section(self))):
+        for name, fn in (
+            (
+                "series",
+                lambda: (
+                    self.size_series("f16", self.cfg["f16"], self.cfg["repair_max"]),
+                    self.size_series("q8_0", self.cfg["q8_0"], 0),
+                ),
+            ),
+            ("variants", self.variants),
+            ("load", self.load),
+            ("many", self.many),
+            ("real", lambda: real_model_section(self)),
+        ):
             if only is None or name in only:
                 ts = time.perf_counter()
                 fn()
@@ -701,8 +854,10 @@ class Bench:
         out = Path(self.args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(self.results, indent=1) + "\n")
-        md = (f"## Scaling (time: min of N; peak RSS)\n\n{table}\n\n## Checkpoint / draft variants\n\n"
-              f"{self.results['variants_markdown']}\n\n## Targets\n\n{self.results['targets_markdown']}\n")
+        md = (
+            f"## Scaling (time: min of N; peak RSS)\n\n{table}\n\n## Checkpoint / draft variants\n\n"
+            f"{self.results['variants_markdown']}\n\n## Targets\n\n{self.results['targets_markdown']}\n"
+        )
         out.with_suffix(".md").write_text(md)
         self.log("\n" + md)
         self.log("\ntargets:")
@@ -755,8 +910,14 @@ def machine() -> dict[str, Any]:
                 break
     except OSError:
         pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "memory_gib": round(mem / GIB, 1), "kernel": platform.release(),
-            "python": platform.python_version(), "load_average_start": os.getloadavg()}
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "memory_gib": round(mem / GIB, 1),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "load_average_start": os.getloadavg(),
+    }
 
 
 def main() -> int:
@@ -767,9 +928,12 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3, help="runs per measurement (min is reported)")
     ap.add_argument("--keep", action="store_true", help="keep the generated files")
     ap.add_argument("--only", default="", help="comma list of sections: series,variants,load,many,real")
-    ap.add_argument("--no-pyc", action="store_true",
-                    help="run the children with the environment as is (PYTHONDONTWRITEBYTECODE, if set, makes "
-                         "every run recompile slotfile's modules); default: byte code cached under bench/out/pycache")
+    ap.add_argument(
+        "--no-pyc",
+        action="store_true",
+        help="run the children with the environment as is (PYTHONDONTWRITEBYTECODE, if set, makes "
+        "every run recompile slotfile's modules); default: byte code cached under bench/out/pycache",
+    )
     args = ap.parse_args()
     if not args.no_pyc:  # what an installed slotfile sees: cached byte code
         os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
@@ -804,18 +968,36 @@ def real_model_section(bench: Bench) -> None:
     bench.results["real_model"] = res
     c, m = res["commands"], res["metadata_read"]
     T = bench.results["targets"]
-    T.append({"target": "real model: verify --model vs bare load + state load (medians)",
-              "value": res["verify_vs_bare_load"], "limit": "<= 1.5x", "met": res["verify_vs_bare_load"] <= 1.5,
-              "detail": f"{c['verify_model']['median_s']} s vs {c['bare_load']['median_s']} s"})
-    T.append({"target": "real model: inspect --model vs bare model load (medians)",
-              "value": res["inspect_vs_bare_model_load"], "limit": "<= 1.5x",
-              "met": res["inspect_vs_bare_model_load"] <= 1.5,
-              "detail": f"{c['inspect_model']['median_s']} s vs {c['bare_model_load']['median_s']} s"})
+    T.append(
+        {
+            "target": "real model: verify --model vs bare load + state load (medians)",
+            "value": res["verify_vs_bare_load"],
+            "limit": "<= 1.5x",
+            "met": res["verify_vs_bare_load"] <= 1.5,
+            "detail": f"{c['verify_model']['median_s']} s vs {c['bare_load']['median_s']} s",
+        }
+    )
+    T.append(
+        {
+            "target": "real model: inspect --model vs bare model load (medians)",
+            "value": res["inspect_vs_bare_model_load"],
+            "limit": "<= 1.5x",
+            "met": res["inspect_vs_bare_model_load"] <= 1.5,
+            "detail": f"{c['inspect_model']['median_s']} s vs {c['bare_model_load']['median_s']} s",
+        }
+    )
     for k, n in (("real_262k", "262k"), ("synthetic_1m", "1M")):
         if "read_median_s" in m.get(k, {}):
             t, rss = m[k]["read_median_s"], m[k]["peak_rss_mib"]
-            T.append({"target": f"metadata read, {n} vocabulary: s / peak RSS MiB", "value": [t, rss],
-                      "limit": "<= 0.3 s, <= 150 MiB", "met": t <= 0.3 and rss <= 150, "detail": ""})
+            T.append(
+                {
+                    "target": f"metadata read, {n} vocabulary: s / peak RSS MiB",
+                    "value": [t, rss],
+                    "limit": "<= 0.3 s, <= 150 MiB",
+                    "met": t <= 0.3 and rss <= 150,
+                    "detail": "",
+                }
+            )
     bench.log("\n" + res["markdown"])
 
 

@@ -191,8 +191,9 @@ def _entry_stop(view: Any, p: int, end: int, index: int, e: ConstructError, s: g
     return Stop(p, "damaged", index, f, blob, declared, left, cut)
 
 
-def entries(view: Any, start: int, end: int | None = None, *, count: int | None = None,
-            stop_at_sdft: bool = False) -> Iterator[EntryFrame | Stop]:
+def entries(
+    view: Any, start: int, end: int | None = None, *, count: int | None = None, stop_at_sdft: bool = False
+) -> Iterator[EntryFrame | Stop]:
     """Checkpoint entries from ``start``; the last item is always a :class:`Stop`.
 
     ``count``: read exactly that many (the server's way).  ``None``: read until EOF, an SDFT
@@ -218,8 +219,9 @@ def entries(view: Any, start: int, end: int | None = None, *, count: int | None 
         except ConstructError as e:
             yield _entry_stop(view, p, end, i, e, s)
             return
-        yield EntryFrame(i, p, int(c.end), int(c.n_tokens), int(c.pos_min), int(c.pos_max),
-                         _blob(c.tgt), _blob(c.dft), _blob(c.spec))
+        yield EntryFrame(
+            i, p, int(c.end), int(c.n_tokens), int(c.pos_min), int(c.pos_max), _blob(c.tgt), _blob(c.dft), _blob(c.spec)
+        )
         p, i = int(c.end), i + 1
 
 
@@ -257,8 +259,15 @@ def first_blob(view: Any, off: int, end: int | None = None) -> BlobFrame | Stop:
     except ConstructError as e:
         f = failure_of(e, s)
         if isinstance(e, g.FormatError):
-            return Stop(off, "damaged", 0, f, "data_dft", int(g.BlobLength.parse(bytes(view[f.offset - 8 : f.offset]))),
-                        end - f.offset)
+            return Stop(
+                off,
+                "damaged",
+                0,
+                f,
+                "data_dft",
+                int(g.BlobLength.parse(bytes(view[f.offset - 8 : f.offset]))),
+                end - f.offset,
+            )
         return Stop(off, "damaged", 0, f, "data_dft")
 
 
@@ -316,8 +325,14 @@ def _server_sckp(view: Any, off: int, end: int) -> tuple[list[tuple[Any, Any]] |
             if it.why == "count":
                 return items, "", it.offset
             if it.declared is not None:
-                return [], (f"checkpoint {it.index} of {h.count}: {it.blob} length {it.declared} exceeds the "
-                            f"{it.left} bytes left: the server drops the whole appendix"), -1
+                return (
+                    [],
+                    (
+                        f"checkpoint {it.index} of {h.count}: {it.blob} length {it.declared} exceeds the "
+                        f"{it.left} bytes left: the server drops the whole appendix"
+                    ),
+                    -1,
+                )
             return [], f"checkpoint {it.index} of {h.count} truncated: the server drops the whole appendix", -1
         if not it.tgt.length:
             return [], f"checkpoint {it.index} has an empty data_tgt: the server drops the whole appendix", -1
@@ -334,8 +349,9 @@ def _server_sdft(view: Any, off: int, end: int) -> tuple[Any, str]:
     b = first_blob(view, h.end, end)
     if isinstance(b, Stop):
         if b.declared is not None:
-            return None, (f"SDFT data_dft length {b.declared} exceeds the {b.left} bytes left: "
-                          "the draft state is dropped")
+            return None, (
+                f"SDFT data_dft length {b.declared} exceeds the {b.left} bytes left: the draft state is dropped"
+            )
         return None, "SDFT header truncated: the draft state is dropped"
     return b.data.view, ""
 

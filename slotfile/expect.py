@@ -30,11 +30,31 @@ from .records import BlockExpect, CacheExpect, ModelExpect, RecExpect
 
 # The expectation records live in slotfile.records (the reader's SlotFile carries them); they are
 # re-exported here, where they are built.
-__all__ = ["BlockExpect", "CacheExpect", "ModelExpect", "RecExpect", "block_spec", "describe_blocks",
-           "expect_from_model", "layout_of"]
+__all__ = [
+    "BlockExpect",
+    "CacheExpect",
+    "ModelExpect",
+    "RecExpect",
+    "block_spec",
+    "describe_blocks",
+    "expect_from_model",
+    "layout_of",
+]
 
-MEMORY_CLASSES = ("none", "kv-cache", "iswa", "recurrent", "hybrid", "hybrid-iswa", "hybrid-idx",
-                  "dsa", "dsa-iswa", "msa", "dsv4", "unknown")
+MEMORY_CLASSES = (
+    "none",
+    "kv-cache",
+    "iswa",
+    "recurrent",
+    "hybrid",
+    "hybrid-iswa",
+    "hybrid-idx",
+    "dsa",
+    "dsa-iswa",
+    "msa",
+    "dsv4",
+    "unknown",
+)
 
 CELL_EXT = 12  # sizeof(llama_kv_cell_ext): i32 x, y, tok (src/llama-kv-cells.h)
 
@@ -224,8 +244,10 @@ def _load_swa_pattern(hp: _HParams, k: _Keys, n_pattern: int, dense_first: bool 
         for il, v in enumerate(arr[: hp.n_layer_all]):
             hp.is_swa[il] = bool(v)
         if len(arr) < hp.n_layer_all:
-            hp.notes.append(f"sliding_window_pattern has {len(arr)} entries for {hp.n_layer_all} layers: "
-                            "the rest are dense (as llama.cpp reads it)")
+            hp.notes.append(
+                f"sliding_window_pattern has {len(arr)} entries for {hp.n_layer_all} layers: "
+                "the rest are dense (as llama.cpp reads it)"
+            )
         return
     hp.set_swa_pattern(int(k.scalar("attention.sliding_window_pattern", n_pattern)), dense_first)
 
@@ -390,8 +412,9 @@ def _hook_deepseek2(hp: _HParams, k: _Keys) -> None:
     if (hp.head_k_mla == 0) != (hp.head_v_mla == 0):
         raise _Refused("only one of key_length_mla / value_length_mla is set (llama.cpp asserts both or none)")
     if hp.is_mla():
-        hp.notes.append("MLA: the KV cache holds the compressed latent + rope key only, no V "
-                        "(llama_kv_cache ctor: has_v = !is_mla)")
+        hp.notes.append(
+            "MLA: the KV cache holds the compressed latent + rope key only, no V (llama_kv_cache ctor: has_v = !is_mla)"
+        )
     else:
         hp.notes.append("no key_length_mla/value_length_mla: an older non-MLA conversion, so K and V are both cached")
 
@@ -409,77 +432,178 @@ def _noop(hp: _HParams, k: _Keys) -> None:
 
 # Archs whose load_arch_hparams touches none of the fields above (checked against the vendored
 # src/models/*.cpp): one plain KV cache over every layer (NextN layers filtered out).
-PLAIN = frozenset({
-    "llama", "llama-embed", "mistral3", "deci", "baichuan", "falcon", "grok", "gpt2", "gptneox",
-    "mpt", "starcoder", "starcoder2", "refact", "bloom", "stablelm", "qwen", "qwen2", "qwen2moe",
-    "qwen3", "qwen3moe", "phi2", "phimoe", "plamo", "codeshell", "orion", "internlm2", "minicpm",
-    "minicpm3", "gemma", "xverse", "command-r", "dbrx", "olmo", "olmoe", "openelm", "arctic",
-    "deepseek", "deepseek2-ocr", "chatglm", "bitnet", "jais", "jais2", "nemotron", "exaone",
-    "granite", "granitemoe", "chameleon", "plm", "bailingmoe", "bailingmoe2", "seed_oss", "dots1",
-    "arcee", "hunyuan-moe", "hy_v3", "smollm3", "grovemoe", "apertus", "minimax-m2", "cogvlm",
-    "pangu-embedded", "maincoder", "talkie",
-})
+PLAIN = frozenset(
+    {
+        "llama",
+        "llama-embed",
+        "mistral3",
+        "deci",
+        "baichuan",
+        "falcon",
+        "grok",
+        "gpt2",
+        "gptneox",
+        "mpt",
+        "starcoder",
+        "starcoder2",
+        "refact",
+        "bloom",
+        "stablelm",
+        "qwen",
+        "qwen2",
+        "qwen2moe",
+        "qwen3",
+        "qwen3moe",
+        "phi2",
+        "phimoe",
+        "plamo",
+        "codeshell",
+        "orion",
+        "internlm2",
+        "minicpm",
+        "minicpm3",
+        "gemma",
+        "xverse",
+        "command-r",
+        "dbrx",
+        "olmo",
+        "olmoe",
+        "openelm",
+        "arctic",
+        "deepseek",
+        "deepseek2-ocr",
+        "chatglm",
+        "bitnet",
+        "jais",
+        "jais2",
+        "nemotron",
+        "exaone",
+        "granite",
+        "granitemoe",
+        "chameleon",
+        "plm",
+        "bailingmoe",
+        "bailingmoe2",
+        "seed_oss",
+        "dots1",
+        "arcee",
+        "hunyuan-moe",
+        "hy_v3",
+        "smollm3",
+        "grovemoe",
+        "apertus",
+        "minimax-m2",
+        "cogvlm",
+        "pangu-embedded",
+        "maincoder",
+        "talkie",
+    }
+)
 
 HOOKS: dict[str, Hook] = {a: _noop for a in PLAIN}
-HOOKS.update({
-    "phi3": _hook_phi3,
-    "gemma2": _swa_always(2, n_swa=4096),
-    "gemma3": _swa_if_window(6),
-    "gemma3n": _hook_gemma3n,
-    "gemma4": _hook_gemma4,
-    "cohere2": _swa_always(4),
-    "cohere2moe": _swa_always(4, dense_first=True),
-    "gpt-oss": _swa_always(2),
-    "olmo2": _swa_if_window(4),
-    "exaone4": _hook_exaone4,
-    "llama4": _hook_llama4,
-    "granite_swa": _hook_swa_array,
-    "qwen2vl": _rope_sections(True),
-    "qwen3vl": _rope_sections(True),
-    "qwen3vlmoe": _rope_sections(True),
-    "paddleocr": _rope_sections(False),
-    "ernie4_5": _rope_sections(False),
-    "ernie4_5-moe": _rope_sections(False),
-    "glm4": _rope_sections(False),
-    "glm4moe": _rope_sections(False),
-    "deepseek2": _hook_deepseek2,
-    "mistral4": _hook_deepseek2,  # llama_model_mistral4 derives from llama_model_deepseek2
-    "mamba": _hook_mamba,
-    "mamba2": _hook_mamba2,
-    "rwkv6": _hook_rwkv,
-    "rwkv6qwen2": _hook_rwkv,
-    "rwkv7": _hook_rwkv,
-    "arwkv7": _hook_rwkv,
-    "jamba": _hook_jamba,
-    "granitehybrid": _hook_granite_hybrid,
-    "plamo2": _hook_plamo2,
-    "falcon-h1": _hook_falcon_h1,
-    "lfm2": _hook_lfm2,
-    "lfm2moe": _hook_lfm2,
-    "nemotron_h": _hook_nemotron_h,
-    "nemotron_h_moe": _hook_nemotron_h,
-    "qwen3next": _hook_qwen3next,
-    "qwen35": _hook_qwen3next,
-    "qwen35moe": _hook_qwen3next,
-})
+HOOKS.update(
+    {
+        "phi3": _hook_phi3,
+        "gemma2": _swa_always(2, n_swa=4096),
+        "gemma3": _swa_if_window(6),
+        "gemma3n": _hook_gemma3n,
+        "gemma4": _hook_gemma4,
+        "cohere2": _swa_always(4),
+        "cohere2moe": _swa_always(4, dense_first=True),
+        "gpt-oss": _swa_always(2),
+        "olmo2": _swa_if_window(4),
+        "exaone4": _hook_exaone4,
+        "llama4": _hook_llama4,
+        "granite_swa": _hook_swa_array,
+        "qwen2vl": _rope_sections(True),
+        "qwen3vl": _rope_sections(True),
+        "qwen3vlmoe": _rope_sections(True),
+        "paddleocr": _rope_sections(False),
+        "ernie4_5": _rope_sections(False),
+        "ernie4_5-moe": _rope_sections(False),
+        "glm4": _rope_sections(False),
+        "glm4moe": _rope_sections(False),
+        "deepseek2": _hook_deepseek2,
+        "mistral4": _hook_deepseek2,  # llama_model_mistral4 derives from llama_model_deepseek2
+        "mamba": _hook_mamba,
+        "mamba2": _hook_mamba2,
+        "rwkv6": _hook_rwkv,
+        "rwkv6qwen2": _hook_rwkv,
+        "rwkv7": _hook_rwkv,
+        "arwkv7": _hook_rwkv,
+        "jamba": _hook_jamba,
+        "granitehybrid": _hook_granite_hybrid,
+        "plamo2": _hook_plamo2,
+        "falcon-h1": _hook_falcon_h1,
+        "lfm2": _hook_lfm2,
+        "lfm2moe": _hook_lfm2,
+        "nemotron_h": _hook_nemotron_h,
+        "nemotron_h_moe": _hook_nemotron_h,
+        "qwen3next": _hook_qwen3next,
+        "qwen35": _hook_qwen3next,
+        "qwen35moe": _hook_qwen3next,
+    }
+)
 
 # llm_arch_is_recurrent / llm_arch_is_hybrid (src/llama-arch.cpp)
 RECURRENT = frozenset({"mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7"})
-HYBRID = frozenset({"jamba", "falcon-h1", "plamo2", "granitehybrid", "lfm2", "lfm2moe", "nemotron_h",
-                    "nemotron_h_moe", "qwen3next", "kimi-linear", "bailingmoe3", "kimi-k3", "glm5-next",
-                    "qwen35", "qwen35moe", "qwen4exp", "deepseek4", "minimax-01"})
+HYBRID = frozenset(
+    {
+        "jamba",
+        "falcon-h1",
+        "plamo2",
+        "granitehybrid",
+        "lfm2",
+        "lfm2moe",
+        "nemotron_h",
+        "nemotron_h_moe",
+        "qwen3next",
+        "kimi-linear",
+        "bailingmoe3",
+        "kimi-k3",
+        "glm5-next",
+        "qwen35",
+        "qwen35moe",
+        "qwen4exp",
+        "deepseek4",
+        "minimax-01",
+    }
+)
 # create_memory: res = nullptr
-NO_MEMORY = frozenset({"bert", "jina-bert-v2", "jina-bert-v3", "nomic-bert", "nomic-bert-moe", "neo-bert",
-                       "eurobert", "wavtokenizer-dec", "modern-bert", "gemma-embedding", "dream", "llada",
-                       "llada-moe", "rnd1"})
+NO_MEMORY = frozenset(
+    {
+        "bert",
+        "jina-bert-v2",
+        "jina-bert-v3",
+        "nomic-bert",
+        "nomic-bert-moe",
+        "neo-bert",
+        "eurobert",
+        "wavtokenizer-dec",
+        "modern-bert",
+        "gemma-embedding",
+        "dream",
+        "llada",
+        "llada-moe",
+        "rnd1",
+    }
+)
 # create_memory's explicit cases whose caches are not modelled here
-SPECIAL_CLASS = {"minimax-m3": "msa", "glm-dsa": "dsa", "deepseek32": "dsa", "hy_v4": "dsa",
-                 "dots3note": "dsa-iswa", "deepseek4": "dsv4", "glm5-next": "hybrid-idx",
-                 "qwen4exp": "hybrid-idx"}
+SPECIAL_CLASS = {
+    "minimax-m3": "msa",
+    "glm-dsa": "dsa",
+    "deepseek32": "dsa",
+    "hy_v4": "dsa",
+    "dots3note": "dsa-iswa",
+    "deepseek4": "dsv4",
+    "glm5-next": "hybrid-idx",
+    "qwen4exp": "hybrid-idx",
+}
 
 # llama_model_rope_type: M-RoPE / IMRoPE archs carry the 12-byte cell ext (n_pos_per_embd() == 4)
-MROPE_ALWAYS = frozenset({"qwen2vl", "paddleocr", "qwen3vl", "qwen3vlmoe", "qwen35", "qwen35moe",
-                          "qwen4exp", "qwen3tts"})
+MROPE_ALWAYS = frozenset(
+    {"qwen2vl", "paddleocr", "qwen3vl", "qwen3vlmoe", "qwen35", "qwen35moe", "qwen4exp", "qwen3tts"}
+)
 MROPE_IF_SECTIONS = frozenset({"glm4", "glm4moe", "hunyuan_vl", "bailingmoe3"})  # hparams.use_mrope()
 
 
@@ -590,12 +714,19 @@ def expect_from_model(info: ModelInfo) -> ModelExpect:
         cls = SPECIAL_CLASS[arch]
         if arch == "hy_v4" and not k.scalar("attention.indexer.top_k", 0):
             cls = "kv-cache"  # a full-attention checkpoint: no indexer, one plain KV cache
-        return plain(cls, f"{arch}: the per-layer shape of its {cls} memory is not modelled; "
-                     "blocks cannot be checked against the model", *sizes())
+        return plain(
+            cls,
+            f"{arch}: the per-layer shape of its {cls} memory is not modelled; "
+            "blocks cannot be checked against the model",
+            *sizes(),
+        )
     hook = HOOKS.get(arch)
     if hook is None:
-        return plain("unknown", f"arch {arch!r} is not modelled by slotfile.expect; the block layout "
-                     "comes from the bytes alone", *sizes())
+        return plain(
+            "unknown",
+            f"arch {arch!r} is not modelled by slotfile.expect; the block layout comes from the bytes alone",
+            *sizes(),
+        )
     try:
         hp = _base_hparams(info, k)
         hook(hp, k)
@@ -606,11 +737,12 @@ def expect_from_model(info: ModelInfo) -> ModelExpect:
         return plain("unknown", f"{arch}: unreadable metadata ({e})", *sizes())
     notes = list(hp.notes)
     if hp.n_layer_nextn:
-        notes.append(f"{hp.n_layer_nextn} NextN/MTP layer(s) excluded from the trunk caches; a draft (MTP) "
-                     "context would hold only those")
+        notes.append(
+            f"{hp.n_layer_nextn} NextN/MTP layer(s) excluded from the trunk caches; a draft (MTP) "
+            "context would hold only those"
+        )
     ext = _cell_ext(hp) if any(b.kind == MemoryKind.KV for b in blocks) else 0
-    return ModelExpect(arch, cls, blocks, partial, ext, _n_vocab(info, k), hp.n_ctx_train, hp.n_layer(),
-                       tuple(notes))
+    return ModelExpect(arch, cls, blocks, partial, ext, _n_vocab(info, k), hp.n_ctx_train, hp.n_layer(), tuple(notes))
 
 
 # ---------------------------------------------------------------------------------------

@@ -27,10 +27,32 @@ import numpy as np
 # gguf_type (ggml/include/gguf.h)
 UINT8, INT8, UINT16, INT16, UINT32, INT32, FLOAT32, BOOL, STRING, ARRAY, UINT64, INT64, FLOAT64 = range(13)
 TYPE_NAMES = ("u8", "i8", "u16", "i16", "u32", "i32", "f32", "bool", "str", "arr", "u64", "i64", "f64")
-_FMT = {UINT8: "B", INT8: "b", UINT16: "H", INT16: "h", UINT32: "I", INT32: "i", FLOAT32: "f", BOOL: "?",
-        UINT64: "Q", INT64: "q", FLOAT64: "d"}
-_DTYPE = {UINT8: "u1", INT8: "i1", UINT16: "u2", INT16: "i2", UINT32: "u4", INT32: "i4", FLOAT32: "f4", BOOL: "?",
-          UINT64: "u8", INT64: "i8", FLOAT64: "f8"}
+_FMT = {
+    UINT8: "B",
+    INT8: "b",
+    UINT16: "H",
+    INT16: "h",
+    UINT32: "I",
+    INT32: "i",
+    FLOAT32: "f",
+    BOOL: "?",
+    UINT64: "Q",
+    INT64: "q",
+    FLOAT64: "d",
+}
+_DTYPE = {
+    UINT8: "u1",
+    INT8: "i1",
+    UINT16: "u2",
+    INT16: "i2",
+    UINT32: "u4",
+    INT32: "i4",
+    FLOAT32: "f4",
+    BOOL: "?",
+    UINT64: "u8",
+    INT64: "i8",
+    FLOAT64: "f8",
+}
 # the fewest bytes one element of each type takes: what a count is bounded by
 _MIN_SIZE = {t: struct.calcsize(f) for t, f in _FMT.items()} | {STRING: 8, ARRAY: 12}
 
@@ -117,8 +139,17 @@ class GGUFArray:
 
     __slots__ = ("_buf", "_marks", "_order", "count", "end", "item_type", "key", "offset")
 
-    def __init__(self, key: str, item_type: int, count: int, offset: int, end: int, buf: Any, order: str,
-                 marks: np.ndarray | None = None) -> None:
+    def __init__(
+        self,
+        key: str,
+        item_type: int,
+        count: int,
+        offset: int,
+        end: int,
+        buf: Any,
+        order: str,
+        marks: np.ndarray | None = None,
+    ) -> None:
         self.key, self.item_type, self.count, self.offset, self.end = key, item_type, count, offset, end
         self._buf, self._order, self._marks = buf, order, marks
 
@@ -183,8 +214,9 @@ class _Scanner:
         at = self.pos
         n = self.read_u64(key, f"{what} length")
         if n > MAX_STRING or n > self.size - self.pos:
-            raise self.fail(key, at, f"{what} ({n} bytes) runs past the end of the file "
-                                     f"({self.size - self.pos} bytes left)")
+            raise self.fail(
+                key, at, f"{what} ({n} bytes) runs past the end of the file ({self.size - self.pos} bytes left)"
+            )
         b = bytes(self.buf[self.pos : self.pos + n])
         self.pos += n
         return b
@@ -194,8 +226,9 @@ class _Scanner:
         n = self.read_u64(key, "array length")
         left = self.size - self.pos
         if n > MAX_ARRAY or n * _MIN_SIZE[item_type] > left:
-            raise self.fail(key, at, f"array of {n} {TYPE_NAMES[item_type]} claims more than the "
-                                     f"{left} bytes left in the file")
+            raise self.fail(
+                key, at, f"array of {n} {TYPE_NAMES[item_type]} claims more than the {left} bytes left in the file"
+            )
         return n
 
     def value(self, key: str, vtype: int, depth: int = 0, what: str = "string") -> Any:
@@ -290,14 +323,18 @@ class _Scanner:
             o = start
             for i in range(n):  # again, slowly, to say which entry is bad
                 if o + 8 > size:
-                    raise self.fail(key, o, f"string {i} of {n}: its length prefix is cut off by the end of "
-                                            "the file") from None
+                    raise self.fail(
+                        key, o, f"string {i} of {n}: its length prefix is cut off by the end of the file"
+                    ) from None
                 ln = unpack(buf, o)[0]
                 if ln > size - o - 8:
-                    raise self.fail(key, o, f"string {i} of {n} ({ln} bytes) runs past the end of the file "
-                                            f"({size - o - 8} bytes left)") from None
+                    raise self.fail(
+                        key,
+                        o,
+                        f"string {i} of {n} ({ln} bytes) runs past the end of the file ({size - o - 8} bytes left)",
+                    ) from None
                 o += 8 + ln
-            raise AssertionError("unreachable")  # pragma: no cover
+            raise AssertionError("unreachable") from None  # pragma: no cover
         self.pos = o
         return np.frombuffer(marks, dtype=np.int64) if marks else np.zeros(0, np.int64)
 
@@ -305,9 +342,19 @@ class _Scanner:
 class GGUFMeta:
     """What :func:`scan` found: the header, every key/value pair, the tensor count."""
 
-    def __init__(self, path: str, version: int, order: str, tensor_count: int, kv_count: int,
-                 fields: dict[str, Any], types: dict[str, tuple[int, ...]], offsets: dict[str, int],
-                 data_offset: int, buf: Any) -> None:
+    def __init__(
+        self,
+        path: str,
+        version: int,
+        order: str,
+        tensor_count: int,
+        kv_count: int,
+        fields: dict[str, Any],
+        types: dict[str, tuple[int, ...]],
+        offsets: dict[str, int],
+        data_offset: int,
+        buf: Any,
+    ) -> None:
         self.path, self.version, self.order = path, version, order
         self.tensor_count, self.kv_count = tensor_count, kv_count
         self.fields = fields  # key -> value: int/float/bool/str/None, list, or GGUFArray
@@ -391,8 +438,7 @@ def scan(path: str | Path) -> GGUFMeta:
         if types["general.alignment"] != (UINT32,):
             raise sc.fail("general.alignment", offsets["general.alignment"], "must be a u32")
         if alignment == 0 or alignment & (alignment - 1):
-            raise sc.fail("general.alignment", offsets["general.alignment"],
-                          f"{alignment} is not a power of two")
+            raise sc.fail("general.alignment", offsets["general.alignment"], f"{alignment} is not a power of two")
     data_offset = _scan_tensor_infos(sc, n_tensors, alignment)
     return GGUFMeta(p, version, order, n_tensors, n_kv, fields, types, offsets, data_offset, buf)
 
@@ -427,6 +473,8 @@ def _scan_tensor_infos(sc: _Scanner, n: int, alignment: int) -> int:
         t = TYPES[ttype]
         end = data + ofs + ne * t.type_size // t.blck_size
         if end > sc.size:
-            raise GGUFError(f"offset {data + ofs}: tensor {_name(name)} data ends at {end}, past the end of the "
-                            f"file ({sc.size} bytes)")
+            raise GGUFError(
+                f"offset {data + ofs}: tensor {_name(name)} data ends at {end}, past the end of the "
+                f"file ({sc.size} bytes)"
+            )
     return data

@@ -24,18 +24,19 @@ from __future__ import annotations
 
 import functools
 import io
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 from construct import (
     Bytes,
     Computed,
     Const,
-    If,
-    IfThenElse,
     Construct,
     ConstructError,
+    If,
+    IfThenElse,
     Int8ul,
     Int32sl,
     Int32ul,
@@ -103,7 +104,7 @@ class ViewStream(io.RawIOBase):
     def remaining(self) -> int:
         return self.end - self.pos
 
-    def read(self, n: int = -1) -> bytes:  # type: ignore[override]
+    def read(self, n: int = -1) -> bytes:
         if n is None or n < 0:
             n = self.end - self.pos
         if self.pos + n > self.end:
@@ -173,7 +174,7 @@ class Run:
         return np.frombuffer(self.view, dtype=dtype)
 
     @classmethod
-    def of(cls, data: bytes) -> "Run":
+    def of(cls, data: bytes) -> Run:
         return cls(0, len(data), data)
 
 
@@ -395,8 +396,12 @@ class CellMeta(Construct):
         if neg.size and (not bad.size or neg[0] < bad[0]):
             # empty cells (pos -1) are never written: a negative position is damage
             i = int(neg[0])
-            raise FormatError(f"cell {i}: negative position {int(cells['pos'][i])}",
-                              start + i * dtype.itemsize, code="bad-position", loc=_loc(stream))
+            raise FormatError(
+                f"cell {i}: negative position {int(cells['pos'][i])}",
+                start + i * dtype.itemsize,
+                code="bad-position",
+                loc=_loc(stream),
+            )
         if avail == n and not bad.size:
             end = start + n * dtype.itemsize
             stream.seek(end)
@@ -515,9 +520,17 @@ KVLayer = Struct(
 KVLayerT = Struct(
     "offset" / Tell,
     "type" / Int32sl,
-    Ensure(lambda c: c.type in TRANSPOSABLE, lambda c: f"transposed V of type {_tname(c.type)} (only f32/f16/bf16 can be)", code="bad-type"),
+    Ensure(
+        lambda c: c.type in TRANSPOSABLE,
+        lambda c: f"transposed V of type {_tname(c.type)} (only f32/f16/bf16 can be)",
+        code="bad-type",
+    ),
     "el_size" / Int32ul,
-    Ensure(lambda c: c.el_size == TYPES[c.type].type_size, lambda c: f"el_size {c.el_size} does not match {_tname(c.type)}", code="bad-row-size"),
+    Ensure(
+        lambda c: c.el_size == TYPES[c.type].type_size,
+        lambda c: f"el_size {c.el_size} does not match {_tname(c.type)}",
+        code="bad-row-size",
+    ),
     "n_embd" / Int32ul,
     "cell_count" / Computed(this._.cell_count),
     "data" / Rows(this.n_embd * this.cell_count * this.el_size, "transposed V columns"),
@@ -538,7 +551,11 @@ def _kv_stream_data(has_v: bool, legacy: bool = False) -> Struct:
         "v_trans" / VTransWord,
         Ensure(lambda c: c.v_trans in (0, 1), lambda c: f"v_trans {c.v_trans} (must be 0 or 1)"),
         "n_layer" / Int32ul,
-        Ensure(lambda c: c.n_layer <= MAX_LAYERS, lambda c: f"n_layer {c.n_layer} over the cap {MAX_LAYERS}", code="over-cap"),
+        Ensure(
+            lambda c: c.n_layer <= MAX_LAYERS,
+            lambda c: f"n_layer {c.n_layer} over the cap {MAX_LAYERS}",
+            code="over-cap",
+        ),
         "v4_post" / ExtraWords(lambda c: c._params.get("v4_post", 0), "v4 metadata words"),
         "k" / Seq("K", this.n_layer, KVLayer, 12),
     ]
@@ -645,7 +662,11 @@ def rec_block(n_rec: int, has_p: bool = False) -> Struct:
         "s_trans" / Int32ul,
         Ensure(lambda c: c.s_trans == 0, lambda c: f"s_trans {c.s_trans} (always written as 0)"),
         "n_layer" / Int32ul,
-        Ensure(lambda c: c.n_layer <= MAX_LAYERS, lambda c: f"n_layer {c.n_layer} over the cap {MAX_LAYERS}", code="over-cap"),
+        Ensure(
+            lambda c: c.n_layer <= MAX_LAYERS,
+            lambda c: f"n_layer {c.n_layer} over the cap {MAX_LAYERS}",
+            code="over-cap",
+        ),
         Ensure(lambda c: n_rec <= max(c.n_layer, 1), lambda c: f"{n_rec} recurrent entries for n_layer {c.n_layer}"),
         "r" / r,
         "s" / Seq("S", n_rec, RecLayer, 12),
@@ -704,7 +725,11 @@ MtmdAudio = Struct(
 
 MtmdChunk = Struct(
     "version" / Int64ul,
-    Ensure(lambda c: c.version == MTMD_SERIALIZATION_VERSION, lambda c: f"mtmd chunk version {c.version} (must be 2)", code="bad-version"),
+    Ensure(
+        lambda c: c.version == MTMD_SERIALIZATION_VERSION,
+        lambda c: f"mtmd chunk version {c.version} (must be 2)",
+        code="bad-version",
+    ),
     "type" / Int32ul,
     Ensure(lambda c: c.type < 3, lambda c: f"mtmd chunk type {c.type} (0 text, 1 image, 2 audio)"),
     "n_text" / Int64ul,
@@ -779,7 +804,11 @@ PackedTokens = Struct(
 
 SeqBlobPrefix = Struct(
     "io_magic" / Int32ul,
-    Ensure(lambda c: c.io_magic == IO_MAGIC, lambda c: f"blob magic 0x{c.io_magic:08x} (must be 0x{IO_MAGIC:08x})", code="bad-magic"),
+    Ensure(
+        lambda c: c.io_magic == IO_MAGIC,
+        lambda c: f"blob magic 0x{c.io_magic:08x} (must be 0x{IO_MAGIC:08x})",
+        code="bad-magic",
+    ),
     "seq_id" / Int32sl,
 )
 

@@ -9,9 +9,10 @@ appendix magic, or at the end of a checkpoint blob (slot-format.md §13.1).
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 from construct import ConstructError
 
@@ -147,8 +148,20 @@ ARCH_SEQUENCES: dict[str, tuple[Kinds, ...]] = {
     **{a: ((KV, KV),) for a in ("gemma2", "cohere2")},
     "gemma3": ((KV, KV), (KV,)),
     **{a: ((REC,),) for a in ("mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7")},
-    **{a: ((KV, REC),) for a in ("jamba", "falcon-h1", "lfm2moe", "granitehybrid", "nemotron_h",
-                                     "qwen3next", "qwen35", "qwen35moe", "plamo2")},
+    **{
+        a: ((KV, REC),)
+        for a in (
+            "jamba",
+            "falcon-h1",
+            "lfm2moe",
+            "granitehybrid",
+            "nemotron_h",
+            "qwen3next",
+            "qwen35",
+            "qwen35moe",
+            "plamo2",
+        )
+    },
     "lfm2": ((KV, REC), (KV, KV, REC)),
 }
 
@@ -220,8 +233,18 @@ def failure_of(exc: Exception, stream: ViewStream, layout: str = "") -> Failure:
     return Failure(stream.tell(), str(exc).split("\n")[0], "invalid", loc, layout)
 
 
-def _parse_kv(view: Any, off: int, end: int, ext: int, whole: bool, has_v: bool, deep: _Deepest, label: str,
-              extra: tuple[int, int] = (0, 0), legacy: bool = False) -> Any | None:
+def _parse_kv(
+    view: Any,
+    off: int,
+    end: int,
+    ext: int,
+    whole: bool,
+    has_v: bool,
+    deep: _Deepest,
+    label: str,
+    extra: tuple[int, int] = (0, 0),
+    legacy: bool = False,
+) -> Any | None:
     key = ("KV", off, end, ext, has_v, extra, legacy)
     if key in deep.memo:
         return deep.memo[key]
@@ -285,7 +308,9 @@ def _rec_candidates(view: Any, off: int, end: int, whole: bool) -> Iterator[tupl
         yield k, True
 
 
-def _parse_rec(view: Any, off: int, end: int, whole: bool, n_rec: int, has_p: bool, deep: _Deepest, label: str) -> Any | None:
+def _parse_rec(
+    view: Any, off: int, end: int, whole: bool, n_rec: int, has_p: bool, deep: _Deepest, label: str
+) -> Any | None:
     key = ("REC", off, end, n_rec, has_p)
     if key in deep.memo:
         return deep.memo[key]
@@ -317,12 +342,24 @@ def _walk(
     if not kinds:
         yield specs, parsed, off
         return
-    label = Layout(specs + (BlockSpec(MemoryKind(kinds[0])),), ext, legacy=legacy).describe()
+    label = Layout((*specs, BlockSpec(MemoryKind(kinds[0]))), ext, legacy=legacy).describe()
     if kinds[0] == KV:
         blk = _parse_kv(view, off, end, ext, whole, has_v[0], deep, label, extra, legacy)
         if blk is not None:
-            yield from _walk(view, blk.end, end, kinds[1:], has_v[1:], ext, whole, deep,
-                             specs + (BlockSpec(KV, has_v[0]),), parsed + (blk,), extra, legacy)
+            yield from _walk(
+                view,
+                blk.end,
+                end,
+                kinds[1:],
+                has_v[1:],
+                ext,
+                whole,
+                deep,
+                (*specs, BlockSpec(KV, has_v[0])),
+                (*parsed, blk),
+                extra,
+                legacy,
+            )
         return
     tried_p = 0
     for n_rec, has_p in _rec_candidates(view, off, end, whole):
@@ -332,8 +369,19 @@ def _walk(
                 break
         blk = _parse_rec(view, off, end, whole, n_rec, has_p, deep, label)
         if blk is not None:
-            yield from _walk(view, blk.end, end, kinds[1:], has_v[1:], ext, whole, deep,
-                             specs + (BlockSpec(REC, True, n_rec, has_p),), parsed + (blk,), extra)
+            yield from _walk(
+                view,
+                blk.end,
+                end,
+                kinds[1:],
+                has_v[1:],
+                ext,
+                whole,
+                deep,
+                (*specs, BlockSpec(REC, True, n_rec, has_p)),
+                (*parsed, blk),
+                extra,
+            )
             if not has_p:
                 return  # the fullest plain split that parses wins; P rows only when none does
 
@@ -391,9 +439,12 @@ def detect(
     partial: list[tuple[Layout, tuple[Any, ...], int]] = []
     if fixed is not None:
         plans: list[tuple[tuple[str, ...], tuple[bool, ...], int, tuple[int, int], bool]] = [
-            (fixed.kinds, tuple(b.has_v for b in fixed.blocks), fixed.ext, fixed.extra, fixed.legacy)]
+            (fixed.kinds, tuple(b.has_v for b in fixed.blocks), fixed.ext, fixed.extra, fixed.legacy)
+        ]
     else:
-        plans = [(k, hv, ext, x, False) for x in extras for k in sequences for ext in ext_sizes for hv in _has_v_options(k)]
+        plans = [
+            (k, hv, ext, x, False) for x in extras for k in sequences for ext in ext_sizes for hv in _has_v_options(k)
+        ]
         if legacy:  # no cell ext and no REC block existed then: [KV] and the iSWA pair
             plans += [(k, hv, 0, (0, 0), True) for k in LEGACY_SEQUENCES for hv in _has_v_options(k)]
     for kinds, hv, ext, x, old in plans:
@@ -413,8 +464,11 @@ def detect(
         elif cut:  # only a reading with R rows standing in for S rows fits: the file was cut
             return Detection(None, [], start, Confidence.NONE, [a[0] for a in accepted], deep.cut)
         lay, blocks, e = accepted[0]
-        conf = Confidence.MODEL if fixed is not None else (
-            Confidence.UNIQUE if len(accepted) == 1 else Confidence.AMBIGUOUS)
+        conf = (
+            Confidence.MODEL
+            if fixed is not None
+            else (Confidence.UNIQUE if len(accepted) == 1 else Confidence.AMBIGUOUS)
+        )
         return Detection(lay, list(blocks), e, conf, [a[0] for a in accepted[1:]], deep.best)
     if partial and not exact:
         partial.sort(key=lambda a: -a[2])  # the fullest parse; the rest is trailing bytes
@@ -428,12 +482,14 @@ def detect(
     if partial and deep.best is not None and exact:
         lay, _, e = max(partial, key=lambda a: a[2])
         if e > deep.best.offset:
-            deep.best = Failure(e, f"body ends at {e}, {end - e} bytes before the end of the blob", "trailing-bytes", "", lay.describe())
+            deep.best = Failure(
+                e, f"body ends at {e}, {end - e} bytes before the end of the blob", "trailing-bytes", "", lay.describe()
+            )
     return Detection(None, [], start, Confidence.NONE, [], deep.best)
 
 
 def _same_rec(fixed: Layout, got: Layout) -> bool:
-    for a, b in zip(fixed.blocks, got.blocks):
+    for a, b in zip(fixed.blocks, got.blocks, strict=False):
         if a.kind == REC and a.n_rec and (a.n_rec, a.has_p) != (b.n_rec, b.has_p):
             return False
     return True
@@ -457,7 +513,12 @@ def _weak(blocks: tuple[Any, ...]) -> bool:
     n_embd_r == n_embd_s (conv state vs SSM/WKV state), but a file cut right after its R
     entries reads this way, with the second half of R taken for S."""
     for b in blocks:
-        if "s_trans" in b and b.r and b.s and "r" not in b.r[0]:
-            if (b.r[0].type, b.r[0].row_size) == (b.s[0].type, b.s[0].row_size):
-                return True
+        if (
+            "s_trans" in b
+            and b.r
+            and b.s
+            and "r" not in b.r[0]
+            and (b.r[0].type, b.r[0].row_size) == (b.s[0].type, b.s[0].row_size)
+        ):
+            return True
     return False

@@ -30,7 +30,7 @@ def _gpt2_byte_decoder() -> dict[str, int]:
             bs.append(b)
             cs.append(256 + n)
             n += 1
-    return {chr(c): b for b, c in zip(bs, cs)}
+    return {chr(c): b for b, c in zip(bs, cs, strict=False)}
 
 
 class ModelError(Exception):
@@ -73,7 +73,9 @@ class ModelInfo:
             if ttype == CONTROL:
                 out += piece.encode()
             elif self.tokenizer == "gpt2":
-                out += bytes(dec.get(ch, ord("?")) for ch in piece) if all(ch in dec for ch in piece) else piece.encode()
+                out += (
+                    bytes(dec.get(ch, ord("?")) for ch in piece) if all(ch in dec for ch in piece) else piece.encode()
+                )
             elif ttype == BYTE and piece.startswith("<0x") and piece.endswith(">"):
                 out.append(int(piece[3:-1], 16))
             else:  # SentencePiece-style: the meta space stands for a space
@@ -83,8 +85,9 @@ class ModelInfo:
 
 # left in the file: the vocabulary (read lazily into ModelInfo.tokens / token_types) and the two
 # per-token arrays nothing here uses
-_VOCAB_KEYS = frozenset(("tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.merges",
-                         "tokenizer.ggml.scores"))
+_VOCAB_KEYS = frozenset(
+    ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.merges", "tokenizer.ggml.scores")
+)
 
 
 def load_model_info(path: str | Path, *, vocab: bool = True) -> ModelInfo:

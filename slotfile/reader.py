@@ -55,19 +55,36 @@ if TYPE_CHECKING:
 
 # The records used to live here; other modules still import them from the reader.
 __all__ = [
-    "GGSN_VERSIONS", "GGSQ_VERSIONS", "Appendix", "BlobInfo", "Body", "Checkpoint", "FileFormat", "KVStream",
-    "LayerRun", "MemoryBlock", "Problem", "Section", "Severity", "SlotFile", "TokenForm", "TokenPayload",
-    "open_slot_file", "parse_buffer",
+    "GGSN_VERSIONS",
+    "GGSQ_VERSIONS",
+    "Appendix",
+    "BlobInfo",
+    "Body",
+    "Checkpoint",
+    "FileFormat",
+    "KVStream",
+    "LayerRun",
+    "MemoryBlock",
+    "Problem",
+    "Section",
+    "Severity",
+    "SlotFile",
+    "TokenForm",
+    "TokenPayload",
+    "open_slot_file",
+    "parse_buffer",
 ]
 
 # Which llama.cpp line writes and loads each state version (slot-format.md §12).
 GGSQ_VERSIONS = {
-    2: "llama.cpp builds of mid-2024 to 2025 (KV blocks without n_stream until mid-2025; no cell ext, no io_magic blob prefix)",
+    2: "llama.cpp builds of mid-2024 to 2025 (KV blocks without n_stream until mid-2025; no cell ext, "
+    "no io_magic blob prefix)",
     3: "llama.cpp of 2026 up to about October (llama-cpp-python 0.3.36 vendors this)",
     4: "llama.cpp from about October 2026 (adds K/V rotation metadata; layout not yet public)",
 }
 GGSN_VERSIONS = {
-    9: "llama.cpp builds of 2025 (session body with output ids, logits, embeddings; KV blocks without n_stream until mid-2025)",
+    9: "llama.cpp builds of 2025 (session body with output ids, logits, embeddings; KV blocks without n_stream "
+    "until mid-2025)",
     10: "llama.cpp of 2026 up to about October (llama-cpp-python 0.3.36)",
     11: "llama.cpp v0.6.0 and later (layout not yet public)",
 }
@@ -76,8 +93,14 @@ GGSN_VERSIONS = {
 # ---------------------------------------------------------------------------------------
 
 
-def open_slot_file(path: str | os.PathLike[str], model: ModelInfo | None = None, draft_model: ModelInfo | None = None,
-                   *, expect: ModelExpect | None = None, draft_expect: ModelExpect | None = None) -> SlotFile:
+def open_slot_file(
+    path: str | os.PathLike[str],
+    model: ModelInfo | None = None,
+    draft_model: ModelInfo | None = None,
+    *,
+    expect: ModelExpect | None = None,
+    draft_expect: ModelExpect | None = None,
+) -> SlotFile:
     """Map ``path`` read-only and parse it.  Raises OSError only for an unreadable path.
 
     ``model`` / ``draft_model``: :class:`slotfile.model.ModelInfo` of the target and draft
@@ -90,8 +113,15 @@ def open_slot_file(path: str | os.PathLike[str], model: ModelInfo | None = None,
     return parse_buffer(buf, str(p), model=model, draft_model=draft_model, expect=expect, draft_expect=draft_expect)
 
 
-def parse_buffer(buf: Any, path: str = "<buffer>", model: ModelInfo | None = None, draft_model: ModelInfo | None = None,
-                 *, expect: ModelExpect | None = None, draft_expect: ModelExpect | None = None) -> SlotFile:
+def parse_buffer(
+    buf: Any,
+    path: str = "<buffer>",
+    model: ModelInfo | None = None,
+    draft_model: ModelInfo | None = None,
+    *,
+    expect: ModelExpect | None = None,
+    draft_expect: ModelExpect | None = None,
+) -> SlotFile:
     """Parse a whole file held in ``buf`` (bytes, mmap or anything with the buffer protocol)."""
     view = memoryview(buf).cast("B") if not isinstance(buf, memoryview) else buf
     sf = SlotFile(path=path, size=len(view), format=FileFormat.UNKNOWN, buffer=buf)
@@ -133,17 +163,32 @@ def _parse_file(sf: SlotFile, view: memoryview) -> None:
         sf.format = FileFormat.GGSN
         known = GGSN_VERSIONS
     else:
-        sf.problem("error", "bad-magic", "header", 0,
-                   f"magic 0x{hdr.magic:08x} is neither GGSQ (slot file) nor GGSN (session file)")
+        sf.problem(
+            "error",
+            "bad-magic",
+            "header",
+            0,
+            f"magic 0x{hdr.magic:08x} is neither GGSQ (slot file) nor GGSN (session file)",
+        )
         return
     if hdr.version not in known:
-        sf.problem("error", "bad-version", "header", 4,
-                   f"{sf.format} version {hdr.version} is unknown (known: {', '.join(map(str, known))})")
+        sf.problem(
+            "error",
+            "bad-version",
+            "header",
+            4,
+            f"{sf.format} version {hdr.version} is unknown (known: {', '.join(map(str, known))})",
+        )
         return
     n = hdr.n_token_count
     if n > (size - 12) // 4:  # the same check as llama_context::state_seq_load_file
-        sf.problem("error", "truncated", "tokens", 12,
-                   f"header declares {n} token words ({4 * n} bytes), {size - 12} bytes remain")
+        sf.problem(
+            "error",
+            "truncated",
+            "tokens",
+            12,
+            f"header declares {n} token words ({4 * n} bytes), {size - 12} bytes remain",
+        )
         return
     body_start = 12 + 4 * n
     _parse_tokens(sf, view, n, packed_allowed=sf.format == FileFormat.GGSQ)
@@ -159,8 +204,13 @@ def _parse_file(sf: SlotFile, view: memoryview) -> None:
         if end != size:  # llama_context::state_load_file demands exact consumption
             sf.trailing = (end, size - end)
             sf.sections.append(Section("trailing", end, size - end))
-            sf.problem("error", "trailing-bytes", "trailing", end,
-                       f"{size - end} bytes after the session state (the loader refuses them)")
+            sf.problem(
+                "error",
+                "trailing-bytes",
+                "trailing",
+                end,
+                f"{size - end} bytes after the session state (the loader refuses them)",
+            )
         _check_semantics(sf)
         return
     _parse_appendices(sf, view, end)
@@ -184,13 +234,19 @@ def _parse_tokens(sf: SlotFile, view: memoryview, n: int, packed_allowed: bool) 
         f = failure_of(e, s)
         where = f" ({f.loc})" if f.loc else ""
         sf.problem("error", f.code, "tokens", f.offset, f"packed server_tokens payload{where}: {f.message}")
-        sf.tokens = TokenPayload(TokenForm.PACKED, start, n, np.empty(0, np.int32),
-                                 version=int(words[1]) if n > 1 else None)
+        sf.tokens = TokenPayload(
+            TokenForm.PACKED, start, n, np.empty(0, np.int32), version=int(words[1]) if n > 1 else None
+        )
         return
     media = [
-        {"key": int(k), "offset": m["offset"], "length": m["length"],
-         "type": int(m["chunk"].type), "n_text": int(m["chunk"].n_text)}
-        for k, m in zip(c.media_keys, c.media)
+        {
+            "key": int(k),
+            "offset": m["offset"],
+            "length": m["length"],
+            "type": int(m["chunk"].type),
+            "n_text": int(m["chunk"].n_text),
+        }
+        for k, m in zip(c.media_keys, c.media, strict=False)
     ]
     sf.tokens = TokenPayload(TokenForm.PACKED, start, n, c.tokens, c.version, media, c.padding.length, raw=c)
 
@@ -225,26 +281,57 @@ def _parse_body(sf: SlotFile, view: memoryview, start: int) -> None:
         sf.body = Body(start, end, None, Confidence.NONE)
         return
     extras = V4_EXTRAS if _is_v4(sf) else ((0, 0),)
-    det = _detect_with_model(sf, view, start, end, sf.expect, False, "body", whole=whole, exact=whole,
-                             sequences=_sequences_for(sf), extras=extras, legacy=_may_be_legacy(sf))
+    det = _detect_with_model(
+        sf,
+        view,
+        start,
+        end,
+        sf.expect,
+        False,
+        "body",
+        whole=whole,
+        exact=whole,
+        sequences=_sequences_for(sf),
+        extras=extras,
+        legacy=_may_be_legacy(sf),
+    )
     sf.body = _body_from(det, start)
     if det.layout is not None and det.layout.legacy:
-        sf.problem("warning", "legacy-layout", "body", start,
-                   f"{sf.format} {sf.version} body in the layout of llama.cpp before mid-2025 (KV blocks without "
-                   "n_stream, single-sequence cells without seq id); current llama.cpp cannot load it"
-                   + ("; the model comparison covers current layouts only" if sf.expect is not None else ""))
+        sf.problem(
+            "warning",
+            "legacy-layout",
+            "body",
+            start,
+            f"{sf.format} {sf.version} body in the layout of llama.cpp before mid-2025 (KV blocks without "
+            "n_stream, single-sequence cells without seq id); current llama.cpp cannot load it"
+            + ("; the model comparison covers current layouts only" if sf.expect is not None else ""),
+        )
     if det.layout is None and _is_v4(sf):
         f = det.failure
-        sf.problem("error", "unsupported-version", "body", f.offset if f else start,
-                   "GGSQ version 4: the position of its K/V rotation metadata is not public and no "
-                   "trial layout fits this body; refused" + (f" (deepest parse: {f.message})" if f else ""))
+        sf.problem(
+            "error",
+            "unsupported-version",
+            "body",
+            f.offset if f else start,
+            "GGSQ version 4: the position of its K/V rotation metadata is not public and no "
+            "trial layout fits this body; refused" + (f" (deepest parse: {f.message})" if f else ""),
+        )
         sf.sections.append(Section("body", start, end - start, "version 4, unreadable"))
         return
     if det.layout is not None and _is_v4(sf):
-        how = (f"with {det.layout.extra[0]} unknown u32 word(s) before v_trans and {det.layout.extra[1]} "
-               "after n_layer in each stream" if det.layout.extra != (0, 0) else "exactly like version 3")
-        sf.problem("warning", "trial-version", "body", start,
-                   f"GGSQ version 4 parsed by trial, {how}; the meaning of the new fields is unknown")
+        how = (
+            f"with {det.layout.extra[0]} unknown u32 word(s) before v_trans and {det.layout.extra[1]} "
+            "after n_layer in each stream"
+            if det.layout.extra != (0, 0)
+            else "exactly like version 3"
+        )
+        sf.problem(
+            "warning",
+            "trial-version",
+            "body",
+            start,
+            f"GGSQ version 4 parsed by trial, {how}; the meaning of the new fields is unknown",
+        )
     if det.layout is None:
         f = det.failure
         if f is None:
@@ -265,17 +352,35 @@ def _parse_body(sf: SlotFile, view: memoryview, start: int) -> None:
     at_eof = det.end == end
     for b in sf.body.blocks:
         if b.kind == MemoryKind.KV and not b.has_v and b.n_cells() and sf.expect is None and at_eof:
-            sf.problem("warning", "k-only", f"body.{b.role}", b.end,
-                       "KV block without V (an MLA or indexer cache); for any other model the file "
-                       f"was cut at offset {b.end}, where V should start (give --model to decide)")
+            sf.problem(
+                "warning",
+                "k-only",
+                f"body.{b.role}",
+                b.end,
+                "KV block without V (an MLA or indexer cache); for any other model the file "
+                f"was cut at offset {b.end}, where V should start (give --model to decide)",
+            )
     if det.confidence == Confidence.AMBIGUOUS:
         alts = "; ".join(a.describe() for a in det.alternatives)
-        sf.problem("warning", "ambiguous-layout", "body", start,
-                   f"the bytes also parse as {alts}; chose {det.layout.describe()} (give --model to decide)")
+        sf.problem(
+            "warning",
+            "ambiguous-layout",
+            "body",
+            start,
+            f"the bytes also parse as {alts}; chose {det.layout.describe()} (give --model to decide)",
+        )
 
 
-def _detect_with_model(sf: SlotFile, view: memoryview, start: int, end: int, exp: ModelExpect | None,
-                       partial: bool, section: str, **kw: Any) -> Detection:
+def _detect_with_model(
+    sf: SlotFile,
+    view: memoryview,
+    start: int,
+    end: int,
+    exp: ModelExpect | None,
+    partial: bool,
+    section: str,
+    **kw: Any,
+) -> Detection:
     """Detect with the model's layout when there is one; when the bytes do not fit it, fall
     back to what the bytes alone say (so the rest can still be described; the model check
     then names each disagreement).  The model's layout that leaves bytes over loses to a
@@ -322,7 +427,7 @@ def _body_from(det: Detection, start: int) -> Body:
     body = Body(start, det.end, det.layout, det.confidence, alternatives=det.alternatives)
     if det.layout is None:
         return body
-    for role, spec, raw in zip(det.layout.roles(), det.layout.blocks, det.blocks):
+    for role, spec, raw in zip(det.layout.roles(), det.layout.blocks, det.blocks, strict=False):
         body.blocks.append(_kv_from(role, raw, spec.has_v) if spec.kind == MemoryKind.KV else _rec_from(role, raw))
     return body
 
@@ -337,8 +442,19 @@ def _kv_from(role: str, c: Any, has_v: bool) -> MemoryBlock:
             st.k = [LayerRun("K", j, L.offset, L.type, L.row_size, sc.cell_count, L.data) for j, L in enumerate(d.k)]
             for j, L in enumerate(d.v):
                 if d.v_trans:
-                    st.v.append(LayerRun("V", j, L.offset, L.type, L.n_embd * L.el_size, sc.cell_count, L.data,
-                                         transposed=True, n_embd=L.n_embd))
+                    st.v.append(
+                        LayerRun(
+                            "V",
+                            j,
+                            L.offset,
+                            L.type,
+                            L.n_embd * L.el_size,
+                            sc.cell_count,
+                            L.data,
+                            transposed=True,
+                            n_embd=L.n_embd,
+                        )
+                    )
                 else:
                     st.v.append(LayerRun("V", j, L.offset, L.type, L.row_size, sc.cell_count, L.data))
         blk.streams.append(st)
@@ -346,8 +462,9 @@ def _kv_from(role: str, c: Any, has_v: bool) -> MemoryBlock:
 
 
 def _rec_from(role: str, c: Any) -> MemoryBlock:
-    blk = MemoryBlock(role, MemoryKind.REC, c.offset, c.end, cell_count=c.cell_count, cells=c.meta, n_layer=c.n_layer,
-                      raw=c)
+    blk = MemoryBlock(
+        role, MemoryKind.REC, c.offset, c.end, cell_count=c.cell_count, cells=c.meta, n_layer=c.n_layer, raw=c
+    )
     for j, e in enumerate(c.r):
         if "r" in e:  # an R entry followed by its PLE conv rows
             blk.r.append(LayerRun("R", j, e.r.offset, e.r.type, e.r.row_size, c.cell_count, e.r.data))
@@ -371,27 +488,39 @@ def _parse_appendices(sf: SlotFile, view: memoryview, off: int) -> None:
             names = [m.decode() for m in (g.SCKP_MAGIC, g.SDFT_MAGIC) if m.startswith(magic)]
             name = names[0].lower() if len(names) == 1 else "appendix"
             sf.sections.append(Section(name, off, end - off, "cut inside the magic"))
-            sf.problem("error", "truncated", name, off,
-                       f"{' or '.join(names)} appendix cut after {len(magic)} bytes of its magic")
+            sf.problem(
+                "error",
+                "truncated",
+                name,
+                off,
+                f"{' or '.join(names)} appendix cut after {len(magic)} bytes of its magic",
+            )
             return
         if magic == g.SCKP_MAGIC and sf.sckp is None and sf.draft is None:
-            off = _parse_sckp(sf, view, off)
+            nxt = _parse_sckp(sf, view, off)
         elif magic == g.SDFT_MAGIC and sf.draft is None:
-            off = _parse_sdft(sf, view, off)
+            nxt = _parse_sdft(sf, view, off)
         else:
             break
-        if off is None:
+        if nxt is None:
             return
+        off = nxt
     if off < end:
         sf.trailing = (off, end - off)
         sf.sections.append(Section("trailing", off, end - off))
         magic = bytes(view[off : off + 4])
         what = {g.SCKP_MAGIC: "a second or misplaced SCKP appendix", g.SDFT_MAGIC: "a second SDFT appendix"}.get(
-            magic, "unexplained bytes")
+            magic, "unexplained bytes"
+        )
         # The loader ignores these bytes, so the body still restores; but they are no known
         # appendix, which is how a cut or overwritten SCKP/SDFT looks: an error to report.
-        sf.problem("error", "trailing-bytes", "trailing", off,
-                   f"{end - off} bytes after the last section ({what}); the loader ignores them")
+        sf.problem(
+            "error",
+            "trailing-bytes",
+            "trailing",
+            off,
+            f"{end - off} bytes after the last section ({what}); the loader ignores them",
+        )
 
 
 def _blob(name: str, c: Any) -> BlobInfo:
@@ -417,14 +546,24 @@ def _parse_sckp(sf: SlotFile, view: memoryview, off: int) -> int | None:
     sf.sckp = app
     if h.version != g.SCKP_VERSION:
         sf.sections.append(Section("sckp", off, end - off, f"version {h.version}"))
-        sf.problem("error", "bad-version", "sckp", off + 4,
-                   f"SCKP version {h.version} (only 1 is known; the server ignores the appendix)")
+        sf.problem(
+            "error",
+            "bad-version",
+            "sckp",
+            off + 4,
+            f"SCKP version {h.version} (only 1 is known; the server ignores the appendix)",
+        )
         app.complete = False
         return None
     if h.count > g.MAX_CHECKPOINTS:
         sf.sections.append(Section("sckp", off, end - off, "count over cap"))
-        sf.problem("error", "over-cap", "sckp", off + 8,
-                   f"checkpoint count {h.count} over the cap {g.MAX_CHECKPOINTS} (the server drops the appendix)")
+        sf.problem(
+            "error",
+            "over-cap",
+            "sckp",
+            off + 8,
+            f"checkpoint count {h.count} over the cap {g.MAX_CHECKPOINTS} (the server drops the appendix)",
+        )
         app.complete = False
         return None
     for it in ap.entries(view, h.end, end, count=h.count):
@@ -433,14 +572,29 @@ def _parse_sckp(sf: SlotFile, view: memoryview, off: int) -> int | None:
                 f, i = it.failure, it.index
                 app.complete, app.end = False, end
                 sf.sections.append(Section("sckp", off, end - off, f"{i} of {h.count} checkpoints complete"))
-                sf.problem("error", f.code, f"sckp.{f.loc or f'checkpoint[{i}]'}", f.offset,
-                           f"checkpoint {i} of {h.count}: {f.message} (the server drops the whole appendix)")
+                sf.problem(
+                    "error",
+                    f.code,
+                    f"sckp.{f.loc or f'checkpoint[{i}]'}",
+                    f.offset,
+                    f"checkpoint {i} of {h.count}: {f.message} (the server drops the whole appendix)",
+                )
                 return None
             app.end = it.offset
             break
-        sf.checkpoints.append(Checkpoint(it.index, it.offset, it.end, it.n_tokens, it.pos_min, it.pos_max,
-                                         _blob("data_tgt", it.tgt), _blob("data_dft", it.dft),
-                                         _blob("data_spec", it.spec)))
+        sf.checkpoints.append(
+            Checkpoint(
+                it.index,
+                it.offset,
+                it.end,
+                it.n_tokens,
+                it.pos_min,
+                it.pos_max,
+                _blob("data_tgt", it.tgt),
+                _blob("data_dft", it.dft),
+                _blob("data_spec", it.spec),
+            )
+        )
     sf.sections.append(Section("sckp", off, app.end - off, f"{h.count} checkpoints"))
     for ck in sf.checkpoints:
         sf.sections.append(Section(f"sckp.checkpoint[{ck.index}]", ck.offset, ck.end - ck.offset))
@@ -464,8 +618,13 @@ def _parse_sdft(sf: SlotFile, view: memoryview, off: int) -> int | None:
     if isinstance(b, Failure):
         app.complete = False
         sf.sections.append(Section("sdft", off, end - off, "damaged"))
-        sf.problem("error", b.code, f"sdft.{b.loc}" if b.loc else "sdft", b.offset,
-                   f"draft appendix: {b.message} (the server drops the draft state)")
+        sf.problem(
+            "error",
+            b.code,
+            f"sdft.{b.loc}" if b.loc else "sdft",
+            b.offset,
+            f"draft appendix: {b.message} (the server drops the draft state)",
+        )
         return None
     app.end = b.end
     app.dft, app.spec = _blob("data_dft", b.dft), _blob("data_spec", b.spec)
@@ -481,19 +640,33 @@ def _parse_checkpoint_blobs(sf: SlotFile, view: memoryview) -> None:
     for ck in sf.checkpoints:
         sec = f"sckp.checkpoint[{ck.index}]"
         if ck.tgt.length == 0:
-            sf.problem("error", "empty-blob", sec, ck.tgt.offset,
-                       "data_tgt is empty (the server drops the whole appendix)")
+            sf.problem(
+                "error", "empty-blob", sec, ck.tgt.offset, "data_tgt is empty (the server drops the whole appendix)"
+            )
         else:
             _parse_seq_blob(sf, view, ck.tgt, f"{sec}.data_tgt", partial=partial, exp=sf.expect, exp_partial=True)
         if ck.dft.length:
             dl = sf.draft.dft.body.layout if sf.draft and sf.draft.dft and sf.draft.dft.body else None
-            _parse_seq_blob(sf, view, ck.dft, f"{sec}.data_dft",
-                            partial=PARTIAL_OF.get(dl.memory_class) if dl else None,
-                            exp=sf.draft_expect, exp_partial=True)
+            _parse_seq_blob(
+                sf,
+                view,
+                ck.dft,
+                f"{sec}.data_dft",
+                partial=PARTIAL_OF.get(dl.memory_class) if dl else None,
+                exp=sf.draft_expect,
+                exp_partial=True,
+            )
 
 
-def _parse_seq_blob(sf: SlotFile, view: memoryview, blob: BlobInfo, section: str, partial: tuple[str, ...] | None,
-                    exp: ModelExpect | None = None, exp_partial: bool = False) -> None:
+def _parse_seq_blob(
+    sf: SlotFile,
+    view: memoryview,
+    blob: BlobInfo,
+    section: str,
+    partial: tuple[str, ...] | None,
+    exp: ModelExpect | None = None,
+    exp_partial: bool = False,
+) -> None:
     """A ``llama_state_seq_get_data`` blob: io_magic, seq_id, then a body that fills the blob."""
     start, end = blob.data_offset, blob.data_offset + blob.length
     seq_id = ap.blob_seq_id(view, start, end)
@@ -503,24 +676,45 @@ def _parse_seq_blob(sf: SlotFile, view: memoryview, blob: BlobInfo, section: str
     blob.seq_id = seq_id
     if _is_dsv4(view, start + 8, end):
         blob.body = Body(start + 8, end, None, "none")
-        sf.problem("error", "unsupported-layout", section, start + 8,
-                   "DeepSeek-V4 (DSV4) state frame: not supported yet")
+        sf.problem(
+            "error", "unsupported-layout", section, start + 8, "DeepSeek-V4 (DSV4) state frame: not supported yet"
+        )
         return
     seqs = [partial] + [q for q in SEQUENCES if q != partial] if partial else list(SEQUENCES)
-    det = _detect_with_model(sf, view, start + 8, end, exp, exp_partial, section, exact=True, sequences=seqs,
-                             extras=V4_EXTRAS if _is_v4(sf) else ((0, 0),))
+    det = _detect_with_model(
+        sf,
+        view,
+        start + 8,
+        end,
+        exp,
+        exp_partial,
+        section,
+        exact=True,
+        sequences=seqs,
+        extras=V4_EXTRAS if _is_v4(sf) else ((0, 0),),
+    )
     blob.body = _body_from(det, start + 8)
     if exp is not None and blob.body.layout is not None:
         return  # read in the model's layout: modelcheck.check_against_model judges it
     if det.layout is None:
         f = det.failure
         msg = f"{f.message} ({f.layout}{', ' + f.loc if f.loc else ''})" if f else "no known layout fills the blob"
-        sf.problem("error", f.code if f else "unknown-layout", section, f.offset if f else start + 8,
-                   f"blob body does not parse: {msg}")
+        sf.problem(
+            "error",
+            f.code if f else "unknown-layout",
+            section,
+            f.offset if f else start + 8,
+            f"blob body does not parse: {msg}",
+        )
     elif partial is not None and det.layout.kinds != partial:
-        sf.problem("warning", "unexpected-layout", section, start + 8,
-                   f"blob holds {det.layout.describe()}; a PARTIAL_ONLY blob of this body should be "
-                   f"{' + '.join(partial) or 'empty'}")
+        sf.problem(
+            "warning",
+            "unexpected-layout",
+            section,
+            start + 8,
+            f"blob holds {det.layout.describe()}; a PARTIAL_ONLY blob of this body should be "
+            f"{' + '.join(partial) or 'empty'}",
+        )
 
 
 # ---------------------------------------------------------------------------------------
@@ -533,8 +727,13 @@ def _check_semantics(sf: SlotFile) -> None:
     if body is None or body.layout is None:
         return
     if not body.blocks:
-        sf.problem("warning", "empty-body", "body", body.offset,
-                   "no memory state: a model without memory, or a file cut right after the tokens")
+        sf.problem(
+            "warning",
+            "empty-body",
+            "body",
+            body.offset,
+            "no memory state: a model without memory, or a file cut right after the tokens",
+        )
     for blk in body.blocks:
         _check_block(sf, blk, f"body.{blk.role}")
     for ck in sf.checkpoints:
@@ -553,8 +752,13 @@ def _check_block(sf: SlotFile, blk: MemoryBlock, sec: str) -> None:
     if blk.kind == MemoryKind.KV:
         active = blk.active_streams()
         if len(active) > 1 and sf.format == FileFormat.GGSQ:
-            sf.problem("error", "invalid", sec, blk.offset,
-                       f"{len(active)} non-empty streams in a single-sequence save (at most 1)")
+            sf.problem(
+                "error",
+                "invalid",
+                sec,
+                blk.offset,
+                f"{len(active)} non-empty streams in a single-sequence save (at most 1)",
+            )
         for st in active:
             ct = st.cells
             if ct is None:
@@ -562,15 +766,25 @@ def _check_block(sf: SlotFile, blk: MemoryBlock, sec: str) -> None:
             _check_positions(sf, ct.cells["pos"], ct.offset, ct.cells.dtype.itemsize, f"{sec}.stream[{st.index}]")
             seq = np.unique(ct.seq_ids)
             if sf.format == FileFormat.GGSQ and seq.size > 1:
-                sf.problem("warning", "invalid", f"{sec}.stream[{st.index}]", ct.offset,
-                           f"cells carry {seq.size} different seq ids in a single-sequence save")
+                sf.problem(
+                    "warning",
+                    "invalid",
+                    f"{sec}.stream[{st.index}]",
+                    ct.offset,
+                    f"cells carry {seq.size} different seq ids in a single-sequence save",
+                )
     elif blk.cells is not None and blk.cell_count:
         _check_positions(sf, blk.cells.cells["pos"], blk.cells.offset, blk.cells.cells.dtype.itemsize, sec)
     for run in blk.runs():
         if run.type_id not in TYPES:
-            sf.problem("warning", "unknown-type", sec, run.offset,
-                       f"{run.part} layer {run.index}: ggml type id {run.type_id} is not known to this "
-                       "build (newer llama.cpp or a fork)")
+            sf.problem(
+                "warning",
+                "unknown-type",
+                sec,
+                run.offset,
+                f"{run.part} layer {run.index}: ggml type id {run.type_id} is not known to this "
+                "build (newer llama.cpp or a fork)",
+            )
 
 
 def _check_positions(sf: SlotFile, pos: np.ndarray, off: int, stride: int, sec: str) -> None:
@@ -586,8 +800,12 @@ def _check_positions(sf: SlotFile, pos: np.ndarray, off: int, stride: int, sec: 
 
 
 def _check_tokens_vs_cells(sf: SlotFile) -> None:
-    if sf.tokens is None or sf.body is None or not sf.body.blocks or (
-            sf.tokens.form == TokenForm.PACKED and sf.tokens.raw is None):
+    if (
+        sf.tokens is None
+        or sf.body is None
+        or not sf.body.blocks
+        or (sf.tokens.form == TokenForm.PACKED and sf.tokens.raw is None)
+    ):
         return
     t = sf.n_tokens
     first = sf.body.blocks[0]
@@ -595,11 +813,21 @@ def _check_tokens_vs_cells(sf: SlotFile) -> None:
     if first.kind == MemoryKind.KV and first.role in ("kv", "kv-base") and not (sf.tokens.media):
         n = first.n_cells()
         if n != t:
-            sf.problem("warning", "token-mismatch", f"body.{first.role}", first.offset,
-                       f"token payload holds {t} tokens but the cache holds {n} cells")
+            sf.problem(
+                "warning",
+                "token-mismatch",
+                f"body.{first.role}",
+                first.offset,
+                f"token payload holds {t} tokens but the cache holds {n} cells",
+            )
     if pos.size and int(pos.max()) + 1 > t and not sf.tokens.media:
-        sf.problem("warning", "token-mismatch", "body", sf.body.offset,
-                   f"highest cell position {int(pos.max())} is beyond the {t} stored tokens")
+        sf.problem(
+            "warning",
+            "token-mismatch",
+            "body",
+            sf.body.offset,
+            f"highest cell position {int(pos.max())} is beyond the {t} stored tokens",
+        )
 
 
 def _check_checkpoints(sf: SlotFile) -> None:
@@ -610,11 +838,17 @@ def _check_checkpoints(sf: SlotFile) -> None:
         if ck.pos_min > ck.pos_max or ck.pos_min < 0:
             sf.problem("error", "bad-position", sec, ck.offset + 8, f"position range {ck.pos_min}..{ck.pos_max}")
         if ck.n_tokens < 0 or (t and ck.n_tokens > t):
-            sf.problem("warning", "token-mismatch", sec, ck.offset,
-                       f"n_tokens {ck.n_tokens} is beyond the {t} stored tokens")
+            sf.problem(
+                "warning", "token-mismatch", sec, ck.offset, f"n_tokens {ck.n_tokens} is beyond the {t} stored tokens"
+            )
         if ck.n_tokens < prev:
-            sf.problem("warning", "checkpoint-order", sec, ck.offset,
-                       f"n_tokens {ck.n_tokens} after {prev} (checkpoints are written oldest first)")
+            sf.problem(
+                "warning",
+                "checkpoint-order",
+                sec,
+                ck.offset,
+                f"n_tokens {ck.n_tokens} after {prev} (checkpoints are written oldest first)",
+            )
         prev = ck.n_tokens
 
 

@@ -62,7 +62,7 @@ def block_json(b: MemoryBlock, ext: int) -> dict[str, Any]:
         d["has_v"] = b.has_v
         d["n_stream"] = _f(c.offset, b.n_stream)
         streams = []
-        for st, sc in zip(b.streams, c.streams):
+        for st, sc in zip(b.streams, c.streams, strict=False):
             sd: dict[str, Any] = {"index": st.index, "offset": st.offset, "cell_count": _f(st.offset, st.cell_count)}
             if sc.data is not None:
                 sd["cells"] = _cells(st.cells, ext)

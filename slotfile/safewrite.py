@@ -25,9 +25,10 @@ import re
 import secrets
 import shutil
 import stat
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import BinaryIO
 
 CHUNK = 1 << 24  # bytes per copy_file_range / sendfile call
 
@@ -88,8 +89,13 @@ class Plan:
     def is_identity(self, path: str | os.PathLike[str], size: int) -> bool:
         """True when the plan copies ``path`` whole, unchanged."""
         p = os.fspath(path)
-        return (len(self.pieces) == 1 and isinstance(self.pieces[0], Range) and self.pieces[0].path == p
-                and self.pieces[0].offset == 0 and self.pieces[0].length == size) or (size == 0 and not self.pieces)
+        return (
+            len(self.pieces) == 1
+            and isinstance(self.pieces[0], Range)
+            and self.pieces[0].path == p
+            and self.pieces[0].offset == 0
+            and self.pieces[0].length == size
+        ) or (size == 0 and not self.pieces)
 
     def read_range(self, start: int, length: int) -> bytes:
         """Bytes ``start .. start+length`` of the planned output (small reads: checks and tests)."""
@@ -130,8 +136,15 @@ def copy_range(src_fd: int, dst_fd: int, offset: int, length: int) -> int:
             else:
                 got = _plain_copy(src_fd, dst_fd, offset + done, n)
         except OSError as e:
-            if mode != "plain" and e.errno in (errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP,
-                                               errno.EBADF, errno.ETXTBSY, errno.EPERM):
+            if mode != "plain" and e.errno in (
+                errno.EXDEV,
+                errno.EINVAL,
+                errno.ENOSYS,
+                errno.EOPNOTSUPP,
+                errno.EBADF,
+                errno.ETXTBSY,
+                errno.EPERM,
+            ):
                 mode = "sendfile" if mode == "cfr" and hasattr(os, "sendfile") else "plain"
                 continue
             raise
@@ -145,12 +158,12 @@ def _plain_copy(src_fd: int, dst_fd: int, offset: int, n: int) -> int:
     with os.fdopen(os.dup(src_fd), "rb") as src, os.fdopen(os.dup(dst_fd), "wb", buffering=0) as dst:
         src.seek(offset)
         reader = _Limited(src, n)
-        shutil.copyfileobj(reader, dst, 1 << 20)  # type: ignore[misc]
+        shutil.copyfileobj(reader, dst, 1 << 20)
         return reader.done
 
 
 class _Limited:
-    def __init__(self, f, n: int) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, f: BinaryIO, n: int) -> None:
         self.f, self.left, self.done = f, n, 0
 
     def read(self, size: int = -1) -> bytes:
@@ -192,7 +205,9 @@ def temp_path(directory: str | os.PathLike[str], name: str, suffix: str = ".tmp"
     return os.path.join(os.fspath(directory), f".{name}.slotfile-{os.getpid()}-{secrets.token_hex(6)}{suffix}")
 
 
-def create_temp(directory: str | os.PathLike[str], name: str, suffix: str = ".tmp", mode: int = 0o600) -> tuple[str, int]:
+def create_temp(
+    directory: str | os.PathLike[str], name: str, suffix: str = ".tmp", mode: int = 0o600
+) -> tuple[str, int]:
     """Create (O_EXCL) and open a dot-prefixed unique temp file; returns (path, fd)."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
     for _ in range(16):
@@ -243,9 +258,14 @@ class Target:
         return os.path.dirname(os.path.abspath(self.output)) or "."
 
 
-def resolve_target(input_path: str | os.PathLike[str], output: str | os.PathLike[str] | None, *,
-                   in_place: bool = False, backup: str | os.PathLike[str] | None = None,
-                   force: bool = False) -> Target:
+def resolve_target(
+    input_path: str | os.PathLike[str],
+    output: str | os.PathLike[str] | None,
+    *,
+    in_place: bool = False,
+    backup: str | os.PathLike[str] | None = None,
+    force: bool = False,
+) -> Target:
     """Apply the safety rules; raises :class:`WriteRefused` with a one-line reason."""
     inp = os.fspath(input_path)
     if in_place and output is not None:
@@ -360,8 +380,14 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def commit(plan: Plan, target: Target, check: Callable[[str], tuple[bool, str]] | None = None,
-           *, mode: int | None = None, writer: Callable[[Plan, int], int] | None = None) -> CommitResult:
+def commit(
+    plan: Plan,
+    target: Target,
+    check: Callable[[str], tuple[bool, str]] | None = None,
+    *,
+    mode: int | None = None,
+    writer: Callable[[Plan, int], int] | None = None,
+) -> CommitResult:
     """Write ``plan`` to ``target`` through a checked temp file; see the module docstring.
 
     ``check(temp_path) -> (ok, reason)`` runs on the complete, fsynced temp file; when it
@@ -473,7 +499,13 @@ def describe_plan(plan: Plan) -> list[dict[str, object]]:
         if isinstance(piece, Range):
             out.append({"out_offset": pos, "length": piece.length, "from": piece.path, "offset": piece.offset})
         else:
-            out.append({"out_offset": pos, "length": piece.length, "literal": piece.data.hex() if piece.length <= 64 else f"{piece.length} bytes"})
+            out.append(
+                {
+                    "out_offset": pos,
+                    "length": piece.length,
+                    "literal": piece.data.hex() if piece.length <= 64 else f"{piece.length} bytes",
+                }
+            )
         pos += piece.length
     return out
 

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import mmap
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -41,8 +42,14 @@ _FLOATS: dict[int, tuple[np.dtype, int, int]] = {
 # quantized block types whose first half (d) - and for *_1 also the second (m) - is an f16;
 # mxfp4's scale is an E8M0 byte, which has no inf/NaN to find
 _SCALES: dict[int, int] = {
-    TypeId.Q4_0: 1, TypeId.Q4_1: 2, TypeId.Q5_0: 1, TypeId.Q5_1: 2, TypeId.Q8_0: 1, TypeId.Q8_1: 2,
-    TypeId.IQ4_NL: 1, TypeId.MXFP4: 0,
+    TypeId.Q4_0: 1,
+    TypeId.Q4_1: 2,
+    TypeId.Q5_0: 1,
+    TypeId.Q5_1: 2,
+    TypeId.Q8_0: 1,
+    TypeId.Q8_1: 2,
+    TypeId.IQ4_NL: 1,
+    TypeId.MXFP4: 0,
 }
 _F16_EXP = 0x7C00
 
@@ -54,8 +61,9 @@ class NonFinite:
     offset: int  # file offset of the first bad value (or block scale)
 
     def message(self) -> str:
-        return (f"{self.run.part} layer {self.run.index}: non-finite value at offset {self.offset} "
-                f"({self.run.type_name})")
+        return (
+            f"{self.run.part} layer {self.run.index}: non-finite value at offset {self.offset} ({self.run.type_name})"
+        )
 
 
 def _step(type_id: int) -> int:
@@ -117,8 +125,14 @@ def _check_scales(buf: memoryview, start: int, end: int, type_id: int, scratch: 
     return None
 
 
-def _worker(buf: memoryview, mm: Any, tasks: Iterator[tuple[int, int, int, int]],
-            found: dict[int, int], lock: threading.Lock, errors: list[BaseException]) -> None:
+def _worker(
+    buf: memoryview,
+    mm: Any,
+    tasks: Iterator[tuple[int, int, int, int]],
+    found: dict[int, int],
+    lock: threading.Lock,
+    errors: list[BaseException],
+) -> None:
     scratch = _Scratch()
     page = mmap.PAGESIZE
     try:
@@ -149,7 +163,7 @@ class _SharedIter:
         self._it = iter(items)
         self._lock = threading.Lock()
 
-    def __iter__(self) -> "_SharedIter":
+    def __iter__(self) -> _SharedIter:
         return self
 
     def __next__(self) -> Any:
@@ -178,8 +192,10 @@ def scan(sf: SlotFile, jobs: int = 2) -> tuple[list[NonFinite], int, list[str]]:
     errors: list[BaseException] = []
     shared = _SharedIter(tasks)
     n_threads = max(1, min(jobs, len(tasks)))
-    threads = [threading.Thread(target=_worker, args=(buf, mm, shared, found, lock, errors), daemon=True)
-               for _ in range(n_threads - 1)]
+    threads = [
+        threading.Thread(target=_worker, args=(buf, mm, shared, found, lock, errors), daemon=True)
+        for _ in range(n_threads - 1)
+    ]
     for t in threads:
         t.start()
     _worker(buf, mm, shared, found, lock, errors)  # the calling thread works too

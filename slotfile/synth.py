@@ -65,8 +65,15 @@ def kv_block_obj(spec: SynthSpec, n_cells: int, n_layer: int, pool: dict[str, by
 
     k = [{"type": tk.id, "row_size": k_row, "data": run("k", n_cells * k_row)} for _ in range(n_layer)]
     if spec.v_trans:
-        v = [{"type": tv.id, "el_size": tv.type_size, "n_embd": spec.n_embd_v,
-              "data": run("v", n_cells * spec.n_embd_v * tv.type_size)} for _ in range(n_layer)]
+        v = [
+            {
+                "type": tv.id,
+                "el_size": tv.type_size,
+                "n_embd": spec.n_embd_v,
+                "data": run("v", n_cells * spec.n_embd_v * tv.type_size),
+            }
+            for _ in range(n_layer)
+        ]
     else:
         v = [{"type": tv.id, "row_size": v_row, "data": run("v", n_cells * v_row)} for _ in range(n_layer)]
     data = {"meta": _cells(n_cells), "v_trans": int(spec.v_trans), "n_layer": n_layer, "k": k, "v": v}
@@ -75,8 +82,10 @@ def kv_block_obj(spec: SynthSpec, n_cells: int, n_layer: int, pool: dict[str, by
 
 def _pool(spec: SynthSpec, rng: np.random.Generator) -> dict[str, bytes]:
     tk, tv = BY_NAME[spec.type_k], BY_NAME[spec.type_v]
-    return {"k": _random_rows(spec.type_k, spec.n_cells * tk.row_size(spec.n_embd_k), rng),
-            "v": _random_rows(spec.type_v, spec.n_cells * tv.row_size(spec.n_embd_v), rng)}
+    return {
+        "k": _random_rows(spec.type_k, spec.n_cells * tk.row_size(spec.n_embd_k), rng),
+        "v": _random_rows(spec.type_v, spec.n_cells * tv.row_size(spec.n_embd_v), rng),
+    }
 
 
 class _Sink:
@@ -99,7 +108,9 @@ class _Sink:
 
 # the fixed fields of a checkpoint entry (n_tokens, pos_min, pos_max) and of a blob (length),
 # taken from the project's own grammars so the streamed appendices cannot drift from them
-_CKPT_HEAD = Struct(*[c for c in g.CheckpointEntry.subcons if getattr(c, "name", None) in ("n_tokens", "pos_min", "pos_max")])
+_CKPT_HEAD = Struct(
+    *[c for c in g.CheckpointEntry.subcons if getattr(c, "name", None) in ("n_tokens", "pos_min", "pos_max")]
+)
 _BLOB_LEN = next(c for c in g.Blob.subcons if getattr(c, "name", None) == "length")
 _EMPTY_BLOB = {"length": 0, "data": b""}
 
@@ -131,8 +142,16 @@ def write_slot(path: str | Path, spec: SynthSpec) -> int:
 
 def _write(f: BinaryIO, spec: SynthSpec, pool: dict[str, bytes], tokens: np.ndarray) -> None:
     n = spec.n_cells
-    payload = {"marker": -1, "version": 1, "n_tokens": n, "tokens": tokens, "n_media": 0,
-               "media_keys": np.empty(0, "<u4"), "media": [], "padding": b""}
+    payload = {
+        "marker": -1,
+        "version": 1,
+        "n_tokens": n,
+        "tokens": tokens,
+        "n_media": 0,
+        "media_keys": np.empty(0, "<u4"),
+        "media": [],
+        "padding": b"",
+    }
     words = (16 + 4 * n) // 4
     f.write(g.FileHeader.build({"magic": g.GGSQ_MAGIC, "version": 3, "n_token_count": words}))
     g.PackedTokens.build_stream(payload, f)

@@ -8,10 +8,11 @@ written without being assembled in memory (bulk runs are memoryviews into the so
 
 from __future__ import annotations
 
-from typing import Any, BinaryIO, Iterator
+from collections.abc import Iterator
+from typing import Any, BinaryIO
 
 from . import grammar as g
-from .reader import Body, SlotFile
+from .records import Body, SlotFile
 
 
 def _raw(sf: SlotFile, start: int, end: int) -> memoryview:
@@ -21,7 +22,7 @@ def _raw(sf: SlotFile, start: int, end: int) -> memoryview:
 def body_chunks(body: Body, *, whole: bool = False) -> Iterator[bytes]:
     """The body rebuilt block by block."""
     assert body.layout is not None
-    for spec, blk in zip(body.layout.blocks, body.blocks):
+    for spec, blk in zip(body.layout.blocks, body.blocks, strict=False):
         if spec.kind == "KV":
             pre, post = body.layout.extra
             grammar = g.kv_block_legacy(spec.has_v) if body.layout.legacy else g.kv_block(spec.has_v)
@@ -35,8 +36,13 @@ def serialize(sf: SlotFile) -> Iterator[bytes | memoryview]:
     if sf.version is None:  # not even a header: nothing was understood
         yield _raw(sf, 0, sf.size)
         return
-    yield g.FileHeader.build({"magic": g.GGSQ_MAGIC if sf.format == "GGSQ" else g.GGSN_MAGIC,
-                              "version": sf.version, "n_token_count": sf.n_token_count})
+    yield g.FileHeader.build(
+        {
+            "magic": g.GGSQ_MAGIC if sf.format == "GGSQ" else g.GGSN_MAGIC,
+            "version": sf.version,
+            "n_token_count": sf.n_token_count,
+        }
+    )
     pos = 12
     tp = sf.tokens
     if tp is not None:
@@ -73,10 +79,17 @@ def _sckp(sf: SlotFile) -> Iterator[bytes]:
     assert sf.sckp is not None
     yield g.build(g.SckpHeader, {"version": sf.sckp.version, "count": sf.sckp.count})
     for c in sf.checkpoints:
-        yield g.build(g.CheckpointEntry, {
-            "n_tokens": c.n_tokens, "pos_min": c.pos_min, "pos_max": c.pos_max,
-            "tgt": _blob(c.tgt), "dft": _blob(c.dft), "spec": _blob(c.spec),
-        })
+        yield g.build(
+            g.CheckpointEntry,
+            {
+                "n_tokens": c.n_tokens,
+                "pos_min": c.pos_min,
+                "pos_max": c.pos_max,
+                "tgt": _blob(c.tgt),
+                "dft": _blob(c.dft),
+                "spec": _blob(c.spec),
+            },
+        )
 
 
 def _sdft(sf: SlotFile) -> Iterator[bytes]:

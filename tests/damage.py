@@ -9,9 +9,9 @@ the level that fails first and ``level_reached``.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -145,8 +145,15 @@ CORPUS: tuple[Damage, ...] = (
     Damage("checkpoint-len-plus-one", ckpt_blob_plus_one, "fail", "structure", 0),
     Damage("body-truncated", truncate_body, "fail", "structure", 0, codes=("truncated",)),
     Damage("version-4", version_4, "fail", "load", 2, codes=("version-mismatch",)),
-    Damage("recurrent-two-cells", recurrent_two_cells, "fail", "structure", 0,
-           base=SLOTS / "extra-mamba.slot", model="extra-mamba.gguf"),
+    Damage(
+        "recurrent-two-cells",
+        recurrent_two_cells,
+        "fail",
+        "structure",
+        0,
+        base=SLOTS / "extra-mamba.slot",
+        model="extra-mamba.gguf",
+    ),
 )
 
 
@@ -165,4 +172,4 @@ def other_seed_llama(path: Path) -> Path:
     return path
 
 
-__all__ = ["BASE", "CORPUS", "Damage", "MODELS", "build", "other_seed_llama"]
+__all__ = ["BASE", "CORPUS", "MODELS", "Damage", "build", "other_seed_llama"]

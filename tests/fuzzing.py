@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import random
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
-from slotfile.reader import SlotFile, open_slot_file
+from slotfile.reader import open_slot_file
+from slotfile.records import SlotFile
 
 
 @dataclass(frozen=True)
@@ -27,10 +28,14 @@ def length_fields(sf: SlotFile) -> list[Field]:
     tp = sf.tokens
     if tp is not None and tp.form == "packed" and tp.raw is not None:
         c = tp.raw
-        out += [Field(c.offset + 4, 4, "tokens.version"), Field(c.offset + 8, 4, "tokens.n_tokens"),
-                Field(c.offset + 12 + 4 * int(c.n_tokens), 4, "tokens.n_media")]
-    bodies = [("body", sf.body)] + [(f"ck{c.index}.{b.name}", b.body) for c in sf.checkpoints
-                                    for b in (c.tgt, c.dft) if b.body is not None]
+        out += [
+            Field(c.offset + 4, 4, "tokens.version"),
+            Field(c.offset + 8, 4, "tokens.n_tokens"),
+            Field(c.offset + 12 + 4 * int(c.n_tokens), 4, "tokens.n_media"),
+        ]
+    bodies = [("body", sf.body)] + [
+        (f"ck{c.index}.{b.name}", b.body) for c in sf.checkpoints for b in (c.tgt, c.dft) if b.body is not None
+    ]
     if sf.draft and sf.draft.dft and sf.draft.dft.body:
         bodies.append(("sdft.dft", sf.draft.dft.body))
     for name, body in bodies:
@@ -54,21 +59,28 @@ def length_fields(sf: SlotFile) -> list[Field]:
                     out += [Field(st, 4, f"{pre}.s_trans"), Field(st + 4, 4, f"{pre}.n_layer")]
             for r in blk.runs():
                 if r.transposed:
-                    out += [Field(r.offset + 4, 4, f"{pre}.{r.part}{r.index}.el_size"),
-                            Field(r.offset + 8, 4, f"{pre}.{r.part}{r.index}.n_embd")]
+                    out += [
+                        Field(r.offset + 4, 4, f"{pre}.{r.part}{r.index}.el_size"),
+                        Field(r.offset + 8, 4, f"{pre}.{r.part}{r.index}.n_embd"),
+                    ]
                 elif r.part == "P":
                     out.append(Field(r.offset, 8, f"{pre}.P{r.index}.row_size"))
                 else:
-                    out += [Field(r.offset, 4, f"{pre}.{r.part}{r.index}.type"),
-                            Field(r.offset + 4, 8, f"{pre}.{r.part}{r.index}.row_size")]
+                    out += [
+                        Field(r.offset, 4, f"{pre}.{r.part}{r.index}.type"),
+                        Field(r.offset + 4, 8, f"{pre}.{r.part}{r.index}.row_size"),
+                    ]
     if sf.sckp is not None:
         out += [Field(sf.sckp.offset + 4, 4, "sckp.version"), Field(sf.sckp.offset + 8, 4, "sckp.count")]
         for c in sf.checkpoints:
             out += [Field(c.offset, 8, f"ck{c.index}.n_tokens")]
             out += [Field(b.offset, 8, f"ck{c.index}.{b.name}.length") for b in (c.tgt, c.dft, c.spec)]
     if sf.draft is not None and sf.draft.dft is not None and sf.draft.spec is not None:
-        out += [Field(sf.draft.offset + 4, 4, "sdft.version"), Field(sf.draft.dft.offset, 8, "sdft.dft.length"),
-                Field(sf.draft.spec.offset, 8, "sdft.spec.length")]
+        out += [
+            Field(sf.draft.offset + 4, 4, "sdft.version"),
+            Field(sf.draft.dft.offset, 8, "sdft.dft.length"),
+            Field(sf.draft.spec.offset, 8, "sdft.spec.length"),
+        ]
     return out
 
 
@@ -101,7 +113,10 @@ def section_mutations(data: bytes, sf: SlotFile) -> Iterator[tuple[str, bytes]]:
     apps = [s for s in secs if s.name in ("sckp", "sdft")]
     if len(apps) == 2:
         x, y = apps
-        yield "swap:sckp,sdft", data[: x.offset] + data[y.offset : y.offset + y.size] + data[x.offset : x.offset + x.size]
+        yield (
+            "swap:sckp,sdft",
+            data[: x.offset] + data[y.offset : y.offset + y.size] + data[x.offset : x.offset + x.size],
+        )
 
 
 def random_mutation(data: bytes, rng: random.Random) -> tuple[str, bytes]:

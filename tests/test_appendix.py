@@ -23,8 +23,10 @@ def _variants(e: dict) -> list[tuple[str, bytes]]:
     """The tail after the body: intact, cut at many points, and with fields set to hostile values."""
     data = (SLOTS.parent / e["file"]).read_bytes()[e["body_end"] :]
     out = [("intact", data)]
-    out += [(f"cut{n}", data[:n]) for n in sorted({0, 1, 3, 4, 7, 8, 11, 12, 13, 20, 27, 28, 40, 100, 4000,
-                                                    len(data) // 2, len(data) - 1})]
+    out += [
+        (f"cut{n}", data[:n])
+        for n in sorted({0, 1, 3, 4, 7, 8, 11, 12, 13, 20, 27, 28, 40, 100, 4000, len(data) // 2, len(data) - 1})
+    ]
     for off in range(4, min(len(data), 64), 4):
         for v in (0, 1, 0xFFFFFFFF):
             d = bytearray(data)
@@ -42,10 +44,10 @@ def _variants(e: dict) -> list[tuple[str, bytes]]:
 
 def _reference_walk(data: bytes, off: int) -> tuple[list[tuple[bytes, bytes]] | None, str, bytes | None, str]:
     """An independent oracle: the worker's own struct-based reading of the appendices, as it
-was before the walker replaced it (the server's load_slot_checkpoints, byte by byte).
+    was before the walker replaced it (the server's load_slot_checkpoints, byte by byte).
 
-    Returns (checkpoints as (data_tgt, data_dft) or None, SCKP note, SDFT data_dft or None,
-    SDFT note).  Any SCKP damage drops the whole appendix, as load_slot_checkpoints does.
+        Returns (checkpoints as (data_tgt, data_dft) or None, SCKP note, SDFT data_dft or None,
+        SDFT note).  Any SCKP damage drops the whole appendix, as load_slot_checkpoints does.
     """
     end = len(data)
     ckpts: list[tuple[bytes, bytes]] | None = None
@@ -73,8 +75,15 @@ was before the walker replaced it (the server's load_slot_checkpoints, byte by b
                 n = struct.unpack_from("<Q", data, p)[0]
                 p += 8
                 if n > end - p:
-                    return [], (f"checkpoint {i} of {count}: {_name} length {n} exceeds the {end - p} bytes left: "
-                                "the server drops the whole appendix"), None, ""
+                    return (
+                        [],
+                        (
+                            f"checkpoint {i} of {count}: {_name} length {n} exceeds the {end - p} bytes left: "
+                            "the server drops the whole appendix"
+                        ),
+                        None,
+                        "",
+                    )
                 blobs.append(data[p : p + n])
                 p += n
             if not blobs[0]:
@@ -130,9 +139,12 @@ def test_frames_are_the_readers(e):
         items = list(ap.entries(view, h.end, count=h.count))
         stop = items.pop()
         assert isinstance(stop, ap.Stop) and stop.why == "count" and stop.failure is None
-        assert [(i.offset, i.end, i.n_tokens, i.tgt.offset, i.tgt.length, i.dft.length, i.spec.length) for i in items] \
-            == [(c.offset, c.end, c.n_tokens, c.tgt.offset, c.tgt.length, c.dft.length, c.spec.length)
-                for c in sf.checkpoints]
+        assert [
+            (i.offset, i.end, i.n_tokens, i.tgt.offset, i.tgt.length, i.dft.length, i.spec.length) for i in items
+        ] == [
+            (c.offset, c.end, c.n_tokens, c.tgt.offset, c.tgt.length, c.dft.length, c.spec.length)
+            for c in sf.checkpoints
+        ]
         for i in items:
             assert ap.blob_seq_id(view, i.tgt.data_offset, i.tgt.end) == sf.checkpoints[i.index].tgt.seq_id
         off = stop.offset
@@ -191,8 +203,10 @@ def test_build_side_matches_the_layout():
 
 
 def test_walker_imports_cheaply():
-    code = ("import sys, slotfile.appendix; "
-            "bad = [m for m in ('slotfile.reader', 'slotfile.expect', 'slotfile.model', 'slotfile.repair', 'gguf', "
-            "'rich', 'typer') if m in sys.modules]; assert not bad, bad")
+    code = (
+        "import sys, slotfile.appendix; "
+        "bad = [m for m in ('slotfile.reader', 'slotfile.expect', 'slotfile.model', 'slotfile.repair', 'gguf', "
+        "'rich', 'typer') if m in sys.modules]; assert not bad, bad"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
     assert r.returncode == 0, r.stderr

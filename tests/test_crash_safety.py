@@ -24,8 +24,11 @@ def _sha(p: Path) -> str:
 
 
 def _strip(src: Path, out: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "slotfile", "strip-draft", str(src), "-o", str(out)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return subprocess.Popen(
+        [sys.executable, "-m", "slotfile", "strip-draft", str(src), "-o", str(out)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -54,8 +57,9 @@ def test_sigkill_during_a_repair(big: Path, tmp_path: Path) -> None:
             time.sleep(full * (i + 0.5) / KILL_POINTS)
         else:  # inside the write: as soon as the temp file shows, then a little later each time
             deadline = time.monotonic() + 60
-            while p.poll() is None and time.monotonic() < deadline and not any(
-                    n.startswith(".") for n in os.listdir(d)):
+            while (
+                p.poll() is None and time.monotonic() < deadline and not any(n.startswith(".") for n in os.listdir(d))
+            ):
                 time.sleep(0.0005)
             time.sleep(0.002 * i)
         p.send_signal(signal.SIGKILL)
@@ -104,8 +108,10 @@ def test_read_only_file_system_is_refused(tmp_path: Path) -> None:
 
     mnt = tmp_path / "ro"
     mnt.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(mnt)],
-                      capture_output=True).returncode != 0:
+    if (
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(mnt)], capture_output=True).returncode
+        != 0
+    ):
         pytest.skip("cannot mount a read-only file system here")
     try:
         r = _cli("strip-draft", str(SLOTS / "llama_draft_sdft.slot"), "-o", str(mnt / "out.slot"))

@@ -3,7 +3,7 @@ deliberately wrong pairings by layer and row size."""
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 from typing import Any
 
 import pytest
@@ -11,7 +11,8 @@ import pytest
 from slotfile.compare import compare
 from slotfile.expect import CacheExpect, ModelExpect, RecExpect, expect_from_model, layout_of
 from slotfile.model import ModelInfo, load_model_info
-from slotfile.reader import SlotFile, open_slot_file
+from slotfile.reader import open_slot_file
+from slotfile.records import SlotFile
 
 from .conftest import EXTRA, FIXTURES, MANIFEST
 
@@ -21,12 +22,12 @@ PAIRS: list[tuple[str, str, str | None]] = [
 ] + [(e["file"], e["model"], None) for e in EXTRA["files"]]
 
 
-@lru_cache(maxsize=None)
+@cache
 def _exp(model: str) -> ModelExpect:
     return expect_from_model(load_model_info(FIXTURES / model))
 
 
-@lru_cache(maxsize=None)
+@cache
 def _sf(name: str) -> SlotFile:
     return open_slot_file(FIXTURES / name)
 
@@ -158,7 +159,9 @@ def test_llama_slot_against_draft_names_layer_count_and_row_size() -> None:
     probs = compare(_exp("models/draft.gguf"), sf.body)
     text = _msgs(probs)
     assert any("n_layer 2; the model's kv cache has 1 layer [0]" in m for _, _, m in probs), text
-    assert any(m.startswith("K layer 0 (model layer 0): row size 64 B; the model needs 32 B") for _, _, m in probs), text
+    assert any(m.startswith("K layer 0 (model layer 0): row size 64 B; the model needs 32 B") for _, _, m in probs), (
+        text
+    )
     # the kinds agree (one KV block), so no block-order complaint
     assert not any("writes" in m for _, _, m in probs), text
 
@@ -166,8 +169,9 @@ def test_llama_slot_against_draft_names_layer_count_and_row_size() -> None:
 def test_transposed_v_against_wrong_model_names_n_embd() -> None:
     sf = _sf("slots/llama_f16_nofa.slot")  # v_trans 1: V entries carry n_embd_v_gqa = 32
     probs = compare(_exp("models/draft.gguf"), sf.body)
-    assert any("V layer 0 (model layer 0): transposed n_embd_v_gqa 32; the model needs 16" in m
-               for _, _, m in probs), _msgs(probs)
+    assert any("V layer 0 (model layer 0): transposed n_embd_v_gqa 32; the model needs 16" in m for _, _, m in probs), (
+        _msgs(probs)
+    )
 
 
 def test_gemma3_slot_against_llama() -> None:
@@ -176,9 +180,11 @@ def test_gemma3_slot_against_llama() -> None:
     text = _msgs(probs)
     assert probs[0][:2] == ("body", sf.body.offset)
     assert "blocks are KV + KV" in probs[0][2] and "writes KV" in probs[0][2], text
-    assert any(s == "body.kv-base.stream[0]" and m.startswith("K layer 0 (model layer 0): row size 32 B; "
-                                                              "the model needs 64 B (f16 x 32)")
-               for s, _, m in probs), text
+    assert any(
+        s == "body.kv-base.stream[0]"
+        and m.startswith("K layer 0 (model layer 0): row size 32 B; the model needs 64 B (f16 x 32)")
+        for s, _, m in probs
+    ), text
     assert any("transposed n_embd_v_gqa 16; the model needs 32" in m for _, _, m in probs), text
 
 
@@ -197,10 +203,12 @@ def test_hybrid_and_recurrent_mismatches() -> None:
     text = _msgs(probs)
     assert any("n_layer word 2; the model has 3 layers" in m for _, _, m in probs), text
     assert any("1 R entries; the model has recurrent state in 2 layers [0, 2]" in m for _, _, m in probs), text
-    assert any(m.startswith("R layer 0 (model layer 0): row size 768 B; the model needs 256 B (f32 x 64)")
-               for _, _, m in probs), text
-    assert any(m.startswith("S layer 0 (model layer 0): row size 2048 B; the model needs 0 B")
-               for _, _, m in probs), text
+    assert any(
+        m.startswith("R layer 0 (model layer 0): row size 768 B; the model needs 256 B (f32 x 64)") for _, _, m in probs
+    ), text
+    assert any(m.startswith("S layer 0 (model layer 0): row size 2048 B; the model needs 0 B") for _, _, m in probs), (
+        text
+    )
     mamba = _sf("slots/extra-mamba.slot")
     probs = compare(_exp("models/extra-jamba.gguf"), mamba.body)
     assert any("writes KV + REC(1)" in m for _, _, m in probs), _msgs(probs)
@@ -231,8 +239,13 @@ def test_empty_caches_are_not_over_checked() -> None:
 
 def _info(arch: str, **kv: Any) -> ModelInfo:
     meta: dict[str, Any] = {"general.architecture": arch}
-    base = {"context_length": 4096, "embedding_length": 64, "block_count": 4,
-            "attention.head_count": 4, "attention.head_count_kv": 2}
+    base = {
+        "context_length": 4096,
+        "embedding_length": 64,
+        "block_count": 4,
+        "attention.head_count": 4,
+        "attention.head_count_kv": 2,
+    }
     base.update(kv)
     for k, v in base.items():
         if v is not None:
@@ -250,8 +263,12 @@ def _rec(exp: ModelExpect) -> RecExpect:
 
 
 def test_per_layer_head_count_kv_and_key_length() -> None:
-    exp = expect_from_model(_info("llama", **{"attention.head_count_kv": [2, 1, 0, 4],
-                                              "attention.key_length": 24, "attention.value_length": 8}))
+    exp = expect_from_model(
+        _info(
+            "llama",
+            **{"attention.head_count_kv": [2, 1, 0, 4], "attention.key_length": 24, "attention.value_length": 8},
+        )
+    )
     (kv,) = _kv(exp)
     assert kv.layers == (0, 1, 2, 3)
     assert kv.n_embd_k == (48, 24, 0, 96)  # n_embd_head_k * n_head_kv(il)
@@ -279,20 +296,38 @@ def test_swa_patterns() -> None:
     assert [b.layers for b in _kv(g2)] == [(1, 3, 5), (0, 2, 4)]
     assert [b.role for b in g2.partial_blocks] == ["kv-swa"]
     # gemma3: SWA only with a window; a bool array wins over the period
-    g3 = expect_from_model(_info("gemma3", block_count=4, **{
-        "attention.sliding_window": 512, "attention.sliding_window_pattern": [True, False, False, True]}))
+    g3 = expect_from_model(
+        _info(
+            "gemma3",
+            block_count=4,
+            **{"attention.sliding_window": 512, "attention.sliding_window_pattern": [True, False, False, True]},
+        )
+    )
     assert [b.layers for b in _kv(g3)] == [(1, 2), (0, 3)]
     g3_plain = expect_from_model(_info("gemma3", block_count=4))
     assert g3_plain.memory_class == "kv-cache"
     # cohere2moe: dense first
-    c = expect_from_model(_info("cohere2moe", block_count=8, **{"attention.sliding_window": 4096,
-                                                                  "attention.sliding_window_pattern": 4}))
+    c = expect_from_model(
+        _info("cohere2moe", block_count=8, **{"attention.sliding_window": 4096, "attention.sliding_window_pattern": 4})
+    )
     assert [b.layers for b in _kv(c)] == [(0, 4), (1, 2, 3, 5, 6, 7)]
     # per-layer SWA head sizes (gemma4) and KV sharing: layers past n_layer_kv_from_start have no KV
-    g4 = expect_from_model(_info("gemma4", block_count=6, **{
-        "attention.sliding_window": 512, "attention.sliding_window_pattern": [1, 1, 0, 1, 1, 0],
-        "attention.shared_kv_layers": 2, "attention.key_length": 32, "attention.value_length": 32,
-        "attention.key_length_swa": 16, "attention.value_length_swa": 16, "attention.head_count_kv": 1}))
+    g4 = expect_from_model(
+        _info(
+            "gemma4",
+            block_count=6,
+            **{
+                "attention.sliding_window": 512,
+                "attention.sliding_window_pattern": [1, 1, 0, 1, 1, 0],
+                "attention.shared_kv_layers": 2,
+                "attention.key_length": 32,
+                "attention.value_length": 32,
+                "attention.key_length_swa": 16,
+                "attention.value_length_swa": 16,
+                "attention.head_count_kv": 1,
+            },
+        )
+    )
     assert [b.layers for b in _kv(g4)] == [(2,), (0, 1, 3)]
     assert [b.n_embd_k for b in _kv(g4)] == [(32,), (16, 16, 16)]
     # phi3 disables SWA even when the GGUF has a window
@@ -301,39 +336,96 @@ def test_swa_patterns() -> None:
 
 
 def test_recurrent_and_hybrid_layer_maps() -> None:
-    m2 = expect_from_model(_info("mamba2", **{"attention.head_count": 0, "ssm.conv_kernel": 4,
-                                              "ssm.inner_size": 128, "ssm.state_size": 16,
-                                              "ssm.time_step_rank": 8, "ssm.group_count": 2}))
+    m2 = expect_from_model(
+        _info(
+            "mamba2",
+            **{
+                "attention.head_count": 0,
+                "ssm.conv_kernel": 4,
+                "ssm.inner_size": 128,
+                "ssm.state_size": 16,
+                "ssm.time_step_rank": 8,
+                "ssm.group_count": 2,
+            },
+        )
+    )
     r = _rec(m2)
     assert m2.memory_class == "recurrent" and r.layers == (0, 1, 2, 3)
     assert (r.n_embd_r, r.n_embd_s) == (3 * (128 + 2 * 2 * 16), 16 * 128)
     rw = expect_from_model(_info("rwkv6", **{"attention.head_count": 0, "wkv.head_size": 64}))
     assert (_rec(rw).n_embd_r, _rec(rw).n_embd_s) == (2 * 64, 64 * 64)
     # qwen3.5: IMRoPE ext; recurrent layers from full_attention_interval; NextN layer dense
-    q = expect_from_model(_info("qwen35", block_count=9, nextn_predict_layers=1, full_attention_interval=4, **{
-        "rope.dimension_sections": [11, 11, 10, 0], "ssm.conv_kernel": 4, "ssm.inner_size": 32,
-        "ssm.state_size": 8, "ssm.time_step_rank": 4, "ssm.group_count": 2}))
+    q = expect_from_model(
+        _info(
+            "qwen35",
+            block_count=9,
+            nextn_predict_layers=1,
+            full_attention_interval=4,
+            **{
+                "rope.dimension_sections": [11, 11, 10, 0],
+                "ssm.conv_kernel": 4,
+                "ssm.inner_size": 32,
+                "ssm.state_size": 8,
+                "ssm.time_step_rank": 4,
+                "ssm.group_count": 2,
+            },
+        )
+    )
     assert q.memory_class == "hybrid" and q.cell_ext == 12
     assert _kv(q)[0].layers == (3, 7)
     assert _rec(q).layers == (0, 1, 2, 4, 5, 6) and _rec(q).n_layer_field == 8
     assert [type(b).__name__ for b in q.partial_blocks] == ["RecExpect"]
     # an explicit recurrent_layers array
-    q2 = expect_from_model(_info("qwen3next", **{"attention.recurrent_layers": [1, 0, 1, 0], "ssm.conv_kernel": 4,
-                                                 "ssm.inner_size": 32, "ssm.state_size": 8,
-                                                 "ssm.time_step_rank": 4, "ssm.group_count": 1}))
+    q2 = expect_from_model(
+        _info(
+            "qwen3next",
+            **{
+                "attention.recurrent_layers": [1, 0, 1, 0],
+                "ssm.conv_kernel": 4,
+                "ssm.inner_size": 32,
+                "ssm.state_size": 8,
+                "ssm.time_step_rank": 4,
+                "ssm.group_count": 1,
+            },
+        )
+    )
     assert _kv(q2)[0].layers == (1, 3) and _rec(q2).layers == (0, 2)
     # nemotron_h: mamba (no heads, no ffn), attention (heads, no ffn), MLP (no heads, ffn)
-    nh = expect_from_model(_info("nemotron_h", **{
-        "attention.head_count_kv": [0, 2, 0, 0], "feed_forward_length": [0, 0, 256, 0], "ssm.conv_kernel": 4,
-        "ssm.inner_size": 32, "ssm.state_size": 8, "ssm.time_step_rank": 4, "ssm.group_count": 1}))
+    nh = expect_from_model(
+        _info(
+            "nemotron_h",
+            **{
+                "attention.head_count_kv": [0, 2, 0, 0],
+                "feed_forward_length": [0, 0, 256, 0],
+                "ssm.conv_kernel": 4,
+                "ssm.inner_size": 32,
+                "ssm.state_size": 8,
+                "ssm.time_step_rank": 4,
+                "ssm.group_count": 1,
+            },
+        )
+    )
     assert _kv(nh)[0].layers == (1,) and _rec(nh).layers == (0, 3)
     # falcon-h1: every layer in both caches
-    fh = expect_from_model(_info("falcon-h1", **{"ssm.conv_kernel": 4, "ssm.inner_size": 32, "ssm.state_size": 8,
-                                                 "ssm.time_step_rank": 4, "ssm.group_count": 1}))
+    fh = expect_from_model(
+        _info(
+            "falcon-h1",
+            **{
+                "ssm.conv_kernel": 4,
+                "ssm.inner_size": 32,
+                "ssm.state_size": 8,
+                "ssm.time_step_rank": 4,
+                "ssm.group_count": 1,
+            },
+        )
+    )
     assert _kv(fh)[0].layers == _rec(fh).layers == (0, 1, 2, 3)
     # lfm2 with a window: hybrid-iswa, every attention layer SWA, an empty base cache
-    lf = expect_from_model(_info("lfm2", **{"attention.head_count_kv": [0, 2, 0, 2], "shortconv.l_cache": 3,
-                                            "attention.sliding_window": 128}))
+    lf = expect_from_model(
+        _info(
+            "lfm2", **{"attention.head_count_kv": [0, 2, 0, 2], "shortconv.l_cache": 3, "attention.sliding_window": 128}
+        )
+    )
     assert lf.memory_class == "hybrid-iswa"
     assert [b.layers for b in lf.blocks[:2]] == [(), (1, 3)]
     assert [b.role for b in lf.partial_blocks] == ["kv-swa", "rec"]
@@ -341,17 +433,33 @@ def test_recurrent_and_hybrid_layer_maps() -> None:
 
 
 def test_mla_is_k_only() -> None:
-    meta = {"attention.head_count": 16, "attention.head_count_kv": 1, "attention.key_length": 576,
-            "attention.value_length": 512, "attention.key_length_mla": 192, "attention.value_length_mla": 128,
-            "attention.kv_lora_rank": 512, "attention.q_lora_rank": 1536, "expert_shared_count": 1,
-            "expert_feed_forward_length": 1408}
+    meta = {
+        "attention.head_count": 16,
+        "attention.head_count_kv": 1,
+        "attention.key_length": 576,
+        "attention.value_length": 512,
+        "attention.key_length_mla": 192,
+        "attention.value_length_mla": 128,
+        "attention.kv_lora_rank": 512,
+        "attention.q_lora_rank": 1536,
+        "expert_shared_count": 1,
+        "expert_feed_forward_length": 1408,
+    }
     exp = expect_from_model(_info("deepseek2", **meta))
     (kv,) = _kv(exp)
     assert kv.n_embd_k == (576,) * 4 and kv.n_embd_v == ()
     assert layout_of(exp).blocks[0].has_v is False
     assert any("MLA" in n for n in exp.notes)
-    old = dict(meta, **{"attention.key_length_mla": None, "attention.value_length_mla": None,
-                        "attention.head_count_kv": 16, "attention.key_length": 192, "attention.value_length": 128})
+    old = dict(
+        meta,
+        **{
+            "attention.key_length_mla": None,
+            "attention.value_length_mla": None,
+            "attention.head_count_kv": 16,
+            "attention.key_length": 192,
+            "attention.value_length": 128,
+        },
+    )
     (kv,) = _kv(expect_from_model(_info("deepseek2", **old)))
     assert kv.n_embd_k == (192 * 16,) * 4 and kv.n_embd_v == (128 * 16,) * 4
 
@@ -375,15 +483,18 @@ def test_recurrent_block_still_checked_when_a_kv_block_is_missing() -> None:
     probs = compare(_exp("models/extra-jamba.gguf"), mamba.body)
     text = _msgs(probs)
     assert probs[0][0] == "body" and "writes KV + REC(1)" in probs[0][2], text
-    assert any(s == "body.rec" and "2 R entries; the model has recurrent state in 1 layer [0]" in m
-               for s, _, m in probs), text
+    assert any(
+        s == "body.rec" and "2 R entries; the model has recurrent state in 1 layer [0]" in m for s, _, m in probs
+    ), text
 
 
 def test_quantized_cache_for_a_row_that_is_not_whole_blocks() -> None:
     sf = _sf("slots/llama_q8_0_fa.slot")  # q8_0 rows of 32 elements; draft rows have 16
     probs = compare(_exp("models/draft.gguf"), sf.body)
-    assert any(m.startswith("K layer 0 (model layer 0): row size 34 B of q8_0") and "not a whole number" in m
-               for _, _, m in probs), _msgs(probs)
+    assert any(
+        m.startswith("K layer 0 (model layer 0): row size 34 B of q8_0") and "not a whole number" in m
+        for _, _, m in probs
+    ), _msgs(probs)
 
 
 # --------------------------------------------------------------------------- the real loader as oracle
@@ -392,11 +503,19 @@ def test_quantized_cache_for_a_row_that_is_not_whole_blocks() -> None:
 
 _ORACLE_CASES: dict[str, tuple[str, dict[str, tuple[str, Any]], tuple[str, ...], str]] = {
     # name: (source model, keys to set (kind, value), keys to drop, expected memory class)
-    "gemma3-bool-array": ("gemma3.gguf", {"gemma3.attention.sliding_window_pattern": ("bools", [1, 0, 0, 1])},
-                          (), "iswa"),
+    "gemma3-bool-array": (
+        "gemma3.gguf",
+        {"gemma3.attention.sliding_window_pattern": ("bools", [1, 0, 0, 1])},
+        (),
+        "iswa",
+    ),
     "gemma3-period-4": ("gemma3.gguf", {"gemma3.attention.sliding_window_pattern": ("u32", 4)}, (), "iswa"),
-    "gemma3-no-window": ("gemma3.gguf", {}, ("gemma3.attention.sliding_window",
-                                             "gemma3.attention.sliding_window_pattern"), "kv-cache"),
+    "gemma3-no-window": (
+        "gemma3.gguf",
+        {},
+        ("gemma3.attention.sliding_window", "gemma3.attention.sliding_window_pattern"),
+        "kv-cache",
+    ),
     "lfm2-window": ("extra-lfm2.gguf", {"lfm2.attention.sliding_window": ("u32", 8)}, (), "hybrid-iswa"),
     "llama-kv-array": ("llama.gguf", {"llama.attention.head_count_kv": ("i32s", [1, 1])}, (), "kv-cache"),
 }

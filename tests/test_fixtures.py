@@ -42,7 +42,7 @@ def _value_mismatch(committed: Path, got: bytes) -> str | None:
     if outside.size:
         return f"structural byte differs at offset {int(outside[0])}"
     # same structure: the regenerated file has the same runs, compared as values
-    for (section, y), (_, x) in zip(ref.value_runs(), parse_buffer(got).value_runs()):
+    for (section, y), (_, x) in zip(ref.value_runs(), parse_buffer(got).value_runs(), strict=False):
         lo, hi = y.data.offset, y.data.offset + y.data.length
         if np.array_equal(a[lo:hi], b[lo:hi]):
             continue
@@ -68,14 +68,18 @@ def _compare(out: Path, names: list[str]) -> None:
         if got == want_path.read_bytes():
             continue
         if strict or not rel.endswith((".slot", ".session")):
-            pytest.fail(f"{rel} differs from the committed fixture ({len(got)} vs "
-                        f"{want_path.stat().st_size} bytes); committed and regenerated on {committed_on.strip()}")
+            pytest.fail(
+                f"{rel} differs from the committed fixture ({len(got)} vs "
+                f"{want_path.stat().st_size} bytes); committed and regenerated on {committed_on.strip()}"
+            )
         why = _value_mismatch(want_path, got)
         assert why is None, f"{rel}: {why}"
         loose.append(rel)
     if loose:
-        warnings.warn(f"{len(loose)} fixtures match in structure, with K/V values equal within float rounding: "
-                      f"they were generated on [{committed_on.strip()}], this CPU is [{(here or '').strip()}]")
+        warnings.warn(  # noqa: B028 - the test's own frame is the right one
+            f"{len(loose)} fixtures match in structure, with K/V values equal within float rounding: "
+            f"they were generated on [{committed_on.strip()}], this CPU is [{(here or '').strip()}]"
+        )
 
 
 def _written(out: Path) -> list[str]:
@@ -89,6 +93,7 @@ def test_regenerated_fixtures_are_byte_identical(module, tmp_path):
     mod.build_all(tmp_path)
     if module == "make_extra_fixtures":  # the CPU record is written by make_fixtures
         import fixtures.make_fixtures as base
+
         (tmp_path / "slots" / "generated-on.txt").write_text(base.cpu_signature() + "\n")
     _compare(tmp_path, _written(tmp_path))
 

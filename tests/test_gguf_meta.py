@@ -101,8 +101,9 @@ def test_real_model_preview_decodes_only_the_tokens_asked_for(gemma: Path):
 # ---------------------------------------------------------------------------------------
 
 
-def _write(path: Path, kv: list[tuple[str, Any, V, V | None]], endian: GGUFEndian = GGUFEndian.LITTLE,
-           tensors: int = 1) -> Path:
+def _write(
+    path: Path, kv: list[tuple[str, Any, V, V | None]], endian: GGUFEndian = GGUFEndian.LITTLE, tensors: int = 1
+) -> Path:
     w = GGUFWriter(str(path), "llama", endianess=endian)
     for key, val, vtype, sub in kv:
         w.add_key_value(key, val, vtype, sub)
@@ -118,14 +119,24 @@ def _write(path: Path, kv: list[tuple[str, Any, V, V | None]], endian: GGUFEndia
 def _every_type() -> list[tuple[str, Any, V, V | None]]:
     rng = np.random.default_rng(0)
     kv: list[tuple[str, Any, V, V | None]] = [
-        ("t.u8", 200, V.UINT8, None), ("t.i8", -100, V.INT8, None), ("t.u16", 65000, V.UINT16, None),
-        ("t.i16", -30000, V.INT16, None), ("t.u32", 4_000_000_000, V.UINT32, None),
-        ("t.i32", -2_000_000_000, V.INT32, None), ("t.f32", 0.1, V.FLOAT32, None), ("t.bool", True, V.BOOL, None),
-        ("t.false", False, V.BOOL, None), ("t.str", "héllo\nwörld ✓", V.STRING, None), ("t.empty", "", V.STRING, None),
-        ("t.u64", 2**63 + 5, V.UINT64, None), ("t.i64", -(2**62), V.INT64, None), ("t.f64", 1e-300, V.FLOAT64, None),
+        ("t.u8", 200, V.UINT8, None),
+        ("t.i8", -100, V.INT8, None),
+        ("t.u16", 65000, V.UINT16, None),
+        ("t.i16", -30000, V.INT16, None),
+        ("t.u32", 4_000_000_000, V.UINT32, None),
+        ("t.i32", -2_000_000_000, V.INT32, None),
+        ("t.f32", 0.1, V.FLOAT32, None),
+        ("t.bool", True, V.BOOL, None),
+        ("t.false", False, V.BOOL, None),
+        ("t.str", "héllo\nwörld ✓", V.STRING, None),
+        ("t.empty", "", V.STRING, None),
+        ("t.u64", 2**63 + 5, V.UINT64, None),
+        ("t.i64", -(2**62), V.INT64, None),
+        ("t.f64", 1e-300, V.FLOAT64, None),
         ("t.nested", [[1, 2, 3], [4], [5, 6]], V.ARRAY, V.ARRAY),
         ("t.nested_str", [["a", "bc"], ["d"]], V.ARRAY, V.ARRAY),
-        ("t.layers", [0, 1, 1, 0], V.ARRAY, V.INT32), ("t.pattern", [True, False, True], V.ARRAY, V.BOOL),
+        ("t.layers", [0, 1, 1, 0], V.ARRAY, V.INT32),
+        ("t.pattern", [True, False, True], V.ARRAY, V.BOOL),
         ("t.strs", ["x", "", "yz"], V.ARRAY, V.STRING),
         ("t.long_f32", rng.standard_normal(5000).astype(np.float32).tolist(), V.ARRAY, V.FLOAT32),
         ("t.long_u8", list(range(256)) * 9, V.ARRAY, V.UINT8),
@@ -133,9 +144,17 @@ def _every_type() -> list[tuple[str, Any, V, V | None]]:
         ("t.long_nested", [[i, i + 1] for i in range(1500)], V.ARRAY, V.ARRAY),
         ("t.after", 7, V.UINT32, None),
     ]
-    for t, (name, fmt) in {V.UINT8: ("u8", "B"), V.INT8: ("i8", "b"), V.UINT16: ("u16", "H"),
-                           V.INT16: ("i16", "h"), V.UINT32: ("u32", "I"), V.INT32: ("i32", "i"),
-                           V.UINT64: ("u64", "Q"), V.INT64: ("i64", "q"), V.FLOAT64: ("f64", "d")}.items():
+    for t, (name, fmt) in {
+        V.UINT8: ("u8", "B"),
+        V.INT8: ("i8", "b"),
+        V.UINT16: ("u16", "H"),
+        V.INT16: ("i16", "h"),
+        V.UINT32: ("u32", "I"),
+        V.INT32: ("i32", "i"),
+        V.UINT64: ("u64", "Q"),
+        V.INT64: ("i64", "q"),
+        V.FLOAT64: ("f64", "d"),
+    }.items():
         kv.append((f"a.{name}", [1, 2, 3] if fmt != "d" else [0.5, -1.5], V.ARRAY, t))
     return kv
 
@@ -193,49 +212,80 @@ _HUGE = 2**62
 HOSTILE: dict[str, tuple[bytes, str]] = {
     "array claims more elements than the file holds": (
         _raw(_ARCH + _s("tokenizer.ggml.tokens") + struct.pack("<IIQ", 9, 8, 10**9) + _s("a") * 4, 2),
-        r"key 'tokenizer.ggml.tokens' at offset \d+: array of 1000000000 str claims more than"),
+        r"key 'tokenizer.ggml.tokens' at offset \d+: array of 1000000000 str claims more than",
+    ),
     "numeric array claims more elements than the file holds": (
         _raw(_ARCH + _s("tokenizer.ggml.scores") + struct.pack("<IIQ", 9, 6, _HUGE), 2),
-        r"key 'tokenizer.ggml.scores' at offset \d+: array of \d+ f32 claims more than"),
+        r"key 'tokenizer.ggml.scores' at offset \d+: array of \d+ f32 claims more than",
+    ),
     "string length runs past the end": (
-        _raw(_ARCH + _s("tokenizer.ggml.tokens") + struct.pack("<IIQ", 9, 8, 3) + _s("a") + _s("b")
-             + struct.pack("<Q", 1000) + b"xyz", 2),
+        _raw(
+            _ARCH
+            + _s("tokenizer.ggml.tokens")
+            + struct.pack("<IIQ", 9, 8, 3)
+            + _s("a")
+            + _s("b")
+            + struct.pack("<Q", 1000)
+            + b"xyz",
+            2,
+        ),
         r"key 'tokenizer.ggml.tokens' at offset \d+: string 2 of 3 \(1000 bytes\) runs past the end of the file "
-        r"\(3 bytes left\)"),
+        r"\(3 bytes left\)",
+    ),
     "string length near 2**64 in a long array": (
-        _raw(_ARCH + _s("tokenizer.ggml.tokens") + struct.pack("<IIQ", 9, 8, 2000) + _s("a") * 1500
-             + struct.pack("<Q", 2**64 - 1) + b"\0" * 4000, 2),
-        r"key 'tokenizer.ggml.tokens' at offset \d+: string 1500 of 2000 \(18446744073709551615 bytes\) runs past"),
+        _raw(
+            _ARCH
+            + _s("tokenizer.ggml.tokens")
+            + struct.pack("<IIQ", 9, 8, 2000)
+            + _s("a") * 1500
+            + struct.pack("<Q", 2**64 - 1)
+            + b"\0" * 4000,
+            2,
+        ),
+        r"key 'tokenizer.ggml.tokens' at offset \d+: string 1500 of 2000 \(18446744073709551615 bytes\) runs past",
+    ),
     "string value runs past the end": (
         _raw(_ARCH + _s("general.name") + struct.pack("<IQ", 8, _HUGE) + b"abc", 2),
-        r"key 'general.name' at offset \d+: string \(\d+ bytes\) runs past the end"),
+        r"key 'general.name' at offset \d+: string \(\d+ bytes\) runs past the end",
+    ),
     "unknown value type": (
         _raw(_ARCH + _s("general.weird") + struct.pack("<I", 13) + b"\0" * 16, 2),
-        r"key 'general.weird' at offset \d+: unknown value type 13"),
+        r"key 'general.weird' at offset \d+: unknown value type 13",
+    ),
     "unknown array element type": (
         _raw(_ARCH + _s("general.weird") + struct.pack("<IIQ", 9, 77, 1) + b"\0" * 16, 2),
-        r"key 'general.weird' at offset \d+: unknown array element type 77"),
+        r"key 'general.weird' at offset \d+: unknown array element type 77",
+    ),
     "cut header": (b"GGUF\x03\x00", r"offset 0: a GGUF header needs at least 8 bytes, the file has 6"),
     "cut tensor count": (b"GGUF\x03\x00\x00\x00\x00\x00", r"offset 8: tensor count needs 8 bytes, 2 left"),
     "cut counts": (b"GGUF\x03\x00\x00\x00" + b"\0" * 8 + b"\1\0", r"offset 16: key/value count needs 8 bytes, 2 left"),
     "key/value count beyond the file": (_raw(_ARCH, 10**12), r"offset 16: 1000000000000 key/value pairs claimed"),
     "tensor count beyond the file": (_raw(_ARCH, 1, n_tensors=10**9), r"offset 8: 1000000000 tensors claimed"),
     "key length beyond the file": (
-        _raw(struct.pack("<Q", _HUGE) + b"general", 1), r"offset 24: key 0 of 1 \(\d+ bytes\) runs past the end"),
-    "cut inside a scalar": (_raw(_ARCH + _s("general.alignment") + struct.pack("<I", 4) + b"\0\0", 2),
-                            r"key 'general.alignment' at offset \d+: u32 needs 4 bytes, 2 left"),
+        _raw(struct.pack("<Q", _HUGE) + b"general", 1),
+        r"offset 24: key 0 of 1 \(\d+ bytes\) runs past the end",
+    ),
+    "cut inside a scalar": (
+        _raw(_ARCH + _s("general.alignment") + struct.pack("<I", 4) + b"\0\0", 2),
+        r"key 'general.alignment' at offset \d+: u32 needs 4 bytes, 2 left",
+    ),
     "duplicate key": (_raw(_ARCH + _ARCH, 2), r"key 'general.architecture' at offset \d+: duplicate key"),
     "nested too deep": (
         _raw(_ARCH + _s("general.deep") + struct.pack("<I", 9) + struct.pack("<IQ", 9, 1) * 12 + b"\0" * 16, 2),
-        r"key 'general.deep' at offset \d+: arrays nested more than 8 deep"),
+        r"key 'general.deep' at offset \d+: arrays nested more than 8 deep",
+    ),
     "alignment not a power of two": (
         _raw(_ARCH + _s("general.alignment") + struct.pack("<II", 4, 24), 2),
-        r"key 'general.alignment' at offset \d+: 24 is not a power of two"),
+        r"key 'general.alignment' at offset \d+: 24 is not a power of two",
+    ),
     "newline in a key name": (
-        _raw(_ARCH + _s("general.x\ny") + struct.pack("<IQ", 8, _HUGE), 2), r"key 'general.x\\ny' at offset"),
+        _raw(_ARCH + _s("general.x\ny") + struct.pack("<IQ", 8, _HUGE), 2),
+        r"key 'general.x\\ny' at offset",
+    ),
     "tensor data past the end": (
         _raw(_ARCH + _s("t") + struct.pack("<IQIQ", 1, 10**9, 0, 0), 1, n_tensors=1),
-        r"tensor 't' data ends at \d+, past the end of the file"),
+        r"tensor 't' data ends at \d+, past the end of the file",
+    ),
     "version 1": (_raw(_ARCH, 1, version=1), r"version 1 is no longer supported"),
 }
 
@@ -258,9 +308,13 @@ def test_hostile_gguf_is_a_one_line_model_error(tmp_path: Path, name: str):
 
 
 def _small_valid(tmp_path: Path) -> bytes:
-    kv = [("general.name", "x", V.STRING, None), ("t.arr", [1, 2, 3], V.ARRAY, V.UINT16),
-          ("tokenizer.ggml.tokens", ["<s>", "a", "bc"], V.ARRAY, V.STRING),
-          ("t.nested", [["p"], ["q", "r"]], V.ARRAY, V.ARRAY), ("t.f", 1.5, V.FLOAT64, None)]
+    kv = [
+        ("general.name", "x", V.STRING, None),
+        ("t.arr", [1, 2, 3], V.ARRAY, V.UINT16),
+        ("tokenizer.ggml.tokens", ["<s>", "a", "bc"], V.ARRAY, V.STRING),
+        ("t.nested", [["p"], ["q", "r"]], V.ARRAY, V.ARRAY),
+        ("t.f", 1.5, V.FLOAT64, None),
+    ]
     return _write(tmp_path / "small.gguf", kv).read_bytes()
 
 
@@ -300,8 +354,13 @@ def test_cli_exit_8_for_a_hostile_model(tmp_path: Path):
     path = tmp_path / "hostile.gguf"
     path.write_bytes(HOSTILE["array claims more elements than the file holds"][0])
     slot = next(SLOTS.glob("*.slot"))
-    r = subprocess.run([sys.executable, "-m", "slotfile", "inspect", str(slot), "--model", str(path)],
-                       capture_output=True, text=True, timeout=120, check=False)
+    r = subprocess.run(
+        [sys.executable, "-m", "slotfile", "inspect", str(slot), "--model", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert r.returncode == 8 and "tokenizer.ggml.tokens" in r.stderr and "claims more than" in r.stderr
 
 
@@ -356,4 +415,3 @@ def test_million_entry_vocabulary_reads_without_decoding_it(big_vocab: Path):
     finally:
         tracemalloc.stop()
     assert peak < 1_000_000 // gguf_meta.CHECKPOINT * 8 * 3, peak
-

@@ -80,16 +80,29 @@ def _kv_bytes(n_cells: int, n_layer: int, row: int, ext: int = 0) -> bytes:
     cells["n_seq_id"] = 1
     meta = g.CellTable(0, cells, cells["seq_id"], cells.tobytes())
     layer = {"type": 1, "row_size": row, "data": g.Run.of(bytes(n_cells * row))}
-    obj = {"n_stream": 1, "streams": [{"cell_count": n_cells, "data": {
-        "meta": meta, "v_trans": 0, "n_layer": n_layer, "k": [layer] * n_layer, "v": [layer] * n_layer}}]}
+    obj = {
+        "n_stream": 1,
+        "streams": [
+            {
+                "cell_count": n_cells,
+                "data": {
+                    "meta": meta,
+                    "v_trans": 0,
+                    "n_layer": n_layer,
+                    "k": [layer] * n_layer,
+                    "v": [layer] * n_layer,
+                },
+            }
+        ],
+    }
     return g.build(g.KV_BLOCK, obj, ext=ext)
 
 
 def test_kv_block_builds_the_documented_length():
-    c, l, row = 7, 3, 64
-    data = _kv_bytes(c, l, row)
+    c, n_layer, row = 7, 3, 64
+    data = _kv_bytes(c, n_layer, row)
     # slot-format.md §13: 4 (n_stream) + 4 + C*(8+4) + 8 + 2 * L * (12 + C*row)
-    assert len(data) == 4 + 4 + c * 12 + 8 + 2 * l * (12 + c * row)
+    assert len(data) == 4 + 4 + c * 12 + 8 + 2 * n_layer * (12 + c * row)
     s = g.ViewStream(data)
     blk = g.KV_BLOCK.parse_stream(s, ext=0)
     assert blk.end == len(data)

@@ -11,15 +11,16 @@ import io
 import json
 import random
 import signal
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rich.console import Console
 
-from slotfile.reader import SlotFile, parse_buffer
+from slotfile.reader import parse_buffer
+from slotfile.records import SlotFile
 from slotfile.report import to_json
 
 from .conftest import SLOT_FILES

@@ -47,7 +47,7 @@ def test_fixture_matches_manifest(entry):
     assert sf.tokens.form == {"packed_v1": "packed", "plain": "plain"}[entry["token_format"]]
     assert (sf.body.offset, sf.body.end) == (entry["body_start"], entry["body_end"])
     assert len(sf.body.blocks) == len(entry["body_blocks"])
-    for blk, want in zip(sf.body.blocks, entry["body_blocks"]):
+    for blk, want in zip(sf.body.blocks, entry["body_blocks"], strict=False):
         _check_kv(blk, want)
     assert flash_attn_of(sf) == ("on" if entry["flash_attn"] else "off")
     if entry["sckp"] is None:
@@ -56,16 +56,20 @@ def test_fixture_matches_manifest(entry):
         want = entry["sckp"]
         assert (sf.sckp.offset, sf.sckp.end - sf.sckp.offset) == (want["offset"], want["length"])
         assert sf.sckp.count == want["count"] == len(sf.checkpoints)
-        for ck, wc in zip(sf.checkpoints, want["checkpoints"]):
+        for ck, wc in zip(sf.checkpoints, want["checkpoints"], strict=False):
             assert (ck.offset, ck.n_tokens, ck.pos_min, ck.pos_max) == (
-                wc["offset"], wc["n_tokens"], wc["pos_min"], wc["pos_max"])
+                wc["offset"],
+                wc["n_tokens"],
+                wc["pos_min"],
+                wc["pos_max"],
+            )
             assert (ck.tgt.length, ck.dft.length, ck.spec.length) == (wc["len_tgt"], wc["len_dft"], wc["len_spec"])
             assert ck.tgt.data_offset == wc["tgt_offset"]
             assert ck.tgt.seq_id == entry["seq_id"]
-            for blk, wb in zip(ck.tgt.body.blocks, wc["tgt_blocks"]):
+            for blk, wb in zip(ck.tgt.body.blocks, wc["tgt_blocks"], strict=False):
                 _check_kv(blk, wb)
             if wc["dft_blocks"]:
-                for blk, wb in zip(ck.dft.body.blocks, wc["dft_blocks"]):
+                for blk, wb in zip(ck.dft.body.blocks, wc["dft_blocks"], strict=False):
                     _check_kv(blk, wb)
     if entry["sdft"] is None:
         assert sf.draft is None
@@ -73,7 +77,7 @@ def test_fixture_matches_manifest(entry):
         want = entry["sdft"]
         assert sf.draft.offset == want["offset"]
         assert sf.draft.dft.length == want["len_dft"] and sf.draft.spec.length == want["len_spec"]
-        for blk, wb in zip(sf.draft.dft.body.blocks, want["dft_blocks"]):
+        for blk, wb in zip(sf.draft.dft.body.blocks, want["dft_blocks"], strict=False):
             _check_kv(blk, wb)
 
 
@@ -83,7 +87,7 @@ def _check_extra_block(blk, want: dict) -> None:
     if blk.kind == "KV":
         assert blk.has_v == want.get("has_v", True)  # the generator records only has_v False
         assert [s.cell_count for s in blk.streams] == want["cell_counts"]
-        for st, ws in zip(blk.active_streams(), [s for s in want["streams"] if s["cell_count"]]):
+        for st, ws in zip(blk.active_streams(), [s for s in want["streams"] if s["cell_count"]], strict=False):
             assert st.v_trans == ws["v_trans"] and st.n_layer == ws["n_layer"]
             assert len(st.k) == ws["n_k"] and len(st.v) == ws["n_v"]
     else:
@@ -105,7 +109,7 @@ def test_extra_fixture_matches_manifest(entry):
     assert sf.n_tokens == entry["n_tokens"]
     assert list(sf.body.layout.kinds) == entry["block_sequence"]
     assert (sf.body.offset, sf.body.end) == (entry["body_offset"], entry["body_end"])
-    for blk, want in zip(sf.body.blocks, entry["blocks"]):
+    for blk, want in zip(sf.body.blocks, entry["blocks"], strict=False):
         _check_extra_block(blk, want)
     kv = [w for w in entry["blocks"] if w["type"] == "KV"]
     if kv:
@@ -116,12 +120,16 @@ def test_extra_fixture_matches_manifest(entry):
     assert (sf.sckp is not None) == bool(apps)
     for a in apps:
         assert len(sf.checkpoints) == a["count"]
-        for ck, wc in zip(sf.checkpoints, a["checkpoints"]):
+        for ck, wc in zip(sf.checkpoints, a["checkpoints"], strict=False):
             assert (ck.n_tokens, ck.pos_min, ck.pos_max, ck.tgt.length) == (
-                wc["n_tokens"], wc["pos_min"], wc["pos_max"], wc["len_tgt"])
+                wc["n_tokens"],
+                wc["pos_min"],
+                wc["pos_max"],
+                wc["len_tgt"],
+            )
             assert list(ck.tgt.body.layout.kinds) == wc["tgt"]["block_sequence"]
             base = ck.tgt.data_offset
-            for blk, wb in zip(ck.tgt.body.blocks, wc["tgt"]["blocks"]):
+            for blk, wb in zip(ck.tgt.body.blocks, wc["tgt"]["blocks"], strict=False):
                 shifted = dict(wb, offset=wb["offset"] + base, end=wb["end"] + base)
                 _check_extra_block(blk, shifted)
 
@@ -182,7 +190,9 @@ def test_model_settles_a_cut_between_blocks():
     cut = path.read_bytes()[: full.body.blocks[0].end]  # only the base half survived
     assert not parse_buffer(cut).errors  # from the bytes alone: a valid plain-KV file
     sf = parse_buffer(cut, model=load_model_info(SLOTS.parent / "models" / "gemma3.gguf"))
-    assert any(p.code == "model-mismatch" and "KV + KV" in p.message for p in sf.errors), [p.line() for p in sf.problems]
+    assert any(p.code == "model-mismatch" and "KV + KV" in p.message for p in sf.errors), [
+        p.line() for p in sf.problems
+    ]
 
 
 def test_model_layout_is_used_and_wrong_models_are_named():
@@ -218,8 +228,9 @@ def test_session_arch_allows_its_memory_classes(arch, ok):
     data = (SLOTS / "extra-llama.session").read_bytes()
     arch_sec = next(s for s in src.sections if s.name == "arch")
     name = arch.encode()
-    sf = parse_buffer(data[: arch_sec.offset] + struct.pack("<I", len(name)) + name
-                      + data[arch_sec.offset + arch_sec.size :])
+    sf = parse_buffer(
+        data[: arch_sec.offset] + struct.pack("<I", len(name)) + name + data[arch_sec.offset + arch_sec.size :]
+    )
     assert sf.arch == arch
     assert (not sf.errors) == ok, [p.line() for p in sf.problems]
     if ok:

@@ -19,12 +19,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from slotfile.verify import Options as VerifyOptions
-from slotfile.verify import Verifier
-from slotfile.reader import open_slot_file
 from slotfile.cli.repair_cmd import exit_code
+from slotfile.reader import open_slot_file
 from slotfile.repair import Options, run
 from slotfile.safewrite import resolve_target
+from slotfile.verify import Options as VerifyOptions
+from slotfile.verify import Verifier
 
 from .conftest import EXTRA, FIXTURES, MANIFEST, MODELS, SLOTS
 
@@ -78,30 +78,66 @@ def _fixtures() -> dict[str, Fx]:
     for e in MANIFEST["slots"]:
         name = Path(e["file"]).stem
         sk = e["sckp"]
-        cks = tuple(_ck(c["offset"], c["n_tokens"], c["tgt_offset"], c["len_tgt"], c["len_dft"], c["len_spec"])
-                    for c in (sk or {}).get("checkpoints", []))
+        cks = tuple(
+            _ck(c["offset"], c["n_tokens"], c["tgt_offset"], c["len_tgt"], c["len_dft"], c["len_spec"])
+            for c in (sk or {}).get("checkpoints", [])
+        )
         sd = e["sdft"]
-        out[name] = Fx(name, FIXTURES / e["file"], FIXTURES / e["model"],
-                       FIXTURES / e["draft_model"] if e["draft_model"] else None, e["body_start"], e["body_end"],
-                       e["file_size"], sk["offset"] if sk else None, sk["count"] if sk else 0, cks,
-                       (sd["offset"], sd["offset"] + sd["length"]) if sd else None,
-                       (sd["dft_offset"], sd["len_dft"]) if sd else None)
+        out[name] = Fx(
+            name,
+            FIXTURES / e["file"],
+            FIXTURES / e["model"],
+            FIXTURES / e["draft_model"] if e["draft_model"] else None,
+            e["body_start"],
+            e["body_end"],
+            e["file_size"],
+            sk["offset"] if sk else None,
+            sk["count"] if sk else 0,
+            cks,
+            (sd["offset"], sd["offset"] + sd["length"]) if sd else None,
+            (sd["dft_offset"], sd["len_dft"]) if sd else None,
+        )
     for e in EXTRA["files"]:
         if e["kind"] != "slot":
             continue
         name = Path(e["file"]).stem
         app = next((a for a in e["appendix"] if a["type"] == "SCKP"), None)
-        cks = tuple(_ck(c["offset"], c["n_tokens"], c["tgt_offset"], c["len_tgt"], c["len_dft"], c["len_spec"])
-                    for c in (app or {}).get("checkpoints", []))
-        out[name] = Fx(name, FIXTURES / e["file"], FIXTURES / e["model"], None, e["body_offset"], e["body_end"],
-                       e["size"], app["offset"] if app else None, app["count"] if app else 0, cks, None)
+        cks = tuple(
+            _ck(c["offset"], c["n_tokens"], c["tgt_offset"], c["len_tgt"], c["len_dft"], c["len_spec"])
+            for c in (app or {}).get("checkpoints", [])
+        )
+        out[name] = Fx(
+            name,
+            FIXTURES / e["file"],
+            FIXTURES / e["model"],
+            None,
+            e["body_offset"],
+            e["body_end"],
+            e["size"],
+            app["offset"] if app else None,
+            app["count"] if app else 0,
+            cks,
+            None,
+        )
     return out
 
 
 FX = _fixtures()
-SWEEP = ["llama_f16_fa", "llama_q8_0_fa", "llama_2stream", "llama_draft_sdft", "llama_draft_sdft_only",
-         "llama_sckp_empty", "gemma3_iswa_nofa", "gemma3_iswa_fa", "extra-mamba", "extra-lfm2", "extra-jamba",
-         "extra-qwen2vl", "extra-deepseek2"]
+SWEEP = [
+    "llama_f16_fa",
+    "llama_q8_0_fa",
+    "llama_2stream",
+    "llama_draft_sdft",
+    "llama_draft_sdft_only",
+    "llama_sckp_empty",
+    "gemma3_iswa_nofa",
+    "gemma3_iswa_fa",
+    "extra-mamba",
+    "extra-lfm2",
+    "extra-jamba",
+    "extra-qwen2vl",
+    "extra-deepseek2",
+]
 
 
 def sckp_header(count: int) -> bytes:
@@ -164,8 +200,16 @@ def cut_points(fx: Fx) -> list[int]:
     b = fx.body_end
     pts = {b, b + 1, b + 3, b + 4, b + 11}
     for c in fx.ckpts:
-        pts |= {c.offset, c.offset + 3, c.offset + 16, c.tgt[0] - 4, c.tgt[0] + 1, c.tgt[0] + c.tgt[1] // 2,
-                c.tgt[0] + c.tgt[1], c.end - 1}
+        pts |= {
+            c.offset,
+            c.offset + 3,
+            c.offset + 16,
+            c.tgt[0] - 4,
+            c.tgt[0] + 1,
+            c.tgt[0] + c.tgt[1] // 2,
+            c.tgt[0] + c.tgt[1],
+            c.end - 1,
+        }
         if c.dft[1]:
             pts |= {c.dft[0] + 2, c.dft[0] + c.dft[1] // 2}
         if c.spec[1]:
@@ -211,8 +255,10 @@ def test_truncate_recover_appendix_cuts(name, tmp_path, pools):
         assert got == want, f"cut at {cut}: {len(got)} bytes, expected {len(want)}"
         assert r.output_size == len(want) and r.input_size == cut
         # the report accounts for every input byte: kept + dropped regions tile the input
-        spans = sorted([(k["offset"], k["bytes"]) for k in r.kept]
-                       + [(d["offset"], d["bytes"]) for d in r.dropped if ".data_" not in d["section"]])
+        spans = sorted(
+            [(k["offset"], k["bytes"]) for k in r.kept]
+            + [(d["offset"], d["bytes"]) for d in r.dropped if ".data_" not in d["section"]]
+        )
         pos = 0
         for off, n in spans:
             assert off == pos, (cut, spans)
@@ -274,20 +320,38 @@ DAMAGE: dict[str, tuple[list[tuple[int, bytes]], bytes, Any]] = {
     "count-zero": ([(D.sckp + 8, _u32(0))], b"", lambda d: d),
     "magic": ([(D.sckp, b"SCKQ")], b"", lambda d: d),
     # a length that runs past EOF: checkpoint 0 stays, the SDFT is found again by a scan
-    "len-tgt-huge": ([(C[1].tgt[0] - 8, _u64(2**64 - 1))], b"",
-                     lambda d: d[: D.body_end] + sckp_header(1) + d[C[0].offset : C[0].end] + d[SD[0] : SD[1]]),
-    "len-spec-huge": ([(C[2].spec[0] - 8, _u64(1 << 40))], b"",
-                      lambda d: d[: D.body_end] + sckp_header(2) + d[C[0].offset : C[1].end] + d[SD[0] : SD[1]]),
+    "len-tgt-huge": (
+        [(C[1].tgt[0] - 8, _u64(2**64 - 1))],
+        b"",
+        lambda d: d[: D.body_end] + sckp_header(1) + d[C[0].offset : C[0].end] + d[SD[0] : SD[1]],
+    ),
+    "len-spec-huge": (
+        [(C[2].spec[0] - 8, _u64(1 << 40))],
+        b"",
+        lambda d: d[: D.body_end] + sckp_header(2) + d[C[0].offset : C[1].end] + d[SD[0] : SD[1]],
+    ),
     # a blob that no longer parses: that checkpoint alone goes, the later ones stay
-    "tgt-magic": ([(C[1].tgt[0], _u32(0x12345678))], b"",
-                  lambda d: d[: D.body_end] + sckp_header(2) + d[C[0].offset : C[0].end] + d[C[2].offset : SD[1]]),
-    "tgt-cells": ([(C[0].tgt[0] + 8, _u32(3))], b"",  # n_stream 3 in a 1-stream blob
-                  lambda d: d[: D.body_end] + sckp_header(2) + d[C[1].offset : SD[1]]),
-    "bad-positions": ([(C[0].offset + 8, struct.pack("<ii", 9, 2))], b"",
-                      lambda d: d[: D.body_end] + sckp_header(2) + d[C[1].offset : SD[1]]),
+    "tgt-magic": (
+        [(C[1].tgt[0], _u32(0x12345678))],
+        b"",
+        lambda d: d[: D.body_end] + sckp_header(2) + d[C[0].offset : C[0].end] + d[C[2].offset : SD[1]],
+    ),
+    "tgt-cells": (
+        [(C[0].tgt[0] + 8, _u32(3))],
+        b"",  # n_stream 3 in a 1-stream blob
+        lambda d: d[: D.body_end] + sckp_header(2) + d[C[1].offset : SD[1]],
+    ),
+    "bad-positions": (
+        [(C[0].offset + 8, struct.pack("<ii", 9, 2))],
+        b"",
+        lambda d: d[: D.body_end] + sckp_header(2) + d[C[1].offset : SD[1]],
+    ),
     # a damaged data_dft: the checkpoint stays with len_dft 0
-    "dft-magic": ([(C[1].dft[0], _u32(0))], b"",
-                  lambda d: d[: D.body_end] + d[D.sckp : C[1].dft[0] - 8] + _u64(0) + d[C[1].spec[0] - 8 : SD[1]]),
+    "dft-magic": (
+        [(C[1].dft[0], _u32(0))],
+        b"",
+        lambda d: d[: D.body_end] + d[D.sckp : C[1].dft[0] - 8] + _u64(0) + d[C[1].spec[0] - 8 : SD[1]],
+    ),
     # SCKP version unknown: the appendix goes, the SDFT after it stays
     "sckp-version": ([(D.sckp + 4, _u32(9))], b"", lambda d: d[: D.body_end] + d[SD[0] : SD[1]]),
     # damaged SDFT
@@ -316,8 +380,12 @@ def test_truncate_recover_damaged_appendix(case, tmp_path, pools):
     assert_loads(pools(D.model, DRAFT), out, draft=True)
     assert_idempotent("truncate-recover", out, tmp_path)
     if case.startswith("count-") and case != "count-low":
-        assert {"section": "sckp", "field": "count", "from": struct.unpack_from("<I", src.read_bytes(), D.sckp + 8)[0],
-                "to": 3} in r.changed
+        assert {
+            "section": "sckp",
+            "field": "count",
+            "from": struct.unpack_from("<I", src.read_bytes(), D.sckp + 8)[0],
+            "to": 3,
+        } in r.changed
 
 
 @pytest.mark.llama
@@ -326,8 +394,9 @@ def test_trailing_garbage_after_a_bare_body(tmp_path, pools):
     src = _damage(fx, tmp_path, [], b"not an appendix")
     r = repair("truncate-recover", src, tmp_path / "o.slot")
     assert exit_code(r) == 0 and (tmp_path / "o.slot").read_bytes() == fx.data
-    assert r.dropped == [{"section": "trailing", "offset": fx.size, "bytes": 15,
-                          "reason": "bytes after the last complete section"}]
+    assert r.dropped == [
+        {"section": "trailing", "offset": fx.size, "bytes": 15, "reason": "bytes after the last complete section"}
+    ]
     assert_loads(pools(fx.model), tmp_path / "o.slot")
 
 
@@ -347,8 +416,9 @@ def test_zero_padding(name, pad, tmp_path, pools):
         assert any("llama.cpp restores the body" in n for n in r.notes)
     assert exit_code(r) == 0, r.reason
     assert out.read_bytes() == fx.data
-    assert r.dropped == [{"section": "trailing", "offset": fx.size, "bytes": pad,
-                          "reason": "bytes after the last complete section"}]
+    assert r.dropped == [
+        {"section": "trailing", "offset": fx.size, "bytes": pad, "reason": "bytes after the last complete section"}
+    ]
     assert_loads(pools(fx.model), out)
 
 
@@ -360,11 +430,17 @@ def assert_close_state(got: Path, ref: Path) -> None:
     a, b = open_slot_file(got), open_slot_file(ref)
     assert a.errors == []
     assert a.body.layout == b.body.layout and a.body.size == b.body.size
-    for x, y in zip(a.body.blocks, b.body.blocks):
+    for x, y in zip(a.body.blocks, b.body.blocks, strict=False):
         assert (x.kind, x.n_stream, x.size, x.n_cells()) == (y.kind, y.n_stream, y.size, y.n_cells())
         assert np.array_equal(x.positions(), y.positions())
-        for rx, ry in zip(x.runs(), y.runs()):
-            assert (rx.part, rx.index, rx.type_id, rx.row_size, rx.n_cells) == (ry.part, ry.index, ry.type_id, ry.row_size, ry.n_cells)
+        for rx, ry in zip(x.runs(), y.runs(), strict=False):
+            assert (rx.part, rx.index, rx.type_id, rx.row_size, rx.n_cells) == (
+                ry.part,
+                ry.index,
+                ry.type_id,
+                ry.row_size,
+                ry.n_cells,
+            )
             if rx.type_id in (0, 1):
                 u, v = rx.array().astype(np.float32), ry.array().astype(np.float32)
                 assert np.allclose(u, v, rtol=2e-2, atol=2e-2), (rx.part, rx.index, float(np.abs(u - v).max()))
@@ -374,19 +450,19 @@ SETTINGS = {"flash_attn": True, "type_k": "f16", "type_v": "f16"}
 REBUILD = [
     # (fixture, cut (None: corrupt in place instead), edits, expected checkpoint n_tokens, options)
     ("llama_f16_fa", 244 + 100, [], [], SETTINGS),  # inside the cell table: the settings must be given
-    ("llama_f16_fa", 5000, [], [], {}),          # inside K: V type assumed = K type (noted)
-    ("llama_f16_fa", 9000, [], [], {}),          # inside V: every setting still shows
-    ("llama_f16_fa", 14779, [], [], {}),         # the last byte of the body
+    ("llama_f16_fa", 5000, [], [], {}),  # inside K: V type assumed = K type (noted)
+    ("llama_f16_fa", 9000, [], [], {}),  # inside V: every setting still shows
+    ("llama_f16_fa", 14779, [], [], {}),  # the last byte of the body
     ("llama_q8_0_fa", 6000, [], [], {}),
-    ("llama_2stream", 10000, [], [], {}),        # slot 1 of a 2-stream cache
-    ("llama_unified_2seq", 7000, [], [], {}),    # slot 1 of a unified cache
-    ("llama_plain_tokens", 3000, [], [], {}),    # the old plain token payload
-    ("gemma3_iswa_nofa", 5000, [], [41], {}),    # iSWA: one checkpoint near the end (none known)
+    ("llama_2stream", 10000, [], [], {}),  # slot 1 of a 2-stream cache
+    ("llama_unified_2seq", 7000, [], [], {}),  # slot 1 of a unified cache
+    ("llama_plain_tokens", 3000, [], [], {}),  # the old plain token payload
+    ("gemma3_iswa_nofa", 5000, [], [41], {}),  # iSWA: one checkpoint near the end (none known)
     ("gemma3_iswa_fa", None, [(300, _u32(0xFFFFFFFF))], [5, 21], {}),  # damaged cell: checkpoints at 5, 21
-    ("extra-mamba", 3000, [], [21], {}),         # recurrent
-    ("extra-jamba", 4000, [], [21], {}),         # hybrid, cut inside the REC block
+    ("extra-mamba", 3000, [], [21], {}),  # recurrent
+    ("extra-jamba", 4000, [], [21], {}),  # hybrid, cut inside the REC block
     ("extra-lfm2", 1000, [], [21], {}),
-    ("extra-qwen2vl", 2000, [], [], {}),         # M-RoPE cells with a 12-byte ext
+    ("extra-qwen2vl", 2000, [], [], {}),  # M-RoPE cells with a 12-byte ext
 ]
 
 
@@ -442,7 +518,7 @@ def test_rebuild_keeps_draft_state_found_after_a_damaged_body(tmp_path, pools):
     sf = open_slot_file(out)
     assert [c.n_tokens for c in sf.checkpoints] == [8, 20, 32]
     data = fx.data
-    for c, o in zip(sf.checkpoints, fx.ckpts):
+    for c, o in zip(sf.checkpoints, fx.ckpts, strict=False):
         assert bytes(c.dft.data.view) == data[o.dft[0] : o.dft[0] + o.dft[1]]
         assert bytes(c.spec.data.view) == data[o.spec[0] : o.spec[0] + o.spec[1]]
         assert c.tgt.length == o.tgt[1]
@@ -463,10 +539,10 @@ def test_rebuild_checkpoint_positions_and_model_mismatch(tmp_path):
     sf = open_slot_file(out)
     assert [c.n_tokens for c in sf.checkpoints] == [10, 19]
     assert [c.tgt.length for c in sf.checkpoints] == [c.tgt[1] for c in fx.ckpts]
-    for c, o in zip(sf.checkpoints, fx.ckpts):  # the same recurrent state as the server's checkpoints
+    for c, o in zip(sf.checkpoints, fx.ckpts, strict=False):  # the same recurrent state as the server's checkpoints
         x = c.tgt.body.blocks[0]
         y = open_slot_file(fx.path).checkpoints[fx.ckpts.index(o)].tgt.body.blocks[0]
-        for rx, ry in zip(x.runs(), y.runs()):
+        for rx, ry in zip(x.runs(), y.runs(), strict=False):
             assert np.allclose(rx.array(), ry.array(), rtol=2e-2, atol=2e-2)
     # the wrong model: the rebuilt state would not have the file's shape; refused, nothing written
     cut = tmp_path / "llama.slot"
@@ -556,7 +632,7 @@ def test_resave_flash_attn_flip(tmp_path, pools):
     assert r.test_load["ok"] and any("byte for byte" in n for n in r.notes)
     sf = open_slot_file(off)
     assert sf.errors == [] and all(s.v_trans == 1 for b in sf.body.blocks for s in b.active_streams())
-    for a, b in zip(_v_runs(off), _v_runs(fx.path)):
+    for a, b in zip(_v_runs(off), _v_runs(fx.path), strict=False):
         assert np.array_equal(a.array(), b.array().T)
     # layer 0 does not depend on the attention kernel: equal to the fixture saved with FA off
     ra, rb = open_slot_file(off), open_slot_file(ref.path)
@@ -575,7 +651,9 @@ def test_resave_flash_attn_flip(tmp_path, pools):
 
 
 @pytest.mark.llama
-@pytest.mark.parametrize("name,model_fa", [("gemma3_iswa_nofa", True), ("llama_draft_sdft", False), ("extra-jamba", True)])
+@pytest.mark.parametrize(
+    "name,model_fa", [("gemma3_iswa_nofa", True), ("llama_draft_sdft", False), ("extra-jamba", True)]
+)
 def test_resave_flip_round_trip_with_checkpoints_and_draft(name, model_fa, tmp_path, pools):
     fx = FX[name]
     kw: dict[str, Any] = {"model": str(fx.model)}
@@ -636,17 +714,39 @@ def test_resave_tokens_and_limits(tmp_path, pools):
 def test_json_report_shape(tmp_path):
     src = tmp_path / "cut.slot"
     src.write_bytes(D.data[: C[1].tgt[0] + 100])
-    r = subprocess.run([sys.executable, "-m", "slotfile", "truncate-recover", str(src), "-o",
-                        str(tmp_path / "o.slot"), "--json"], capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "slotfile", "truncate-recover", str(src), "-o", str(tmp_path / "o.slot"), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["schema"] == "slotfile.repair/1" and doc["command"] == "truncate-recover"
-    assert set(doc) >= {"input", "output", "status", "exit_code", "reason", "input_size", "output_size",
-                        "bytes_saved", "kept", "dropped", "changed", "rebuilt", "notes", "test_load", "timings"}
+    assert set(doc) >= {
+        "input",
+        "output",
+        "status",
+        "exit_code",
+        "reason",
+        "input_size",
+        "output_size",
+        "bytes_saved",
+        "kept",
+        "dropped",
+        "changed",
+        "rebuilt",
+        "notes",
+        "test_load",
+        "timings",
+    }
     assert doc["status"] == "repaired" and doc["exit_code"] == 0
     assert [k["section"] for k in doc["kept"]] == ["header+tokens", "body", "sckp.header", "sckp.checkpoint[0]"]
     assert doc["kept"][0]["tokens"] == 54 and doc["kept"][3]["n_tokens"] == 8
-    assert doc["dropped"][0]["section"] == "sckp.checkpoint[1]" and doc["dropped"][0]["bytes"] == C[1].tgt[0] + 100 - C[1].offset
+    assert (
+        doc["dropped"][0]["section"] == "sckp.checkpoint[1]"
+        and doc["dropped"][0]["bytes"] == C[1].tgt[0] + 100 - C[1].offset
+    )
     assert doc["changed"] == [{"section": "sckp", "field": "count", "from": 3, "to": 1}]
 
 
@@ -668,10 +768,27 @@ def test_slotfile_verify_passes_on_repaired_outputs(tmp_path):
     body_cut.write_bytes(D.data[:9000])
     assert exit_code(repair("truncate-recover", body_cut, outs / "rebuilt.slot", model=str(D.model))) == 0
     assert exit_code(repair("strip-draft", D.path, outs / "stripped.slot")) == 0
-    assert exit_code(repair("re-save", D.path, outs / "fa-off.slot", model=str(D.model), flash_attn=False,
-                  tokens="plain")) == 0
-    r = subprocess.run([sys.executable, "-m", "slotfile", "verify", str(outs), "--model", str(D.model),
-                        "--draft-model", str(DRAFT), "--json"], capture_output=True, text=True, timeout=300)
+    assert (
+        exit_code(repair("re-save", D.path, outs / "fa-off.slot", model=str(D.model), flash_attn=False, tokens="plain"))
+        == 0
+    )
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "slotfile",
+            "verify",
+            str(outs),
+            "--model",
+            str(D.model),
+            "--draft-model",
+            str(DRAFT),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     doc = json.loads(r.stdout)
     assert r.returncode == 0, [f["first_problem"] for f in doc["files"]]
     assert doc["summary"]["files"] == 10 and doc["summary"]["pass"] == 10

@@ -43,11 +43,20 @@ def _fake_worker(ref: Path, draft_blobs: bool) -> Any:
         if req["op"] == "resave":
             src = open_slot_file(req["in"])
             src_body = Path(req["in"]).read_bytes()[src.body.offset : src.body.end]
-        data = head + len(words).to_bytes(4, "little") + b"".join(
-            (w & 0xFFFFFFFF).to_bytes(4, "little") for w in words) + src_body
+        data = (
+            head
+            + len(words).to_bytes(4, "little")
+            + b"".join((w & 0xFFFFFFFF).to_bytes(4, "little") for w in words)
+            + src_body
+        )
         Path(req["out"]).write_bytes(data)
-        out: dict[str, Any] = {"settings": req["settings"], "file_size": len(data),
-                               "model": {"needs_checkpoints": True}, "checkpoints": [], "draft": None}
+        out: dict[str, Any] = {
+            "settings": req["settings"],
+            "file_size": len(data),
+            "model": {"needs_checkpoints": True},
+            "checkpoints": [],
+            "draft": None,
+        }
         if req["op"] == "prefill":
             at = req.get("checkpoints_at") or [max(1, len(req["tokens"]) - 1)]
             blob = b""
@@ -83,9 +92,15 @@ class _FakePool:
 
     def load(self, path: str, settings: Any, timeout: float = 0, sf: Any = None) -> Any:
         sf = sf or open_slot_file(path)
-        return SimpleNamespace(ok=True, message="fake", body_bytes=sf.body.end if sf.body else 0,
-                               checkpoints=[(True, "fake")] * len(sf.checkpoints),
-                               checkpoint_drafts=[], draft=None, crashed=False)
+        return SimpleNamespace(
+            ok=True,
+            message="fake",
+            body_bytes=sf.body.end if sf.body else 0,
+            checkpoints=[(True, "fake")] * len(sf.checkpoints),
+            checkpoint_drafts=[],
+            draft=None,
+            crashed=False,
+        )
 
 
 @pytest.fixture
@@ -94,8 +109,9 @@ def fakes(monkeypatch):
     import slotfile.rebuild
 
     monkeypatch.setattr(slotfile.loader, "LoaderPool", _FakePool)
-    monkeypatch.setattr(slotfile.loader, "test_load",
-                        lambda *a, **k: SimpleNamespace(ok=False, body_bytes=0, message="fake"))
+    monkeypatch.setattr(
+        slotfile.loader, "test_load", lambda *a, **k: SimpleNamespace(ok=False, body_bytes=0, message="fake")
+    )
 
     def use(ref: Path, draft: bool = False) -> None:
         monkeypatch.setattr(slotfile.rebuild, "run_worker", _fake_worker(ref, draft))
@@ -125,22 +141,45 @@ def _cases() -> dict[str, tuple[str, str, Any, dict[str, Any]]]:
             cases[f"tr-{name}-cut{k}"] = ("truncate-recover", name, lambda b, c=cut: b[:c], {})
         cases[f"strip-{name}"] = ("strip-draft", name, lambda b: b, {})
         cases[f"dry-{name}"] = ("truncate-recover", name, lambda b: b[:-3], {"dry_run": True})
-    cases["tr-count"] = ("truncate-recover", "llama_draft_sdft",
-                         lambda b: b[: dr["sckp"]["offset"] + 8] + b"\x09\0\0\0" + b[dr["sckp"]["offset"] + 12 :], {})
-    cases["tr-dft-magic"] = ("truncate-recover", "llama_draft_sdft",
-                             lambda b: b[: ck[1]["dft_offset"]] + b"\0\0\0\0" + b[ck[1]["dft_offset"] + 4 :], {})
-    cases["tr-magic"] = ("truncate-recover", "llama_draft_sdft",
-                         lambda b: b[: dr["sckp"]["offset"]] + b"SCKQ" + b[dr["sckp"]["offset"] + 4 :], {})
+    cases["tr-count"] = (
+        "truncate-recover",
+        "llama_draft_sdft",
+        lambda b: b[: dr["sckp"]["offset"] + 8] + b"\x09\0\0\0" + b[dr["sckp"]["offset"] + 12 :],
+        {},
+    )
+    cases["tr-dft-magic"] = (
+        "truncate-recover",
+        "llama_draft_sdft",
+        lambda b: b[: ck[1]["dft_offset"]] + b"\0\0\0\0" + b[ck[1]["dft_offset"] + 4 :],
+        {},
+    )
+    cases["tr-magic"] = (
+        "truncate-recover",
+        "llama_draft_sdft",
+        lambda b: b[: dr["sckp"]["offset"]] + b"SCKQ" + b[dr["sckp"]["offset"] + 4 :],
+        {},
+    )
     # rebuilds of a cut or damaged body (fake worker)
     for name, cut in (("llama_f16_fa", 9000), ("llama_draft_sdft", 9000), ("gemma3_iswa_nofa", 9000)):
         cases[f"rebuild-{name}"] = ("truncate-recover", name, lambda b, c=cut: b[:c], {"model": True})
-        cases[f"rebuild-dry-{name}"] = ("truncate-recover", name, lambda b, c=cut: b[:c],
-                                        {"model": True, "dry_run": True})
-    cases["rebuild-scan-draft"] = ("truncate-recover", "llama_draft_sdft",
-                                   lambda b: b[: dr["body_start"] + 12] + b"\x07\0\0\0" + b[dr["body_start"] + 16 :],
-                                   {"model": True, "draft": True})
-    cases["rebuild-at"] = ("truncate-recover", "llama_draft_sdft", lambda b: b[:9000],
-                           {"model": True, "draft": True, "checkpoint_at": [5, 30]})
+        cases[f"rebuild-dry-{name}"] = (
+            "truncate-recover",
+            name,
+            lambda b, c=cut: b[:c],
+            {"model": True, "dry_run": True},
+        )
+    cases["rebuild-scan-draft"] = (
+        "truncate-recover",
+        "llama_draft_sdft",
+        lambda b: b[: dr["body_start"] + 12] + b"\x07\0\0\0" + b[dr["body_start"] + 16 :],
+        {"model": True, "draft": True},
+    )
+    cases["rebuild-at"] = (
+        "truncate-recover",
+        "llama_draft_sdft",
+        lambda b: b[:9000],
+        {"model": True, "draft": True, "checkpoint_at": [5, 30]},
+    )
     # re-save (fake worker)
     for name in ("llama_f16_fa", "llama_f16_nofa", "llama_draft_sdft", "gemma3_iswa_nofa", "llama_plain_tokens"):
         fa = d[name]["flash_attn"]
@@ -148,82 +187,90 @@ def _cases() -> dict[str, tuple[str, str, Any, dict[str, Any]]]:
         cases[f"resave-flip-{name}"] = ("re-save", name, lambda b: b, {"model": True, "flash_attn": not fa})
         cases[f"resave-plain-{name}"] = ("re-save", name, lambda b: b, {"model": True, "tokens": "plain"})
         cases[f"resave-packed-{name}"] = ("re-save", name, lambda b: b, {"model": True, "tokens": "packed"})
-        cases[f"resave-recompute-{name}"] = ("re-save", name, lambda b: b,
-                                             {"model": True, "flash_attn": not fa, "recompute": True, "draft": True})
-        cases[f"resave-dry-{name}"] = ("re-save", name, lambda b: b,
-                                       {"model": True, "flash_attn": not fa, "dry_run": True})
+        cases[f"resave-recompute-{name}"] = (
+            "re-save",
+            name,
+            lambda b: b,
+            {"model": True, "flash_attn": not fa, "recompute": True, "draft": True},
+        )
+        cases[f"resave-dry-{name}"] = (
+            "re-save",
+            name,
+            lambda b: b,
+            {"model": True, "flash_attn": not fa, "dry_run": True},
+        )
     return cases
 
 
 CASES = _cases()
 
 EXPECTED = {  # recorded on the code before the repair package and the appendix walker
-    'dry-gemma3_iswa_nofa': 'dry-run:7ce4fb4eab3c6380',
-    'dry-llama_draft_sdft': 'dry-run:ed58d59dc9903297',
-    'dry-llama_draft_sdft_only': 'dry-run:1575b2b15760edb9',
-    'dry-llama_f16_fa': 'dry-run:92d6fc6cf69fa026',
-    'dry-llama_sckp_empty': 'dry-run:39a9a109176540d9',
-    'rebuild-at': 'repaired:fc7abd8c1523512e',
-    'rebuild-dry-gemma3_iswa_nofa': 'dry-run:611fc8b85761d265',
-    'rebuild-dry-llama_draft_sdft': 'dry-run:ba20853f48073712',
-    'rebuild-dry-llama_f16_fa': 'dry-run:ba20853f48073712',
-    'rebuild-gemma3_iswa_nofa': 'repaired:004e0fd8d79041c4',
-    'rebuild-llama_draft_sdft': 'repaired:09e2ef0da47f78de',
-    'rebuild-llama_f16_fa': 'repaired:9347c982f2bc1532',
-    'rebuild-scan-draft': 'repaired:13e49144cadc1c5e',
-    'resave-dry-gemma3_iswa_nofa': 'dry-run:0ca7b6ae4ef47b3e',
-    'resave-dry-llama_draft_sdft': 'dry-run:e966df846c05a1e6',
-    'resave-dry-llama_f16_fa': 'dry-run:a63707ccd3de9aa6',
-    'resave-dry-llama_f16_nofa': 'dry-run:48daaa71e5a0f7a5',
-    'resave-dry-llama_plain_tokens': 'dry-run:6c516da060e3b721',
-    'resave-flip-gemma3_iswa_nofa': 'repaired:ed1db5b518d3222a',
-    'resave-flip-llama_draft_sdft': 'repaired:f8b398a47bdaf67e',
-    'resave-flip-llama_f16_fa': 'repaired:5e6520262b45aa7c',
-    'resave-flip-llama_f16_nofa': 'repaired:55fc2a445c5cb57d',
-    'resave-flip-llama_plain_tokens': 'repaired:3a7a257021ea0702',
-    'resave-gemma3_iswa_nofa': 'nothing-to-do:38f1e64b03020713',
-    'resave-llama_draft_sdft': 'nothing-to-do:9e279516b7ebc8f6',
-    'resave-llama_f16_fa': 'nothing-to-do:7accd806ffe60da4',
-    'resave-llama_f16_nofa': 'nothing-to-do:701d0b376df2293d',
-    'resave-llama_plain_tokens': 'nothing-to-do:76c89ef797713cc5',
-    'resave-packed-gemma3_iswa_nofa': 'nothing-to-do:38f1e64b03020713',
-    'resave-packed-llama_draft_sdft': 'nothing-to-do:9e279516b7ebc8f6',
-    'resave-packed-llama_f16_fa': 'nothing-to-do:7accd806ffe60da4',
-    'resave-packed-llama_f16_nofa': 'nothing-to-do:701d0b376df2293d',
-    'resave-packed-llama_plain_tokens': 'repaired:203115a00a5bb0bf',
-    'resave-plain-gemma3_iswa_nofa': 'repaired:f02088f86ab937d7',
-    'resave-plain-llama_draft_sdft': 'repaired:8feda75bc1f29c6c',
-    'resave-plain-llama_f16_fa': 'repaired:50c21fa3a5b9e08c',
-    'resave-plain-llama_f16_nofa': 'repaired:90c96d099b25102d',
-    'resave-plain-llama_plain_tokens': 'nothing-to-do:76c89ef797713cc5',
-    'resave-recompute-gemma3_iswa_nofa': 'nothing-to-do:8250b0620ffaf848',
-    'resave-recompute-llama_draft_sdft': 'nothing-to-do:a94dbab1c926e044',
-    'resave-recompute-llama_f16_fa': 'nothing-to-do:71ebc8a69c1ca938',
-    'resave-recompute-llama_f16_nofa': 'nothing-to-do:16db38a331f01b9a',
-    'resave-recompute-llama_plain_tokens': 'nothing-to-do:35402ced05aa1b45',
-    'strip-gemma3_iswa_nofa': 'nothing-to-do:366a3e7568b52fd3',
-    'strip-llama_draft_sdft': 'repaired:c9d0a1396093d628',
-    'strip-llama_draft_sdft_only': 'repaired:be2d6ee0d3745d51',
-    'strip-llama_f16_fa': 'nothing-to-do:b8ed4dab9a1845e2',
-    'strip-llama_sckp_empty': 'nothing-to-do:36d56658cc9a0a86',
-    'tr-count': 'repaired:2e98c25a9cca3de6',
-    'tr-dft-magic': 'repaired:57cf4302a69a7b5a',
-    'tr-gemma3_iswa_nofa-cut0': 'repaired:2a10670750550bd5',
-    'tr-gemma3_iswa_nofa-cut1': 'repaired:19b21a2f2eca7469',
-    'tr-gemma3_iswa_nofa-cut2': 'repaired:56a8a9376dea0531',
-    'tr-llama_draft_sdft-cut0': 'repaired:7d01cec9f58ac730',
-    'tr-llama_draft_sdft-cut1': 'repaired:f9b2ee4797722da9',
-    'tr-llama_draft_sdft-cut2': 'repaired:7b1200b8b6d7a742',
-    'tr-llama_draft_sdft_only-cut0': 'repaired:70510dc68cc5eaee',
-    'tr-llama_draft_sdft_only-cut1': 'repaired:0cf14e269c660fa0',
-    'tr-llama_draft_sdft_only-cut2': 'repaired:cbf3b9e1fc177b76',
-    'tr-llama_f16_fa-cut0': 'repaired:7d01cec9f58ac730',
-    'tr-llama_f16_fa-cut1': 'repaired:23b8c9fa5811751d',
-    'tr-llama_f16_fa-cut2': 'repaired:ad3f270f68065f0b',
-    'tr-llama_sckp_empty-cut0': 'repaired:7d01cec9f58ac730',
-    'tr-llama_sckp_empty-cut1': 'repaired:7d01cec9f58ac730',
-    'tr-llama_sckp_empty-cut2': 'repaired:c729a19247f00fc8',
-    'tr-magic': 'repaired:3c2443fece821210',
+    "dry-gemma3_iswa_nofa": "dry-run:7ce4fb4eab3c6380",
+    "dry-llama_draft_sdft": "dry-run:ed58d59dc9903297",
+    "dry-llama_draft_sdft_only": "dry-run:1575b2b15760edb9",
+    "dry-llama_f16_fa": "dry-run:92d6fc6cf69fa026",
+    "dry-llama_sckp_empty": "dry-run:39a9a109176540d9",
+    "rebuild-at": "repaired:fc7abd8c1523512e",
+    "rebuild-dry-gemma3_iswa_nofa": "dry-run:611fc8b85761d265",
+    "rebuild-dry-llama_draft_sdft": "dry-run:ba20853f48073712",
+    "rebuild-dry-llama_f16_fa": "dry-run:ba20853f48073712",
+    "rebuild-gemma3_iswa_nofa": "repaired:004e0fd8d79041c4",
+    "rebuild-llama_draft_sdft": "repaired:09e2ef0da47f78de",
+    "rebuild-llama_f16_fa": "repaired:9347c982f2bc1532",
+    "rebuild-scan-draft": "repaired:13e49144cadc1c5e",
+    "resave-dry-gemma3_iswa_nofa": "dry-run:0ca7b6ae4ef47b3e",
+    "resave-dry-llama_draft_sdft": "dry-run:e966df846c05a1e6",
+    "resave-dry-llama_f16_fa": "dry-run:a63707ccd3de9aa6",
+    "resave-dry-llama_f16_nofa": "dry-run:48daaa71e5a0f7a5",
+    "resave-dry-llama_plain_tokens": "dry-run:6c516da060e3b721",
+    "resave-flip-gemma3_iswa_nofa": "repaired:ed1db5b518d3222a",
+    "resave-flip-llama_draft_sdft": "repaired:f8b398a47bdaf67e",
+    "resave-flip-llama_f16_fa": "repaired:5e6520262b45aa7c",
+    "resave-flip-llama_f16_nofa": "repaired:55fc2a445c5cb57d",
+    "resave-flip-llama_plain_tokens": "repaired:3a7a257021ea0702",
+    "resave-gemma3_iswa_nofa": "nothing-to-do:38f1e64b03020713",
+    "resave-llama_draft_sdft": "nothing-to-do:9e279516b7ebc8f6",
+    "resave-llama_f16_fa": "nothing-to-do:7accd806ffe60da4",
+    "resave-llama_f16_nofa": "nothing-to-do:701d0b376df2293d",
+    "resave-llama_plain_tokens": "nothing-to-do:76c89ef797713cc5",
+    "resave-packed-gemma3_iswa_nofa": "nothing-to-do:38f1e64b03020713",
+    "resave-packed-llama_draft_sdft": "nothing-to-do:9e279516b7ebc8f6",
+    "resave-packed-llama_f16_fa": "nothing-to-do:7accd806ffe60da4",
+    "resave-packed-llama_f16_nofa": "nothing-to-do:701d0b376df2293d",
+    "resave-packed-llama_plain_tokens": "repaired:203115a00a5bb0bf",
+    "resave-plain-gemma3_iswa_nofa": "repaired:f02088f86ab937d7",
+    "resave-plain-llama_draft_sdft": "repaired:8feda75bc1f29c6c",
+    "resave-plain-llama_f16_fa": "repaired:50c21fa3a5b9e08c",
+    "resave-plain-llama_f16_nofa": "repaired:90c96d099b25102d",
+    "resave-plain-llama_plain_tokens": "nothing-to-do:76c89ef797713cc5",
+    "resave-recompute-gemma3_iswa_nofa": "nothing-to-do:8250b0620ffaf848",
+    "resave-recompute-llama_draft_sdft": "nothing-to-do:a94dbab1c926e044",
+    "resave-recompute-llama_f16_fa": "nothing-to-do:71ebc8a69c1ca938",
+    "resave-recompute-llama_f16_nofa": "nothing-to-do:16db38a331f01b9a",
+    "resave-recompute-llama_plain_tokens": "nothing-to-do:35402ced05aa1b45",
+    "strip-gemma3_iswa_nofa": "nothing-to-do:366a3e7568b52fd3",
+    "strip-llama_draft_sdft": "repaired:c9d0a1396093d628",
+    "strip-llama_draft_sdft_only": "repaired:be2d6ee0d3745d51",
+    "strip-llama_f16_fa": "nothing-to-do:b8ed4dab9a1845e2",
+    "strip-llama_sckp_empty": "nothing-to-do:36d56658cc9a0a86",
+    "tr-count": "repaired:2e98c25a9cca3de6",
+    "tr-dft-magic": "repaired:57cf4302a69a7b5a",
+    "tr-gemma3_iswa_nofa-cut0": "repaired:2a10670750550bd5",
+    "tr-gemma3_iswa_nofa-cut1": "repaired:19b21a2f2eca7469",
+    "tr-gemma3_iswa_nofa-cut2": "repaired:56a8a9376dea0531",
+    "tr-llama_draft_sdft-cut0": "repaired:7d01cec9f58ac730",
+    "tr-llama_draft_sdft-cut1": "repaired:f9b2ee4797722da9",
+    "tr-llama_draft_sdft-cut2": "repaired:7b1200b8b6d7a742",
+    "tr-llama_draft_sdft_only-cut0": "repaired:70510dc68cc5eaee",
+    "tr-llama_draft_sdft_only-cut1": "repaired:0cf14e269c660fa0",
+    "tr-llama_draft_sdft_only-cut2": "repaired:cbf3b9e1fc177b76",
+    "tr-llama_f16_fa-cut0": "repaired:7d01cec9f58ac730",
+    "tr-llama_f16_fa-cut1": "repaired:23b8c9fa5811751d",
+    "tr-llama_f16_fa-cut2": "repaired:ad3f270f68065f0b",
+    "tr-llama_sckp_empty-cut0": "repaired:7d01cec9f58ac730",
+    "tr-llama_sckp_empty-cut1": "repaired:7d01cec9f58ac730",
+    "tr-llama_sckp_empty-cut2": "repaired:c729a19247f00fc8",
+    "tr-magic": "repaired:3c2443fece821210",
 }
 
 

@@ -38,12 +38,16 @@ def test_copy_range_every_path(tmp_path, monkeypatch, mode):
     src.write_bytes(data)
     monkeypatch.setattr(sw, "CHUNK", 4096 + 7)  # many short calls, odd sizes
     if mode != "cfr":
+
         def no_cfr(*a, **k):
             raise OSError(errno.EXDEV, "cross-device")
+
         monkeypatch.setattr(os, "copy_file_range", no_cfr)
     if mode == "plain":
+
         def no_sendfile(*a, **k):
             raise OSError(errno.EINVAL, "no sendfile")
+
         monkeypatch.setattr(os, "sendfile", no_sendfile)
     dst = tmp_path / "dst"
     with open(src, "rb") as s, open(dst, "wb") as d:
@@ -57,9 +61,8 @@ def test_copy_range_every_path(tmp_path, monkeypatch, mode):
 def test_copy_range_short_source_raises(tmp_path):
     src = tmp_path / "src"
     src.write_bytes(b"x" * 100)
-    with open(src, "rb") as s, open(tmp_path / "dst", "wb") as d:
-        with pytest.raises(OSError):
-            sw.copy_range(s.fileno(), d.fileno(), 50, 100)
+    with open(src, "rb") as s, open(tmp_path / "dst", "wb") as d, pytest.raises(OSError):
+        sw.copy_range(s.fileno(), d.fileno(), 50, 100)
 
 
 def test_plan_merges_adjacent_ranges_and_reads_back(tmp_path):
@@ -186,8 +189,9 @@ def test_temp_names_are_unique_and_hidden(tmp_path):
 
 
 def cli(*args: object) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "slotfile", *map(str, args)],
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "slotfile", *map(str, args)], capture_output=True, text=True, timeout=300
+    )
 
 
 def test_input_is_only_opened_read_only(tmp_path, monkeypatch):
@@ -287,8 +291,15 @@ def test_cli_in_place_with_backup(tmp_path):
 @pytest.mark.llama
 def test_failed_test_load_writes_nothing(tmp_path):
     """strip-draft checked against the wrong model: the output fails its test-load."""
-    r = cli("strip-draft", SLOTS / "llama_draft_sdft.slot", "-o", tmp_path / "o.slot",
-            "--model", MODELS / "gemma3.gguf", "--json")
+    r = cli(
+        "strip-draft",
+        SLOTS / "llama_draft_sdft.slot",
+        "-o",
+        tmp_path / "o.slot",
+        "--model",
+        MODELS / "gemma3.gguf",
+        "--json",
+    )
     assert r.returncode == 4, r.stdout + r.stderr
     doc = json.loads(r.stdout)
     assert doc["status"] == "check-failed" and "test-load" in doc["reason"]
@@ -314,7 +325,9 @@ def unwritable(tmp_path, monkeypatch):
     d = tmp_path / "ro"
     d.mkdir()
     real = os.access
-    monkeypatch.setattr(os, "access", lambda p, mode, *a, **k: False if os.fspath(p) == str(d) else real(p, mode, *a, **k))
+    monkeypatch.setattr(
+        os, "access", lambda p, mode, *a, **k: False if os.fspath(p) == str(d) else real(p, mode, *a, **k)
+    )
     return d
 
 

@@ -32,12 +32,23 @@ def _poke(path, pick, value: bytes):
     return parse_buffer(bytes(data)), off
 
 
-@pytest.mark.parametrize("name,pick,value", [
-    ("llama_f16_fa.slot", lambda sf: sf.body.blocks[0].streams[0].v[1], struct.pack("<H", 0x7E00)),  # f16 NaN
-    ("llama_f16_nofa.slot", lambda sf: sf.body.blocks[0].streams[0].v[0], struct.pack("<H", 0xFC00)),  # -inf, transposed V
-    ("extra-mamba.slot", lambda sf: sf.body.blocks[0].s[1], struct.pack("<f", float("nan"))),  # f32 state
-    ("gemma3_iswa_fa.slot", lambda sf: sf.checkpoints[1].tgt.body.blocks[0].streams[0].k[0], struct.pack("<H", 0x7C00)),
-])
+@pytest.mark.parametrize(
+    "name,pick,value",
+    [
+        ("llama_f16_fa.slot", lambda sf: sf.body.blocks[0].streams[0].v[1], struct.pack("<H", 0x7E00)),  # f16 NaN
+        (
+            "llama_f16_nofa.slot",
+            lambda sf: sf.body.blocks[0].streams[0].v[0],
+            struct.pack("<H", 0xFC00),
+        ),  # -inf, transposed V
+        ("extra-mamba.slot", lambda sf: sf.body.blocks[0].s[1], struct.pack("<f", float("nan"))),  # f32 state
+        (
+            "gemma3_iswa_fa.slot",
+            lambda sf: sf.checkpoints[1].tgt.body.blocks[0].streams[0].k[0],
+            struct.pack("<H", 0x7C00),
+        ),
+    ],
+)
 def test_non_finite_values_are_found(name, pick, value):
     sf, off = _poke(SLOTS / name, pick, value)
     found, _, _ = scan(sf)
@@ -58,7 +69,9 @@ def test_quantized_block_scale():
 def test_verify_scan_fails_a_nan(tmp_path):
     import json
 
-    sf, off = _poke(SLOTS / "llama_f16_fa.slot", lambda sf: sf.body.blocks[0].streams[0].k[0], struct.pack("<H", 0x7E00))
+    sf, off = _poke(
+        SLOTS / "llama_f16_fa.slot", lambda sf: sf.body.blocks[0].streams[0].k[0], struct.pack("<H", 0x7E00)
+    )
     bad = tmp_path / "nan.slot"
     bad.write_bytes(bytes(sf.buffer))
     r = slotfile_cli("verify", bad, "--scan", "--json")

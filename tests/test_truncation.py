@@ -12,7 +12,8 @@ from __future__ import annotations
 import pytest
 
 from slotfile.layout import ARCH_SEQUENCES
-from slotfile.reader import SlotFile, open_slot_file, parse_buffer
+from slotfile.reader import open_slot_file, parse_buffer
+from slotfile.records import SlotFile
 
 from .conftest import SLOT_FILES
 

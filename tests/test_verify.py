@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from typer.testing import Result
 
-from slotfile.verify import LEVELS, Options, Verifier, collect, version_message
 from slotfile.reader import open_slot_file
+from slotfile.verify import LEVELS, Options, Verifier, collect, version_message
 
 from . import damage
 from .conftest import EXTRA, FIXTURES, MANIFEST, MODELS, SLOTS, slotfile_cli
@@ -32,8 +32,13 @@ class Verifiers:
     def get(self, model: str, draft: str | None = None) -> Verifier:
         key = (model, draft)
         if key not in self.v:
-            self.v[key] = Verifier(Options(model=str(FIXTURES / model) if "/" in model else str(model),
-                                           draft_model=str(FIXTURES / draft) if draft else None, deep=True))
+            self.v[key] = Verifier(
+                Options(
+                    model=str(FIXTURES / model) if "/" in model else str(model),
+                    draft_model=str(FIXTURES / draft) if draft else None,
+                    deep=True,
+                )
+            )
         return self.v[key]
 
     def close(self) -> None:
@@ -55,7 +60,8 @@ def corpus(tmp_path_factory) -> dict[str, Path]:
 
 
 ALL = [(e["file"], e["model"], e["draft_model"], bool(e["n_tokens"])) for e in MANIFEST["slots"]] + [
-    (e["file"], e["model"], None, e["kind"] == "slot" and bool(e["n_tokens"])) for e in EXTRA["files"]]
+    (e["file"], e["model"], None, e["kind"] == "slot" and bool(e["n_tokens"])) for e in EXTRA["files"]
+]
 
 
 @pytest.mark.llama
@@ -169,7 +175,11 @@ def test_structure_only_without_a_model(corpus):
         cut = v.verify(corpus["body-truncated"])
     assert ok.verdict == "pass" and ok.level_reached == 1
     assert {k: lv.status for k, lv in ok.levels.items()} == {
-        "structure": "pass", "model": "skipped", "load": "skipped", "deep": "skipped"}
+        "structure": "pass",
+        "model": "skipped",
+        "load": "skipped",
+        "deep": "skipped",
+    }
     assert cut.verdict == "fail" and cut.level_reached == 0
 
 
@@ -214,8 +224,17 @@ def llama_dir(tmp_path_factory, corpus) -> Path:
 
 def _check_schema(doc: dict) -> None:
     assert doc["schema"] == "slotfile.verify/1"
-    assert set(doc) >= {"loader", "model", "draft_model", "deep", "tolerances", "files", "errors", "summary",
-                        "exit_code"}
+    assert set(doc) >= {
+        "loader",
+        "model",
+        "draft_model",
+        "deep",
+        "tolerances",
+        "files",
+        "errors",
+        "summary",
+        "exit_code",
+    }
     for f in doc["files"]:
         assert set(f) >= {"path", "size", "n_tokens", "levels", "verdict", "first_problem", "level_reached"}
         assert list(f["levels"]) == list(LEVELS)
@@ -230,8 +249,17 @@ def _check_schema(doc: dict) -> None:
 @pytest.mark.llama
 def test_cli_json_and_jobs_over_a_directory(llama_dir, tmp_path):
     r1 = cli(llama_dir, "--model", MODELS / "llama.gguf", "--deep", "--json")
-    r2 = cli(llama_dir, "--model", MODELS / "llama.gguf", "--deep", "--json", "--jobs", "2",
-             "--junit", tmp_path / "junit.xml")
+    r2 = cli(
+        llama_dir,
+        "--model",
+        MODELS / "llama.gguf",
+        "--deep",
+        "--json",
+        "--jobs",
+        "2",
+        "--junit",
+        tmp_path / "junit.xml",
+    )
     assert r1.exit_code == r2.exit_code == 4, r1.stderr + r2.stderr
     d1, d2 = json.loads(r1.stdout), json.loads(r2.stdout)
     _check_schema(d1)
@@ -241,8 +269,10 @@ def test_cli_json_and_jobs_over_a_directory(llama_dir, tmp_path):
     assert paths == sorted(paths) and len(paths) == len(list(llama_dir.iterdir()))
 
     def summary(d):
-        return [(Path(f["path"]).name, f["verdict"], f["level_reached"],
-                 tuple(lv["status"] for lv in f["levels"].values())) for f in d["files"]]
+        return [
+            (Path(f["path"]).name, f["verdict"], f["level_reached"], tuple(lv["status"] for lv in f["levels"].values()))
+            for f in d["files"]
+        ]
 
     assert summary(d1) == summary(d2)
     by_name = {Path(f["path"]).name: f for f in d1["files"]}
@@ -365,12 +395,14 @@ def test_model_level_token_and_position_checks():
     bad_tok = damage.change_token(data, Path("."), index=7, new=999)
     lv = level_model(parse_buffer(bad_tok), side, None)
     (p,) = [p for p in lv.problems if p["code"] == "token-out-of-vocab"]
-    assert lv.status == "fail" and "token 7 is id 999" in p["message"] and p["offset"] == 12 + 12 + 4 * 7  # header, packed prefix, 7 tokens
+    assert (
+        lv.status == "fail" and "token 7 is id 999" in p["message"] and p["offset"] == 12 + 12 + 4 * 7
+    )  # header, packed prefix, 7 tokens
     # the last cell at position 300, beyond the model's 256-token training context
     sf = parse_buffer(data)
     cells = sf.body.blocks[0].active_streams()[0].cells
     off = cells.offset + (cells.cells.size - 1) * 12
-    moved = data[:off] + (300).to_bytes(4, "little", signed=True) + data[off + 4:]
+    moved = data[:off] + (300).to_bytes(4, "little", signed=True) + data[off + 4 :]
     lv = level_model(parse_buffer(moved), side, None)
     assert any(p["code"] == "position-beyond-context" and "256" in p["message"] for p in lv.problems)
     # without a draft model, draft blobs are reported as not checked (a warning)

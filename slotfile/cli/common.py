@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-
 from typing import Any
 
 from slotfile.exitcodes import OK, OPERATIONAL, PROBLEMS
 from slotfile.model import ModelError, ModelInfo, load_model_info
-from slotfile.reader import SlotFile, open_slot_file
+from slotfile.reader import open_slot_file
+from slotfile.records import SlotFile
 
 from .terminal import escape_text
 
@@ -22,8 +22,11 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(name)
     from rich.console import Console
 
-    console = (Console(highlight=False, markup=False, soft_wrap=False) if name == "out"
-               else Console(stderr=True, highlight=False, markup=False))
+    console = (
+        Console(highlight=False, markup=False, soft_wrap=False)
+        if name == "out"
+        else Console(stderr=True, highlight=False, markup=False)
+    )
     globals()[name] = console
     return console
 

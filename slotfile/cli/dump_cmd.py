@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from slotfile.exitcodes import OPERATIONAL
 from slotfile.report import to_json
@@ -39,8 +40,9 @@ def text_lines(doc: dict[str, Any]) -> Iterator[str]:
         yield _line(offset, name, escape_text(str(value), 200))
     for i, p in enumerate(doc["problems"]):
         # never capped: one problem, one whole line (people grep for these)
-        yield _line(p["offset"], f"problems[{i}]",
-                    escape_text(f"{p['severity']} {p['code']}: {p['section']}: {p['message']}"))
+        yield _line(
+            p["offset"], f"problems[{i}]", escape_text(f"{p['severity']} {p['code']}: {p['section']}: {p['message']}")
+        )
     yield _line(None, "verdict", escape_text(str(doc["verdict"])))
 
 
@@ -56,8 +58,11 @@ def _fields(node: Any, name: str = "") -> Iterator[tuple[int, str, Any]]:
             yield node["offset"], name, node["value"]
             return
         if "offset" in node and name:
-            desc = ", ".join(f"{k}={node[k]}" for k in ("size", "length", "type", "row_size", "role", "layout")
-                             if k in node and not isinstance(node[k], (dict, list)))
+            desc = ", ".join(
+                f"{k}={node[k]}"
+                for k in ("size", "length", "type", "row_size", "role", "layout")
+                if k in node and not isinstance(node[k], (dict, list))
+            )
             yield node["offset"], name, desc
         for k, v in node.items():
             if k in ("offset", "sections") or (not name and k in ("file", "schema", "problems")):

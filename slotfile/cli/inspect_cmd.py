@@ -10,7 +10,8 @@ from rich.text import Text
 
 from slotfile.exitcodes import OPERATIONAL
 from slotfile.model import ModelInfo
-from slotfile.reader import GGSN_VERSIONS, GGSQ_VERSIONS, MemoryBlock, SlotFile
+from slotfile.reader import GGSN_VERSIONS, GGSQ_VERSIONS
+from slotfile.records import MemoryBlock, SlotFile
 from slotfile.report import flash_attn_of
 
 from .common import exit_code, load_model_or_report, open_or_report, out
@@ -48,7 +49,7 @@ def render(sf: SlotFile, model: ModelInfo | None, layers: bool) -> None:
     kind = {"GGSQ": "slot file (GGSQ)", "GGSN": "session file (GGSN)"}.get(sf.format, "not a slot file")
     _kv(summary, "format", f"{kind}, version {sf.version}" if sf.version is not None else kind)
     if sf.version in known:
-        _kv(summary, "written by", known[sf.version])  # type: ignore[index]
+        _kv(summary, "written by", known[sf.version])
     _kv(summary, "size", f"{sf.size} bytes ({human_size(sf.size)})")
     if sf.arch is not None:
         _kv(summary, "architecture", escape_text(sf.arch))
@@ -83,7 +84,12 @@ def _memory(t: Table, sf: SlotFile) -> None:
     if body.layout is None:
         _kv(t, "memory", Text("unreadable (see problems)", style="red"))
         return
-    conf = {"unique": "detected from the bytes", "ambiguous": "ambiguous, best guess", "trailing": "best guess, trailing bytes follow", "model": "from the model"}.get(body.confidence, body.confidence)
+    conf = {
+        "unique": "detected from the bytes",
+        "ambiguous": "ambiguous, best guess",
+        "trailing": "best guess, trailing bytes follow",
+        "model": "from the model",
+    }.get(body.confidence, body.confidence)
     _kv(t, "memory", f"{body.memory_class}: {body.layout.describe()} ({conf})")
     _kv(t, "body", f"{body.size} bytes at offset {body.offset}")
     for b in body.blocks:
@@ -108,8 +114,10 @@ def _block_line(b: MemoryBlock) -> str:
         where = ", ".join(f"stream {s.index}: {s.cell_count} cells" for s in active) or "no cells"
         return f"{b.n_stream} stream(s); {where}{prange}; {n_layer} layers{types}"
     rt = sorted({r.type_name for r in b.r})
-    return (f"{b.cell_count} cell(s){prange}; n_layer {b.n_layer}, {len(b.r)} recurrent layers"
-            f" (R {'/'.join(rt)}, {len(b.p)} P rows)")
+    return (
+        f"{b.cell_count} cell(s){prange}; n_layer {b.n_layer}, {len(b.r)} recurrent layers"
+        f" (R {'/'.join(rt)}, {len(b.p)} P rows)"
+    )
 
 
 def _appendices(t: Table, sf: SlotFile) -> None:
@@ -137,8 +145,16 @@ def _sections(sf: SlotFile) -> None:
 
 def _blocks(sf: SlotFile, layers: bool) -> None:
     table = Table(title="memory layers", title_justify="left")
-    for col, just in (("block", "left"), ("part", "left"), ("layers", "right"), ("type", "left"),
-                      ("row bytes", "right"), ("cells", "right"), ("offset", "right"), ("bytes", "right")):
+    for col, just in (
+        ("block", "left"),
+        ("part", "left"),
+        ("layers", "right"),
+        ("type", "left"),
+        ("row bytes", "right"),
+        ("cells", "right"),
+        ("offset", "right"),
+        ("bytes", "right"),
+    ):
         table.add_column(col, justify=just)  # type: ignore[arg-type]
     for b in sf.body.blocks:  # type: ignore[union-attr]
         name = b.role
@@ -151,20 +167,44 @@ def _blocks(sf: SlotFile, layers: bool) -> None:
             r0 = grp[0]
             idx = f"{r0.index}" if len(grp) == 1 else f"{r0.index}-{grp[-1].index}"
             part = r0.part + (" (transposed)" if r0.transposed else "")
-            table.add_row(name, part, idx, r0.type_name, str(r0.row_size), str(r0.n_cells), str(r0.offset),
-                          str(sum(r.data.length for r in grp)))
+            table.add_row(
+                name,
+                part,
+                idx,
+                r0.type_name,
+                str(r0.row_size),
+                str(r0.n_cells),
+                str(r0.offset),
+                str(sum(r.data.length for r in grp)),
+            )
     out.print(table)
 
 
 def _checkpoints(sf: SlotFile) -> None:
     table = Table(title="context checkpoints (SCKP)", title_justify="left")
-    for col, just in (("#", "right"), ("n_tokens", "right"), ("positions", "left"), ("target", "right"),
-                      ("draft", "right"), ("spec", "right"), ("target holds", "left"), ("offset", "right")):
+    for col, just in (
+        ("#", "right"),
+        ("n_tokens", "right"),
+        ("positions", "left"),
+        ("target", "right"),
+        ("draft", "right"),
+        ("spec", "right"),
+        ("target holds", "left"),
+        ("offset", "right"),
+    ):
         table.add_column(col, justify=just)  # type: ignore[arg-type]
     for c in sf.checkpoints:
         lay = _blob_line(c.tgt.body)
-        table.add_row(str(c.index), str(c.n_tokens), f"{c.pos_min}..{c.pos_max}", str(c.tgt.length),
-                      str(c.dft.length), str(c.spec.length), lay, str(c.offset))
+        table.add_row(
+            str(c.index),
+            str(c.n_tokens),
+            f"{c.pos_min}..{c.pos_max}",
+            str(c.tgt.length),
+            str(c.dft.length),
+            str(c.spec.length),
+            lay,
+            str(c.offset),
+        )
     out.print(table)
 
 
@@ -191,5 +231,6 @@ def _verdict(sf: SlotFile) -> None:
     for p in sf.problems:
         mark = "error" if p.severity == "error" else "warning"
         # one problem, one line, never wrapped: people grep for these
-        out.print(Text(f"  {mark}: {escape_text(p.line())}", style="red" if mark == "error" else "yellow"),
-                  soft_wrap=True)
+        out.print(
+            Text(f"  {mark}: {escape_text(p.line())}", style="red" if mark == "error" else "yellow"), soft_wrap=True
+        )

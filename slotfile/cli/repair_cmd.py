@@ -61,11 +61,26 @@ def _cache_type(value: str | None, option: str) -> str | None:
     return value.lower()
 
 
-def run_repair(command: str, input_path: Path, output: Path | None, *, force: bool, in_place: bool,
-               backup: Path | None, dry_run: bool, json_out: bool, model: Path | None = None,
-               draft_model: Path | None = None, flash_attn: str | None = None, cache_type_k: str | None = None,
-               cache_type_v: str | None = None, checkpoint_at: list[int] | None = None,
-               tokens: str | None = None, recompute: bool = False, timeout: float = 600.0) -> int:
+def run_repair(
+    command: str,
+    input_path: Path,
+    output: Path | None,
+    *,
+    force: bool,
+    in_place: bool,
+    backup: Path | None,
+    dry_run: bool,
+    json_out: bool,
+    model: Path | None = None,
+    draft_model: Path | None = None,
+    flash_attn: str | None = None,
+    cache_type_k: str | None = None,
+    cache_type_v: str | None = None,
+    checkpoint_at: list[int] | None = None,
+    tokens: str | None = None,
+    recompute: bool = False,
+    timeout: float = 600.0,
+) -> int:
     try:
         opts = Options(
             model=str(model) if model else None,

@@ -8,7 +8,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..reader import SlotFile, open_slot_file
+from ..reader import open_slot_file
+from ..records import SlotFile
 from .common import Operational, Options, close
 from .report import Report
 
@@ -42,12 +43,19 @@ def _test_load(sf: SlotFile, path: str, opts: Options, test_draft: bool, report:
     assert opts.model is not None
     try:
         tiny = os.path.getsize(opts.model) < 64 << 20  # ggml's spinning threads only cost there
-        with LoaderPool(opts.model, opts.draft_model if test_draft else None,
-                        n_gpu_layers=opts.n_gpu_layers, threads=1 if tiny else None) as pool:
+        with LoaderPool(
+            opts.model,
+            opts.draft_model if test_draft else None,
+            n_gpu_layers=opts.n_gpu_layers,
+            threads=1 if tiny else None,
+        ) as pool:
             have = pool.state_seq_version
             if have is not None and sf.version is not None and sf.version != have:
-                report.test_load = {"ok": None, "message": f"skipped: the file has state version "
-                                    f"{sf.version}, the installed llama.cpp loads version {have} only"}
+                report.test_load = {
+                    "ok": None,
+                    "message": f"skipped: the file has state version "
+                    f"{sf.version}, the installed llama.cpp loads version {have} only",
+                }
                 report.notes.append(report.test_load["message"])
                 return None
             return pool.load(path, settings_for(sf, n_gpu_layers=opts.n_gpu_layers), timeout=opts.timeout, sf=sf)
@@ -56,11 +64,15 @@ def _test_load(sf: SlotFile, path: str, opts: Options, test_draft: bool, report:
 
 
 def _judge(res: Any, report: Report) -> tuple[bool, str]:
-    report.test_load = {"ok": bool(res.ok), "message": res.message, "body_bytes": res.body_bytes,
-                        "checkpoints": [list(c) for c in res.checkpoints],
-                        "draft": list(res.draft) if res.draft is not None else None,
-                        "checkpoint_drafts": [list(c) for c in res.checkpoint_drafts],
-                        "crashed": bool(res.crashed)}
+    report.test_load = {
+        "ok": bool(res.ok),
+        "message": res.message,
+        "body_bytes": res.body_bytes,
+        "checkpoints": [list(c) for c in res.checkpoints],
+        "draft": list(res.draft) if res.draft is not None else None,
+        "checkpoint_drafts": [list(c) for c in res.checkpoint_drafts],
+        "crashed": bool(res.crashed),
+    }
     if not res.ok:
         return False, f"test-load through llama.cpp failed: {res.message}"
     bad = [f"checkpoint {i}: {m}" for i, (ok, m) in enumerate(res.checkpoints) if not ok]

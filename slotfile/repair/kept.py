@@ -29,8 +29,15 @@ class _Tailor:
         return len(self.view)
 
 
-def plan_tail(plan: Plan, report: Report, src: str, view: memoryview, tail: Tail, start: int,
-              blob_writer: BlobWriter | None = None) -> list[int]:
+def plan_tail(
+    plan: Plan,
+    report: Report,
+    src: str,
+    view: memoryview,
+    tail: Tail,
+    start: int,
+    blob_writer: BlobWriter | None = None,
+) -> list[int]:
     """Add the kept appendices to ``plan`` and account for every byte from ``start`` to EOF.
 
     ``blob_writer(plan, ref, section)`` writes a kept blob's u64 length and data (default: a
@@ -66,15 +73,25 @@ def _plan_sckp(t: _Tailor, tail: Tail, w: SckpWalk, accounted: int, kept_map: li
     if not w.stop_reason:
         return w.stop
     nxt = tail.sdft.offset if tail.sdft is not None and tail.sdft.offset >= w.stop else t.end
-    t.report.drop(f"sckp.checkpoint[{len(w.entries)}]" if w.header_ok else "sckp", w.stop, nxt - w.stop,
-                  f"damaged tail: {w.stop_reason}", n_tokens=w.cut_n_tokens)
+    t.report.drop(
+        f"sckp.checkpoint[{len(w.entries)}]" if w.header_ok else "sckp",
+        w.stop,
+        nxt - w.stop,
+        f"damaged tail: {w.stop_reason}",
+        n_tokens=w.cut_n_tokens,
+    )
     return nxt
 
 
 def _plan_sckp_header(t: _Tailor, w: SckpWalk) -> None:
     good = w.good
-    identical = (w.magic_ok and w.count == len(w.entries) and len(good) == len(w.entries)
-                 and all(e.dft.ok for e in good) and t.verbatim)
+    identical = (
+        w.magic_ok
+        and w.count == len(w.entries)
+        and len(good) == len(w.entries)
+        and all(e.dft.ok for e in good)
+        and t.verbatim
+    )
     if not (good or (w.count == 0 and not w.entries and not w.stop_reason)):
         t.report.drop("sckp.header", w.offset, 12, "no complete checkpoint left: the appendix goes")
         return

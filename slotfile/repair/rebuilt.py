@@ -108,8 +108,12 @@ def plan_recomputed_tail(rb: Rebuilt, tail: Tail) -> None:
         else:
             rb.empty()
             if o is not None and o.dft.length:
-                rb.report.drop(f"sckp.checkpoint[{i}].data_dft", o.dft.offset, 8 + o.dft.length,
-                               "its V layout no longer matches (give --draft-model to recompute it)")
+                rb.report.drop(
+                    f"sckp.checkpoint[{i}].data_dft",
+                    o.dft.offset,
+                    8 + o.dft.length,
+                    "its V layout no longer matches (give --draft-model to recompute it)",
+                )
         if o is not None and o.spec.length:
             size += rb.carried(o.spec.offset, o.spec.length)
             how += "; data_spec carried over"
@@ -132,9 +136,14 @@ def _plan_recomputed_sdft(rb: Rebuilt, tail: Tail) -> None:
         rb.plan.literal(g.sdft_header() + g.blob_length(0))
         rb.carried(s.spec.offset, s.spec.length)
         if s.dft.length:
-            rb.report.drop("sdft.data_dft", s.dft.offset, 8 + s.dft.length,
-                           "its V layout no longer matches (give --draft-model to recompute it)")
+            rb.report.drop(
+                "sdft.data_dft",
+                s.dft.offset,
+                8 + s.dft.length,
+                "its V layout no longer matches (give --draft-model to recompute it)",
+            )
         rb.report.keep("sdft.data_spec", s.spec.offset, 8 + s.spec.length)
     else:
-        rb.report.drop("sdft", s.offset, s.end - s.offset,
-                       "its V layout no longer matches (give --draft-model to recompute it)")
+        rb.report.drop(
+            "sdft", s.offset, s.end - s.offset, "its V layout no longer matches (give --draft-model to recompute it)"
+        )

@@ -111,8 +111,10 @@ class Report:
         out += [f"  note: {note}" for note in self.notes]
         if self.output_size is not None:
             saved = self.input_size - self.output_size
-            out.append(f"  size: {self.input_size} -> {self.output_size} bytes"
-                       + (f" ({saved} bytes saved)" if saved > 0 else (f" ({-saved} bytes more)" if saved < 0 else "")))
+            out.append(
+                f"  size: {self.input_size} -> {self.output_size} bytes"
+                + (f" ({saved} bytes saved)" if saved > 0 else (f" ({-saved} bytes more)" if saved < 0 else ""))
+            )
         if self.test_load is not None:
             out.append(self._test_load_line())
         if self.backup and self.outcome == Outcome.REPAIRED:
@@ -149,8 +151,10 @@ class Report:
         out = [f"  plan ({len(plan)} pieces, {self.output_size} bytes):"]
         for piece in plan[:40]:
             if "from" in piece:
-                out.append(f"    @{piece['out_offset']}: copy {piece['length']} bytes of {piece['from']} "
-                           f"from offset {piece['offset']}")
+                out.append(
+                    f"    @{piece['out_offset']}: copy {piece['length']} bytes of {piece['from']} "
+                    f"from offset {piece['offset']}"
+                )
             else:
                 out.append(f"    @{piece['out_offset']}: write {piece['length']} bytes ({piece['literal']})")
         if len(plan) > 40:

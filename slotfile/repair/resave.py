@@ -12,7 +12,7 @@ from typing import Any
 
 from .. import grammar as g
 from ..ggml_types import TRANSPOSABLE, TYPES, type_name
-from ..reader import Body, SlotFile
+from ..records import Body, SlotFile
 from ..safewrite import Plan, create_temp
 from .common import (
     Options,
@@ -45,8 +45,9 @@ def _new_words(sf: SlotFile, form: str | None) -> tuple[list[int], str]:
     toks = tokens_of(sf)
     if form == "plain":
         if sf.tokens.media:
-            raise Refused(f"the payload holds {len(sf.tokens.media)} media chunk(s): "
-                          "a plain token list cannot carry them")
+            raise Refused(
+                f"the payload holds {len(sf.tokens.media)} media chunk(s): a plain token list cannot carry them"
+            )
         return toks, "plain"
     return [g.PACKED_MARKER, g.SERVER_TOKENS_VERSION, len(toks), *toks, 0], "packed"
 
@@ -60,6 +61,7 @@ def _transposing_writer(sf: SlotFile, to_v_trans: int, report: Report) -> BlobWr
         n = transpose_body(plan, sf, info.body, ref.data_offset + 8, ref.end, to_v_trans, section)
         if n:
             report.change(section, "v_trans", 1 - to_v_trans, to_v_trans, v_layers=n)
+
     return write
 
 
@@ -72,7 +74,7 @@ def transpose_body(plan: Plan, sf: SlotFile, body: Body, start: int, end: int, t
     for blk in body.blocks:
         if blk.kind != "KV" or not blk.has_v:
             continue
-        for st, sc in zip(blk.streams, blk.raw.streams):
+        for st, sc in zip(blk.streams, blk.raw.streams, strict=False):
             if not st.cell_count or sc.data is None or st.v_trans == to_v_trans:
                 continue
             vt = int(sc.data.v_trans_offset)
@@ -91,8 +93,10 @@ def _transpose_run(plan: TPlan, src: str, run: Any, pos: int, cells: int, to_v_t
     ``cells`` with flash attention on, element-major with it off); returns where it ended."""
     t = TYPES.get(run.type_id)
     if t is None or run.type_id not in TRANSPOSABLE:
-        raise Refused(f"{section}: V of type {type_name(run.type_id)} cannot be stored transposed "
-                      "(flash attention off needs an f32/f16/bf16 V cache)")
+        raise Refused(
+            f"{section}: V of type {type_name(run.type_id)} cannot be stored transposed "
+            "(flash attention off needs an f32/f16/bf16 V cache)"
+        )
     el = t.type_size
     plan.copy(src, pos, run.offset - pos)
     if to_v_trans == 0:  # element-major [n_embd x cells] -> rows [cells x n_embd]
@@ -106,9 +110,16 @@ def _transpose_run(plan: TPlan, src: str, run: Any, pos: int, cells: int, to_v_t
     return run.data.offset + run.data.length
 
 
-def resave(sf: SlotFile, opts: Options, workdir: str, *, dry_run: bool = False,
-           temps: list[str] | None = None, sink: list[Report] | None = None,
-           retry: Retry | None = None) -> Planned:
+def resave(
+    sf: SlotFile,
+    opts: Options,
+    workdir: str,
+    *,
+    dry_run: bool = False,
+    temps: list[str] | None = None,
+    sink: list[Report] | None = None,
+    retry: Retry | None = None,
+) -> Planned:
     out = start("re-save", sf, dry_run, temps, sink)
     header_tokens_ok(sf)
     if opts.model is None:
@@ -136,8 +147,17 @@ class _Job:
     """One re-save: what changes (token form, flash attention) and how (load+save,
     transpose, prefill)."""
 
-    def __init__(self, sf: SlotFile, opts: Options, out: Planned, settings: dict[str, Any], new_fa: bool | None,
-                 method: str, new_words: list[int], tail: Tail) -> None:
+    def __init__(
+        self,
+        sf: SlotFile,
+        opts: Options,
+        out: Planned,
+        settings: dict[str, Any],
+        new_fa: bool | None,
+        method: str,
+        new_words: list[int],
+        tail: Tail,
+    ) -> None:
         self.sf, self.opts, self.out, self.report = sf, opts, out, out.report
         self.settings, self.new_fa, self.method, self.new_words, self.tail = settings, new_fa, method, new_words, tail
         self.words_end = 12 + 4 * len(new_words)
@@ -155,8 +175,9 @@ class _Job:
         tail = analyse_tail(sf, view_of(sf), sf.body.end, tgt_partial=tgt_partial(sf))
         old_form = sf.tokens.form if sf.tokens is not None else "empty"
         if new_words != words_of(sf):
-            out.report.change("tokens", "form", old_form, form, words_before=sf.n_token_count,
-                              words_after=len(new_words))
+            out.report.change(
+                "tokens", "form", old_form, form, words_before=sf.n_token_count, words_after=len(new_words)
+            )
         if file_fa is None and opts.flash_attn is not None:
             out.report.notes.append("the state holds no V cache: flash attention does not change its bytes")
             settings["flash_attn"] = opts.flash_attn
@@ -176,11 +197,12 @@ class _Job:
         sf = self.sf
         assert sf.body is not None
         layout = "rows (flash attention on)" if self.new_fa else "transposed (flash attention off)"
-        how = {"load+save": "would load the body with llama_state_seq_load_file and write it again with "
-                            "llama_state_seq_save_file",
-               "transpose": f"would rewrite V as {layout} "
-                            "byte for byte, then load and save it through llama.cpp",
-               "prefill": f"would prefill {sf.n_tokens} tokens with flash attention {self._fa()}"}[self.method]
+        how = {
+            "load+save": "would load the body with llama_state_seq_load_file and write it again with "
+            "llama_state_seq_save_file",
+            "transpose": f"would rewrite V as {layout} byte for byte, then load and save it through llama.cpp",
+            "prefill": f"would prefill {sf.n_tokens} tokens with flash attention {self._fa()}",
+        }[self.method]
         self.report.rebuild("body", sf.body.size, how, tokens=sf.n_tokens)
         plan_tail(Plan(), self.report, sf.path, view_of(sf), self.tail, sf.body.end)
         return self.out
@@ -191,18 +213,34 @@ class _Job:
         os.close(fd)
         self.out.temps.append(blobs)
         at = [e.n_tokens for e in (self.tail.sckp.good if self.tail.sckp else [])]
-        res = run_worker({"op": "prefill", "model": opts.model, "draft_model": opts.draft_model,
-                          "settings": self.new_settings, "tokens": tokens_of(sf), "words": self.new_words,
-                          "checkpoints_at": at, "out": base, "blobs": blobs}, timeout=opts.timeout)
+        res = run_worker(
+            {
+                "op": "prefill",
+                "model": opts.model,
+                "draft_model": opts.draft_model,
+                "settings": self.new_settings,
+                "tokens": tokens_of(sf),
+                "words": self.new_words,
+                "checkpoints_at": at,
+                "out": base,
+                "blobs": blobs,
+            },
+            timeout=opts.timeout,
+        )
         self.report.timings["llama.cpp"] = time.monotonic() - t0
         worker_ok(res, "recomputing the state")
         size = int(res.data["file_size"])
         plan = TPlan()
         plan.copy(base, 0, size)
-        self.report.rebuild("body", size - self.words_end,
-                            f"recomputed: prefilled {sf.n_tokens} tokens with flash attention {self._fa()} (a context "
-                            "with the other setting cannot take the old state directly); values may differ slightly "
-                            "from the original's", tokens=sf.n_tokens, offset=self.words_end)
+        self.report.rebuild(
+            "body",
+            size - self.words_end,
+            f"recomputed: prefilled {sf.n_tokens} tokens with flash attention {self._fa()} (a context "
+            "with the other setting cannot take the old state directly); values may differ slightly "
+            "from the original's",
+            tokens=sf.n_tokens,
+            offset=self.words_end,
+        )
         plan_recomputed_tail(Rebuilt(plan, self.report, sf.path, blobs, res.data), self.tail)
         self.out.plan = plan
 
@@ -221,8 +259,10 @@ class _Job:
             os.fsync(fd)
         finally:
             os.close(fd)
-        self.report.notes.append(f"flash attention {'off -> on' if self.new_fa else 'on -> off'}: {flipped} V layer(s) "
-                                 "rewritten byte for byte (the same values in the other layout; no recompute)")
+        self.report.notes.append(
+            f"flash attention {'off -> on' if self.new_fa else 'on -> off'}: {flipped} V layer(s) "
+            "rewritten byte for byte (the same values in the other layout; no recompute)"
+        )
         return flat
 
     def load_save(self, run_worker: Callable[..., Any], base: str, workdir: str, t0: float) -> None:
@@ -230,22 +270,34 @@ class _Job:
         assert sf.body is not None
         transpose = self.method == "transpose"
         src = self._flipped_input(workdir) if transpose else sf.path
-        res = run_worker({"op": "resave", "model": opts.model,
-                          "settings": self.new_settings if transpose else self.settings,
-                          "in": src, "capacity": max(sf.n_token_count or 0, len(self.new_words)) + 16,
-                          "words": self.new_words, "out": base, "n_tokens": sf.n_tokens}, timeout=opts.timeout)
+        res = run_worker(
+            {
+                "op": "resave",
+                "model": opts.model,
+                "settings": self.new_settings if transpose else self.settings,
+                "in": src,
+                "capacity": max(sf.n_token_count or 0, len(self.new_words)) + 16,
+                "words": self.new_words,
+                "out": base,
+                "n_tokens": sf.n_tokens,
+            },
+            timeout=opts.timeout,
+        )
         self.report.timings["llama.cpp"] = time.monotonic() - t0
         worker_ok(res, "loading and saving the state")
         size = int(res.data["file_size"])
         plan = TPlan()
         plan.copy(base, 0, size)
-        how = ("loaded with llama_state_seq_load_file and written again with llama_state_seq_save_file"
-               if not transpose else
-               f"V layout flipped for flash attention {self._fa()}, then loaded and saved through llama.cpp")
+        how = (
+            "loaded with llama_state_seq_load_file and written again with llama_state_seq_save_file"
+            if not transpose
+            else f"V layout flipped for flash attention {self._fa()}, then loaded and saved through llama.cpp"
+        )
         self.report.rebuild("body", size - self.words_end, how, tokens=sf.n_tokens, offset=self.words_end)
         if self.new_words == words_of(sf):
             self.report.keep("tokens", 12, 4 * len(self.new_words), tokens=sf.n_tokens)
         writer = _transposing_writer(sf, 0 if self.new_fa else 1, self.report) if transpose else None
-        self.out.ckpt_map = plan_tail(plan, self.report, sf.path, view_of(sf), self.tail, sf.body.end,
-                                      blob_writer=writer)
+        self.out.ckpt_map = plan_tail(
+            plan, self.report, sf.path, view_of(sf), self.tail, sf.body.end, blob_writer=writer
+        )
         self.out.plan = plan

@@ -20,7 +20,10 @@ from .strip_draft import strip_draft
 from .truncate import truncate_recover
 
 OPERATIONS: dict[str, Callable[..., Planned]] = {
-    "truncate-recover": truncate_recover, "strip-draft": strip_draft, "re-save": resave}
+    "truncate-recover": truncate_recover,
+    "strip-draft": strip_draft,
+    "re-save": resave,
+}
 ATTEMPTS = 4
 
 
@@ -116,8 +119,7 @@ def _plan(r: _Run, workdir: str) -> Planned:
     r.report.input_size = sf.size
     sink: list[Report] = []
     try:
-        planned = OPERATIONS[r.command](sf, r.opts, workdir, dry_run=r.dry_run, temps=r.temps, sink=sink,
-                                        retry=r.retry)
+        planned = OPERATIONS[r.command](sf, r.opts, workdir, dry_run=r.dry_run, temps=r.temps, sink=sink, retry=r.retry)
     except Refused:
         if sink:  # what the operation found before it had to give up
             r.report = _carry(r.report, sink[-1], r.retries, first=False)

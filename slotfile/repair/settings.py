@@ -8,7 +8,7 @@ from typing import Any
 
 from .. import grammar as g
 from ..ggml_types import BY_NAME, KV_CACHE_TYPES, TRANSPOSABLE, TYPES, type_name
-from ..reader import Body, SlotFile
+from ..records import Body, SlotFile
 from .common import Options, Refused
 from .tail import Tail
 
@@ -150,8 +150,13 @@ def worker_settings(s: Any) -> dict[str, Any]:
 
 def describe_settings(s: dict[str, Any]) -> str:
     fa = {True: "on", False: "off", None: "unknown"}[s.get("flash_attn")]
-    parts = [f"flash attention {fa}", f"K {s.get('type_k') or 'unknown'}", f"V {s.get('type_v') or 'unknown'}",
-             f"n_seq_max {s.get('n_seq_max')}" + (" unified" if s.get("kv_unified") else ""), f"seq {s.get('seq_id')}"]
+    parts = [
+        f"flash attention {fa}",
+        f"K {s.get('type_k') or 'unknown'}",
+        f"V {s.get('type_v') or 'unknown'}",
+        f"n_seq_max {s.get('n_seq_max')}" + (" unified" if s.get("kv_unified") else ""),
+        f"seq {s.get('seq_id')}",
+    ]
     return ", ".join(parts)
 
 
@@ -198,12 +203,21 @@ def _streams(s: dict[str, Any], found: dict[str, Any]) -> None:
     s["seq_id"] = int(seq_id or 0)
 
 
-def settings_for_rebuild(sf: SlotFile, view: memoryview, tail: Tail, opts: Options,
-                         notes: list[str]) -> tuple[dict[str, Any], list[str]]:
+def settings_for_rebuild(
+    sf: SlotFile, view: memoryview, tail: Tail, opts: Options, notes: list[str]
+) -> tuple[dict[str, Any], list[str]]:
     """The settings the damaged file was saved with, from whatever still shows them; the
     options fill in (or override) the rest."""
-    s: dict[str, Any] = {"n_ctx": None, "n_seq_max": None, "kv_unified": None, "flash_attn": None,
-                         "type_k": None, "type_v": None, "n_gpu_layers": opts.n_gpu_layers, "seq_id": None}
+    s: dict[str, Any] = {
+        "n_ctx": None,
+        "n_seq_max": None,
+        "kv_unified": None,
+        "flash_attn": None,
+        "type_k": None,
+        "type_v": None,
+        "n_gpu_layers": opts.n_gpu_layers,
+        "seq_id": None,
+    }
     found, sources = _found_settings(sf, view, tail)
     if "v_trans" in found:
         s["flash_attn"] = found["v_trans"] == 0
@@ -220,10 +234,16 @@ def settings_for_rebuild(sf: SlotFile, view: memoryview, tail: Tail, opts: Optio
             s[k] = v
     if s["type_v"] is None and s["type_k"] is not None:
         s["type_v"] = s["type_k"]
-        notes.append(f"the file was cut before its V cache: assumed V type = K type ({s['type_k']}); "
-                     "give --cache-type-v if the server used another")
-    if s["flash_attn"] is None and s["type_v"] is not None and BY_NAME.get(str(s["type_v"])) is not None \
-            and BY_NAME[str(s["type_v"])].id not in TRANSPOSABLE:
+        notes.append(
+            f"the file was cut before its V cache: assumed V type = K type ({s['type_k']}); "
+            "give --cache-type-v if the server used another"
+        )
+    if (
+        s["flash_attn"] is None
+        and s["type_v"] is not None
+        and BY_NAME.get(str(s["type_v"])) is not None
+        and BY_NAME[str(s["type_v"])].id not in TRANSPOSABLE
+    ):
         s["flash_attn"] = True  # a quantized V cache exists only with flash attention
         notes.append(f"flash attention on: a {s['type_v']} V cache exists only with flash attention")
     return s, sources

@@ -4,15 +4,22 @@ the target state stays byte-identical."""
 from __future__ import annotations
 
 from .. import grammar as g
-from ..reader import Checkpoint, SlotFile
+from ..records import Checkpoint, SlotFile
 from ..safewrite import Plan
 from .common import Options, Planned, Refused, Retry, body_ok, header_tokens_ok, start
 from .report import Report
 
 
-def strip_draft(sf: SlotFile, opts: Options, workdir: str, *, dry_run: bool = False,
-                temps: list[str] | None = None, sink: list[Report] | None = None,
-                retry: Retry | None = None) -> Planned:
+def strip_draft(
+    sf: SlotFile,
+    opts: Options,
+    workdir: str,
+    *,
+    dry_run: bool = False,
+    temps: list[str] | None = None,
+    sink: list[Report] | None = None,
+    retry: Retry | None = None,
+) -> Planned:
     out = start("strip-draft", sf, dry_run, temps, sink)
     report = out.report
     header_tokens_ok(sf)

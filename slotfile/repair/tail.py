@@ -15,7 +15,7 @@ from construct import ConstructError
 from .. import appendix as ap
 from .. import grammar as g
 from ..layout import Failure
-from ..reader import BlobInfo, SlotFile
+from ..records import BlobInfo, FileFormat, SlotFile
 from .common import Retry, view_of
 
 MAX_SCAN_CANDIDATES = 4096
@@ -110,7 +110,7 @@ def check_blob(sf: SlotFile, view: memoryview, ref: BlobRef, section: str, parti
     """Validate a seq blob the way the reader does (same code), recording ok / reason."""
     from .. import reader as r
 
-    scratch = SlotFile(path=sf.path, size=len(view), format="GGSQ", buffer=sf.buffer)
+    scratch = SlotFile(path=sf.path, size=len(view), format=FileFormat.GGSQ, buffer=sf.buffer)
     info = BlobInfo(section.rsplit(".", 1)[-1], ref.offset, ref.length, g.Run(ref.data_offset, ref.length, b""))
     try:
         r._parse_seq_blob(scratch, view, info, section, partial)
@@ -133,8 +133,15 @@ def _ref(b: ap.BlobFrame) -> BlobRef:
 # SCKP
 
 
-def walk_sckp(sf: SlotFile, view: memoryview, off: int, *, tgt_partial: tuple[str, ...] | None,
-              n_tokens: int, require_magic: bool = True) -> SckpWalk:
+def walk_sckp(
+    sf: SlotFile,
+    view: memoryview,
+    off: int,
+    *,
+    tgt_partial: tuple[str, ...] | None,
+    n_tokens: int,
+    require_magic: bool = True,
+) -> SckpWalk:
     """Walk an SCKP appendix entry by entry, ignoring its count; validate every blob."""
     end = len(view)
     w = SckpWalk(off, stop=off)
@@ -176,8 +183,9 @@ def _entry(sf: SlotFile, view: memoryview, it: ap.EntryFrame, tgt_partial: tuple
     """One checkpoint, its blobs checked: an invalid data_tgt or head makes it go, an invalid
     data_dft only that blob."""
     sec = f"sckp.checkpoint[{it.index}]"
-    e = Entry(it.index, it.offset, it.end, it.n_tokens, it.pos_min, it.pos_max,
-              _ref(it.tgt), _ref(it.dft), _ref(it.spec))
+    e = Entry(
+        it.index, it.offset, it.end, it.n_tokens, it.pos_min, it.pos_max, _ref(it.tgt), _ref(it.dft), _ref(it.spec)
+    )
     if e.tgt.length == 0:
         e.ok, e.reason = False, "data_tgt is empty (the server drops the whole appendix)"
     else:
@@ -263,8 +271,9 @@ def scan_sckp(sf: SlotFile, view: memoryview, start: int, n_tokens: int) -> Sckp
 # the whole tail
 
 
-def _sckp_of(sf: SlotFile, view: memoryview, start: int, tgt_partial: tuple[str, ...] | None,
-             scan: bool) -> SckpWalk | None:
+def _sckp_of(
+    sf: SlotFile, view: memoryview, start: int, tgt_partial: tuple[str, ...] | None, scan: bool
+) -> SckpWalk | None:
     end = len(view)
     n = sf.n_tokens
     if scan:
@@ -279,8 +288,9 @@ def _sckp_of(sf: SlotFile, view: memoryview, start: int, tgt_partial: tuple[str,
     return None
 
 
-def analyse_tail(sf: SlotFile, view: memoryview, start: int, *, tgt_partial: tuple[str, ...] | None,
-                 scan: bool = False) -> Tail:
+def analyse_tail(
+    sf: SlotFile, view: memoryview, start: int, *, tgt_partial: tuple[str, ...] | None, scan: bool = False
+) -> Tail:
     """Everything from ``start`` (the end of the body, or the start of a damaged body when
     ``scan``) to EOF."""
     end = len(view)

@@ -10,7 +10,8 @@ from typing import Any
 
 from .. import grammar as g
 from ..layout import PARTIAL_OF
-from ..reader import Body, SlotFile, open_slot_file
+from ..reader import open_slot_file
+from ..records import Body, SlotFile
 from ..safewrite import Plan, create_temp
 from .common import (
     Operational,
@@ -33,9 +34,16 @@ from .settings import describe_settings, probe_body, settings_for_rebuild, tid
 from .tail import SckpWalk, Tail, analyse_tail, apply_exclusions
 
 
-def truncate_recover(sf: SlotFile, opts: Options, workdir: str, *, dry_run: bool = False,
-                     temps: list[str] | None = None, sink: list[Report] | None = None,
-                     retry: Retry | None = None) -> Planned:
+def truncate_recover(
+    sf: SlotFile,
+    opts: Options,
+    workdir: str,
+    *,
+    dry_run: bool = False,
+    temps: list[str] | None = None,
+    sink: list[Report] | None = None,
+    retry: Retry | None = None,
+) -> Planned:
     retry = retry or Retry()
     out = start("truncate-recover", sf, dry_run, temps, sink)
     header_tokens_ok(sf)
@@ -67,14 +75,21 @@ def _damage(sf: SlotFile, opts: Options, retry: Retry) -> str:
     """What is wrong with the body; refused when it cannot be rebuilt."""
     n = sf.n_tokens
     body_err = next((p for p in sf.errors if p.section == "body" or p.section.startswith("body.")), None)
-    what = body_err.line() if body_err else (f"the body parses but {retry.force_rebuild}" if retry.force_rebuild
-                                             else "the body cannot be read")
+    what = (
+        body_err.line()
+        if body_err
+        else (f"the body parses but {retry.force_rebuild}" if retry.force_rebuild else "the body cannot be read")
+    )
     if opts.model is None:
-        raise Refused(f"{what}; nothing that would load can be saved without the model "
-                      f"(give --model to rebuild the state from the {n} stored tokens)")
+        raise Refused(
+            f"{what}; nothing that would load can be saved without the model "
+            f"(give --model to rebuild the state from the {n} stored tokens)"
+        )
     if sf.tokens is not None and sf.tokens.media:
-        raise Refused(f"{what}; the tokens include {len(sf.tokens.media)} media chunk(s), which cannot be "
-                      "prefilled without the multimodal projector")
+        raise Refused(
+            f"{what}; the tokens include {len(sf.tokens.media)} media chunk(s), which cannot be "
+            "prefilled without the multimodal projector"
+        )
     if n == 0:
         raise Refused(f"{what}; the payload holds no tokens to rebuild from")
     return what
@@ -93,34 +108,55 @@ def _account_damage(report: Report, sf: SlotFile, tail: Tail, what: str) -> None
     assert sf.body is not None
     w = tail.sckp
     report.keep("header+tokens", 0, 12 + 4 * (sf.n_token_count or 0), tokens=sf.n_tokens)
-    report.drop("body", sf.body.offset, (w.offset if w is not None else (tail.sdft.offset if tail.sdft else sf.size))
-                - sf.body.offset, what)
+    report.drop(
+        "body",
+        sf.body.offset,
+        (w.offset if w is not None else (tail.sdft.offset if tail.sdft else sf.size)) - sf.body.offset,
+        what,
+    )
 
 
-def _dry_rebuild(out: Planned, sf: SlotFile, tail: Tail, settings: dict[str, Any], at: list[int] | None,
-                 at_src: str, retry: Retry) -> Planned:
+def _dry_rebuild(
+    out: Planned, sf: SlotFile, tail: Tail, settings: dict[str, Any], at: list[int] | None, at_src: str, retry: Retry
+) -> Planned:
     report, n = out.report, sf.n_tokens
-    report.rebuild("body", None, f"would prefill {n} tokens through llama.cpp with {describe_settings(settings)} "
-                   f"and save with llama_state_seq_save_file",
-                   tokens=n)
-    report.rebuild("sckp", None, "would take checkpoints at n_tokens "
-                   + (", ".join(map(str, at)) if at else "chosen from the model (recurrent/hybrid/SWA need them)")
-                   + f" ({at_src})")
+    report.rebuild(
+        "body",
+        None,
+        f"would prefill {n} tokens through llama.cpp with {describe_settings(settings)} "
+        f"and save with llama_state_seq_save_file",
+        tokens=n,
+    )
+    report.rebuild(
+        "sckp",
+        None,
+        "would take checkpoints at n_tokens "
+        + (", ".join(map(str, at)) if at else "chosen from the model (recurrent/hybrid/SWA need them)")
+        + f" ({at_src})",
+    )
     if tail.sckp is not None:
         for e in tail.sckp.entries:
-            report.drop(f"sckp.checkpoint[{e.index}]", e.offset, e.end - e.offset,
-                        "would be replaced by a rebuilt checkpoint" if e.ok else e.reason, n_tokens=e.n_tokens)
+            report.drop(
+                f"sckp.checkpoint[{e.index}]",
+                e.offset,
+                e.end - e.offset,
+                "would be replaced by a rebuilt checkpoint" if e.ok else e.reason,
+                n_tokens=e.n_tokens,
+            )
     if tail.sdft is not None:
         report.keep("sdft", tail.sdft.offset, tail.sdft.end - tail.sdft.offset, found_by="scan")
     if not retry.force_rebuild:
-        report.notes.append("a real run first test-loads the input: if llama.cpp restores its body whole, "
-                            "that body is kept instead of being rebuilt")
+        report.notes.append(
+            "a real run first test-loads the input: if llama.cpp restores its body whole, "
+            "that body is kept instead of being rebuilt"
+        )
     out.plan = None
     return out
 
 
-def _run_prefill(out: Planned, sf: SlotFile, settings: dict[str, Any], at: list[int] | None, opts: Options,
-                 workdir: str, what: str) -> tuple[dict[str, Any], str, str]:
+def _run_prefill(
+    out: Planned, sf: SlotFile, settings: dict[str, Any], at: list[int] | None, opts: Options, workdir: str, what: str
+) -> tuple[dict[str, Any], str, str]:
     """The worker prefills the tokens and saves: (its answer, the saved file, the blob file)."""
     base, fd = create_temp(workdir, Path(sf.path).name, ".rebuild")
     os.close(fd)
@@ -130,9 +166,21 @@ def _run_prefill(out: Planned, sf: SlotFile, settings: dict[str, Any], at: list[
     from ..rebuild import run_worker
 
     t0 = time.monotonic()
-    res = run_worker({"op": "prefill", "model": opts.model, "draft_model": opts.draft_model,
-                      "settings": settings, "draft_settings": None, "tokens": tokens_of(sf), "words": words_of(sf),
-                      "checkpoints_at": at, "out": base, "blobs": blobs}, timeout=opts.timeout)
+    res = run_worker(
+        {
+            "op": "prefill",
+            "model": opts.model,
+            "draft_model": opts.draft_model,
+            "settings": settings,
+            "draft_settings": None,
+            "tokens": tokens_of(sf),
+            "words": words_of(sf),
+            "checkpoints_at": at,
+            "out": base,
+            "blobs": blobs,
+        },
+        timeout=opts.timeout,
+    )
     out.report.timings["rebuild"] = time.monotonic() - t0
     if not res.ok:
         if res.crashed:
@@ -141,8 +189,19 @@ def _run_prefill(out: Planned, sf: SlotFile, settings: dict[str, Any], at: list[
     return res.data, base, blobs
 
 
-def _rebuild(out: Planned, sf: SlotFile, view: memoryview, tail: Tail, settings: dict[str, Any], sources: list[str],
-             at: list[int] | None, opts: Options, retry: Retry, workdir: str, what: str) -> Planned:
+def _rebuild(
+    out: Planned,
+    sf: SlotFile,
+    view: memoryview,
+    tail: Tail,
+    settings: dict[str, Any],
+    sources: list[str],
+    at: list[int] | None,
+    opts: Options,
+    retry: Retry,
+    workdir: str,
+    what: str,
+) -> Planned:
     report, n = out.report, sf.n_tokens
     words_end = 12 + 4 * (sf.n_token_count or 0)
     data, base, blobs = _run_prefill(out, sf, settings, at, opts, workdir, what)
@@ -150,23 +209,36 @@ def _rebuild(out: Planned, sf: SlotFile, view: memoryview, tail: Tail, settings:
     _same_geometry(sf, view, base, retry)
     new_version = _version_of(base)
     if new_version != sf.version:
-        report.notes.append(f"the rebuilt file has state version {new_version} (the input had {sf.version}): "
-                            f"only a llama.cpp that loads version {new_version} takes it")
+        report.notes.append(
+            f"the rebuilt file has state version {new_version} (the input had {sf.version}): "
+            f"only a llama.cpp that loads version {new_version} takes it"
+        )
     plan = Plan()
     plan.copy(base, 0, base_size)
-    report.rebuild("body", base_size - words_end,
-                   f"prefilled {n} tokens through llama.cpp ({describe_settings(data['settings'])}; settings from "
-                   f"{', '.join(sources) or 'defaults'}) and saved with llama_state_seq_save_file",
-                   tokens=n, offset=words_end)
+    report.rebuild(
+        "body",
+        base_size - words_end,
+        f"prefilled {n} tokens through llama.cpp ({describe_settings(data['settings'])}; settings from "
+        f"{', '.join(sources) or 'defaults'}) and saved with llama_state_seq_save_file",
+        tokens=n,
+        offset=words_end,
+    )
     if at is None and data["model"]["needs_checkpoints"]:
-        report.notes.append("no checkpoint positions were known: took one near the end "
-                            "(the model's memory cannot be rolled back without checkpoints)")
+        report.notes.append(
+            "no checkpoint positions were known: took one near the end "
+            "(the model's memory cannot be rolled back without checkpoints)"
+        )
     rb = Rebuilt(plan, report, sf.path, blobs, data)
     plan_rebuilt_checkpoints(rb, tail)
     if tail.sckp is not None:
         for e in tail.sckp.entries:
-            report.drop(f"sckp.checkpoint[{e.index}]", e.offset, e.end - e.offset,
-                        "replaced by a rebuilt checkpoint" if e.ok else e.reason, n_tokens=e.n_tokens)
+            report.drop(
+                f"sckp.checkpoint[{e.index}]",
+                e.offset,
+                e.end - e.offset,
+                "replaced by a rebuilt checkpoint" if e.ok else e.reason,
+                n_tokens=e.n_tokens,
+            )
     plan_rebuilt_sdft(rb, tail)
     if tail.damaged_sdft is not None:
         report.drop("sdft", tail.damaged_sdft.offset, sf.size - tail.damaged_sdft.offset, tail.damaged_sdft.reason)
@@ -194,13 +266,18 @@ def _same_geometry(sf: SlotFile, view: memoryview, rebuilt: str, retry: Retry) -
             return
         got = probe_body(view_of(new), new.body.offset, new.body.end)
         want = probe_body(view, sf.body.offset, len(view))
-        if new.body.blocks and new.body.blocks[0].kind == "KV" and len(new.body.blocks[0].streams) != want.get(
-                "n_stream", len(new.body.blocks[0].streams)):
+        if (
+            new.body.blocks
+            and new.body.blocks[0].kind == "KV"
+            and len(new.body.blocks[0].streams) != want.get("n_stream", len(new.body.blocks[0].streams))
+        ):
             raise Refused("the rebuilt state has another stream count than the file")
         for key in ("n_layer", "k_row", "ext"):
             if key in want and key in got and want[key] != got[key]:
-                raise Refused(f"the model does not match the file: {key.replace('_', ' ')} {got[key]} in the "
-                              f"rebuilt state, {want[key]} in the file (is this the model that wrote it?)")
+                raise Refused(
+                    f"the model does not match the file: {key.replace('_', ' ')} {got[key]} in the "
+                    f"rebuilt state, {want[key]} in the file (is this the model that wrote it?)"
+                )
     finally:
         close(new)
 
@@ -210,9 +287,11 @@ def _same_blocks(old: Body, new: Body) -> None:
     old_sizes = [b.size for b in old.blocks]
     new_sizes = [b.size for b in new.blocks]
     if old.layout.kinds != new.layout.kinds or old_sizes != new_sizes:
-        raise Refused(f"the model does not match the file: the rebuilt state is "
-                      f"{new.layout.describe()} of {new_sizes} bytes, the file's "
-                      f"{old.layout.describe()} of {old_sizes} bytes (is this the model that wrote it?)")
+        raise Refused(
+            f"the model does not match the file: the rebuilt state is "
+            f"{new.layout.describe()} of {new_sizes} bytes, the file's "
+            f"{old.layout.describe()} of {old_sizes} bytes (is this the model that wrote it?)"
+        )
 
 
 def _keep_body(sf: SlotFile, body: Body, view: memoryview, out: Planned, opts: Options, retry: Retry) -> Planned:
@@ -232,8 +311,9 @@ def _keep_body(sf: SlotFile, body: Body, view: memoryview, out: Planned, opts: O
     return out
 
 
-def _body_by_loader(sf: SlotFile, view: memoryview, settings: dict[str, Any], opts: Options,
-                    report: Report) -> Body | None:
+def _body_by_loader(
+    sf: SlotFile, view: memoryview, settings: dict[str, Any], opts: Options, report: Report
+) -> Body | None:
     """Test-load the input itself; when llama.cpp restores it and the bytes up to where it
     stopped parse clean, that is the body."""
     if settings.get("flash_attn") is None or settings.get("type_k") is None or settings.get("type_v") is None:
@@ -244,9 +324,16 @@ def _body_by_loader(sf: SlotFile, view: memoryview, settings: dict[str, Any], op
     n_seq = int(settings.get("n_seq_max") or 1)
     unified = bool(settings.get("kv_unified"))
     per = max(256, -(-(sf.n_tokens + 1) // 256) * 256)
-    ls = LoadSettings(per if unified or n_seq == 1 else per * n_seq, n_seq, unified or n_seq == 1,
-                      bool(settings["flash_attn"]), tid(settings["type_k"]), tid(settings["type_v"]),
-                      opts.n_gpu_layers, int(settings.get("seq_id") or 0))
+    ls = LoadSettings(
+        per if unified or n_seq == 1 else per * n_seq,
+        n_seq,
+        unified or n_seq == 1,
+        bool(settings["flash_attn"]),
+        tid(settings["type_k"]),
+        tid(settings["type_v"]),
+        opts.n_gpu_layers,
+        int(settings.get("seq_id") or 0),
+    )
     assert opts.model is not None
     t0 = time.monotonic()
     try:
@@ -261,6 +348,8 @@ def _body_by_loader(sf: SlotFile, view: memoryview, settings: dict[str, Any], op
     sub = parse_buffer(view[:end], sf.path)
     if not body_ok(sub) or sub.body is None or sub.body.end != end or sub.errors:
         return None
-    report.notes.append(f"llama.cpp restores the body and stops at offset {end}: the {sf.size - end} bytes "
-                        "after it are not part of it (the reader alone could not tell)")
+    report.notes.append(
+        f"llama.cpp restores the body and stops at offset {end}: the {sf.size - end} bytes "
+        "after it are not part of it (the reader alone could not tell)"
+    )
     return sub.body

@@ -21,11 +21,18 @@ def test_python_dash_m_slotfile_runs_from_the_checkout():
     """``python -m slotfile`` from the repository root, with nothing on PYTHONPATH: the CLI is a
     plain subpackage, not an installed mapping."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    r = subprocess.run([sys.executable, "-m", "slotfile", "--version"], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "slotfile", "--version"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
     assert r.returncode == 0 and r.stdout.startswith("slotfile "), r.stderr
-    where = subprocess.run([sys.executable, "-c", "import slotfile.cli.app as a; print(a.__file__)"], cwd=ROOT,
-                           env=env, capture_output=True, text=True, timeout=120)
+    where = subprocess.run(
+        [sys.executable, "-c", "import slotfile.cli.app as a; print(a.__file__)"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert Path(where.stdout.strip()).is_relative_to(ROOT / "slotfile" / "cli"), where.stdout + where.stderr
 
 
@@ -111,8 +118,10 @@ def test_dump_text_ends_with_each_problem_and_the_verdict(tmp_path: Path):
     assert r.exit_code == 4
     *_, problem, verdict = r.stdout.splitlines()
     assert problem.split()[:4] == ["19216", "problems[0]", "error", "truncated:"]
-    assert problem.endswith("sckp.checkpoint[1].data_tgt: checkpoint 1 of 2: blob needs 8648 bytes, 784 remain "
-                            "(the server drops the whole appendix)")
+    assert problem.endswith(
+        "sckp.checkpoint[1].data_tgt: checkpoint 1 of 2: blob needs 8648 bytes, 784 remain "
+        "(the server drops the whole appendix)"
+    )
     assert verdict.split() == ["verdict", "damaged"]
 
 
@@ -154,7 +163,7 @@ def test_control_characters_are_escaped(tmp_path: Path):
     src = (SLOTS / "extra-llama.session").read_bytes()
     sf_arch_off = 12 + 4 * int.from_bytes(src[8:12], "little")
     evil = b"ll\x1b[2Jma"
-    data = src[:sf_arch_off] + len(evil).to_bytes(4, "little") + evil + src[sf_arch_off + 4 + 5:]
+    data = src[:sf_arch_off] + len(evil).to_bytes(4, "little") + evil + src[sf_arch_off + 4 + 5 :]
     p = tmp_path / "evil.session"
     p.write_bytes(data)
     r = run("inspect", p)
@@ -165,8 +174,12 @@ def test_control_characters_are_escaped(tmp_path: Path):
 def test_dump_json_imports_neither_rich_nor_pydantic():
     """Start-up is part of every command's cost: dump --json prints no rich output, and typer
     is pinned below the release that coerces parameters through pydantic (README, Performance)."""
-    r = subprocess.run([sys.executable, "-X", "importtime", "-m", "slotfile", "dump", "--json",
-                        str(SLOTS / "llama_f16_fa.slot")], capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "slotfile", "dump", "--json", str(SLOTS / "llama_f16_fa.slot")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     imported = {line.rsplit("|", 1)[-1].strip() for line in r.stderr.splitlines() if line.startswith("import time:")}
     assert "numpy" in imported  # the check sees real imports

@@ -13,7 +13,14 @@ def test_escape_text():
 
 def test_human_size():
     assert [human_size(n) for n in (0, 1023, 1024, 1536, 5 * 2**20, 3 * 2**30, 2**42)] == [
-        "0 B", "1023 B", "1.0 KiB", "1.5 KiB", "5.0 MiB", "3.0 GiB", "4096.0 GiB"]
+        "0 B",
+        "1023 B",
+        "1.0 KiB",
+        "1.5 KiB",
+        "5.0 MiB",
+        "3.0 GiB",
+        "4096.0 GiB",
+    ]
 
 
 def test_problem_line():
