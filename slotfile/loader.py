@@ -26,6 +26,7 @@ import os
 import queue
 import re
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -48,8 +49,8 @@ PACKAGE_ROOT = Path(__file__).resolve().parent.parent  # where the worker import
 F16 = BY_NAME["f16"].id
 START_TIMEOUT = 600.0  # seconds for a worker to load its model(s)
 
-__all__ = ["DeepResult", "LoadResult", "LoadSettings", "LoaderError", "LoaderPool", "draft_settings_for",
-           "settings_for", "test_load"]
+__all__ = ["DeepResult", "Library", "LoadResult", "LoadSettings", "LoaderError", "LoaderPool", "draft_settings_for",
+           "library_dir", "resolve_library", "server_library", "settings_for", "test_load"]
 
 
 @dataclass
@@ -80,7 +81,78 @@ class DeepResult:
 
 
 class LoaderError(Exception):
-    """The loader could not start (model missing or unloadable): an operational error."""
+    """The loader could not start (model missing or unloadable, a library folder that does not
+    exist, holds no libllama or does not load): an operational error, one line."""
+
+
+# ---------------------------------------------------------------------------------------
+# which llama.cpp library the workers load
+# ---------------------------------------------------------------------------------------
+
+LIB_ENV = "SLOTFILE_LLAMA_LIB"  # the folder --llama-lib names, for every command
+LIB_NAME = "libllama.so"
+
+
+@dataclass(frozen=True)
+class Library:
+    """The llama.cpp library a worker loads: ``path`` a folder holding libllama.so (handed to
+    llama-cpp-python as LLAMA_CPP_LIB_PATH in the worker's environment, never in this
+    process), or None for llama-cpp-python's own; ``source`` says who chose it."""
+
+    path: str | None
+    source: str  # "--llama-lib", "SLOTFILE_LLAMA_LIB", "llama-server on PATH", "LLAMA_CPP_LIB_PATH", "installed"
+
+
+def library_dir(path: str | os.PathLike[str], what: str = "--llama-lib") -> str:
+    """``path`` checked as a llama.cpp library folder (or libllama.so itself): the absolute
+    folder.  Raises LoaderError with a one-line reason."""
+    p = Path(path).expanduser()
+    if p.is_file() and p.name.startswith(LIB_NAME):
+        p = p.parent
+    if not p.exists():
+        raise LoaderError(f"{what} {path}: no such folder")
+    if not p.is_dir():
+        raise LoaderError(f"{what} {path}: not a folder (give the folder that holds {LIB_NAME})")
+    if not (p / LIB_NAME).is_file():
+        raise LoaderError(f"{what} {path}: the folder holds no {LIB_NAME} (a llama.cpp build puts it and its "
+                          "libggml*.so in BUILD/bin)")
+    return str(p.resolve())
+
+
+def resolve_library(llama_lib: str | os.PathLike[str] | None = None) -> Library:
+    """``llama_lib`` (the --llama-lib option), else $SLOTFILE_LLAMA_LIB, else the library
+    llama-cpp-python finds itself (its own, or $LLAMA_CPP_LIB_PATH).  Raises LoaderError."""
+    if llama_lib is not None and str(llama_lib) != "":
+        return Library(library_dir(llama_lib), "--llama-lib")
+    env = os.environ.get(LIB_ENV)
+    if env:
+        return Library(library_dir(env, LIB_ENV), LIB_ENV)
+    if os.environ.get("LLAMA_CPP_LIB_PATH"):
+        return Library(None, "LLAMA_CPP_LIB_PATH")
+    return Library(None, "installed")
+
+
+def server_library() -> tuple[str | None, str]:
+    """The llama.cpp library of the ``llama-server`` on PATH (the llama.cpp the user runs):
+    ``libllama.so`` in its folder or in ``../lib``, also behind a symlinked llama-server.
+    Returns (folder or None, what was looked at, for messages)."""
+    exe = shutil.which("llama-server")
+    if exe is None:
+        return None, "no llama-server on PATH"
+    dirs: list[Path] = []
+    for e in (Path(exe), Path(os.path.realpath(exe))):
+        for d in (e.parent, e.parent.parent / "lib"):
+            if d not in dirs:
+                dirs.append(d)
+    for d in dirs:
+        if (d / LIB_NAME).is_file():
+            return str(d.resolve()), f"the library beside {exe} ({d.resolve()})"
+    return None, f"no {LIB_NAME} beside {exe} (looked in {', '.join(str(d) for d in dirs)})"
+
+
+def library_label(info: dict[str, Any]) -> str:
+    """How messages name a loader: ``llama-cpp-python 0.3.36 with /x/libllama.so``."""
+    return f"llama-cpp-python {info.get('llama_cpp_python')} with {info.get('library') or '?'}"
 
 
 # ---------------------------------------------------------------------------------------
@@ -259,7 +331,7 @@ class _Worker:
     ``env``: variables to set for it where the caller's environment does not."""
 
     def __init__(self, model: str, draft_model: str | None, n_gpu_layers: int, threads: int | None,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, library: Library | None = None) -> None:
         # the worker's stderr, open as long as the worker lives (closed in close())
         self.log = tempfile.TemporaryFile(prefix="slotfile-loader-", suffix=".log")  # noqa: SIM115
         cmd = [sys.executable, "-m", WORKER_MODULE, "--model", model, "--n-gpu-layers", str(n_gpu_layers)]
@@ -270,6 +342,9 @@ class _Worker:
         full = dict(os.environ)
         for k, v in {"GGML_NO_BACKTRACE": "1", **(env or {})}.items():  # no gdb attach on abort: slow, noisy
             full.setdefault(k, v)
+        self.library = library or Library(None, "installed")
+        if self.library.path is not None:  # llama-cpp-python opens LLAMA_CPP_LIB_PATH/libllama.so
+            full["LLAMA_CPP_LIB_PATH"] = self.library.path
         # the worker imports this very slotfile, wherever the caller found it
         full["PYTHONPATH"] = os.pathsep.join(x for x in (str(PACKAGE_ROOT), full.get("PYTHONPATH")) if x)
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
@@ -280,8 +355,43 @@ class _Worker:
         self.timed_out = False
         self.exit_status = ""  # how the process ended, once it has (a signal's name or an exit status)
 
+    def _where(self) -> str:
+        lib = self.library
+        return f"the llama.cpp library in {lib.path} ({lib.source})" if lib.path else "llama-cpp-python's library"
+
+    def library_problem(self, resp: dict[str, Any] | None, died: str) -> str | None:
+        """A one-line reason when the worker's first answer (``resp``; None: it died) shows that
+        its llama.cpp library is unusable: it crashed while loading, did not load, or writes a
+        state version that cannot be told or that slotfile does not know.  A usable hello gets
+        ``library_dir`` and ``library_source``."""
+        if resp is None:
+            if (self.proc.returncode or 0) < 0 and not self._library_loaded():  # in dlopen or a constructor
+                return f"{self._where()} crashed while loading ({self.exit_status or died})"
+            return None
+        if resp.get("library_error"):
+            return str(resp.get("message"))
+        if not resp.get("ok"):
+            return None
+        version = resp.get("state_seq_version")
+        lib = resp.get("library") or self._where()
+        if version is None:
+            return (f"cannot tell which state version the llama.cpp library {lib} writes: "
+                    f"{resp.get('version_error') or 'no answer'}")
+        from .reader import GGSQ_VERSIONS  # the versions slotfile reads
+
+        if int(version) not in GGSQ_VERSIONS:
+            return (f"the llama.cpp library {lib} writes state version {version}, which slotfile does not know "
+                    f"(it knows versions {', '.join(map(str, sorted(GGSQ_VERSIONS)))})")
+        resp["library_dir"] = self.library.path or os.path.dirname(str(resp.get("library") or "")) or None
+        resp["library_source"] = self.library.source
+        return None
+
     def wait_hello(self, timeout: float) -> dict[str, Any]:
         resp, died = self.read(timeout)
+        why = self.library_problem(resp, died)
+        if why is not None:
+            self.kill()
+            raise LoaderError(why)
         if resp is None or not resp.get("ok"):
             log = self.log_since(0)
             why = resp.get("message") if resp else died
@@ -289,6 +399,11 @@ class _Worker:
             raise LoaderError(f"the loader did not start: {why}" + (f"\n{_tail(log)}" if log else ""))
         self.hello = resp
         return resp
+
+    def _library_loaded(self) -> bool:
+        """Whether the worker got past ``import llama_cpp`` (its marker line is in the log)."""
+        size = self.log_size()
+        return b"@@slotfile library loaded" in os.pread(self.log.fileno(), size, 0) if size else False
 
     def log_size(self) -> int:
         return os.fstat(self.log.fileno()).st_size
@@ -369,14 +484,17 @@ class LoaderPool:
 
     @classmethod
     def start(cls, model: str, draft_model: str | None = None, n_gpu_layers: int = 0, jobs: int = 1,
-              threads: int | None = None) -> LoaderPool:
-        return cls(model, draft_model, n_gpu_layers, jobs, threads, wait=False)
+              threads: int | None = None, *, llama_lib: str | Library | None = None) -> LoaderPool:
+        return cls(model, draft_model, n_gpu_layers, jobs, threads, wait=False, llama_lib=llama_lib)
 
     def __init__(self, model: str, draft_model: str | None = None, n_gpu_layers: int = 0, jobs: int = 1,
-                 threads: int | None = None, *, wait: bool = True) -> None:
+                 threads: int | None = None, *, wait: bool = True, llama_lib: str | Library | None = None) -> None:
+        """``llama_lib``: a folder holding libllama.so (or a resolved :class:`Library`); None:
+        $SLOTFILE_LLAMA_LIB, else llama-cpp-python's own library (:func:`resolve_library`)."""
         for p in (model, draft_model):
             if p is not None and not Path(p).is_file():
                 raise LoaderError(f"model not found: {p}")
+        self.library = llama_lib if isinstance(llama_lib, Library) else resolve_library(llama_lib)
         self.model, self.draft_model = str(model), str(draft_model) if draft_model else None
         self.n_gpu_layers = n_gpu_layers
         self.jobs = max(1, jobs)
@@ -413,7 +531,7 @@ class LoaderPool:
     # ------------------------------------------------------------------ plumbing
 
     def _spawn(self) -> _Worker:
-        w = _Worker(self.model, self.draft_model, self.n_gpu_layers, self.threads)
+        w = _Worker(self.model, self.draft_model, self.n_gpu_layers, self.threads, library=self.library)
         with self._lock:
             self._all.append(w)
         return w
@@ -460,7 +578,25 @@ class LoaderPool:
 
     @property
     def state_seq_version(self) -> int | None:
+        """The state version the loaded library writes (detected by the worker)."""
         return self.info.get("state_seq_version")
+
+    @property
+    def session_version(self) -> int | None:
+        return self.info.get("session_version")
+
+    def loads_version_of(self, fmt: str | None, version: int | None) -> bool:
+        """Whether this library's version is the file's (llama.cpp loads its own version only);
+        True when either is unknown (the test-load then says what is wrong)."""
+        have = self.session_version if fmt == "GGSN" else self.state_seq_version
+        return version is None or have is None or fmt not in ("GGSQ", "GGSN") or int(version) == int(have)
+
+    def describe(self) -> dict[str, Any]:
+        """The loader as ``verify --json`` shows it."""
+        info = self.info
+        return {"llama_cpp_python": info.get("llama_cpp_python"), "state_seq_version": info.get("state_seq_version"),
+                "session_version": info.get("session_version"), "library": info.get("library"),
+                "library_source": info.get("library_source")}
 
     # ------------------------------------------------------------------ API
 
@@ -544,9 +680,10 @@ class LoaderPool:
 
 
 def test_load(path: str, model: str, draft_model: str | None = None, settings: LoadSettings | None = None,
-              timeout: float = 300) -> LoadResult:
+              timeout: float = 300, llama_lib: str | Library | None = None) -> LoadResult:
     """One file, one short-lived worker.  Raises LoaderError when the model cannot be loaded."""
-    with LoaderPool(model, draft_model, n_gpu_layers=settings.n_gpu_layers if settings else 0, jobs=1) as pool:
+    with LoaderPool(model, draft_model, n_gpu_layers=settings.n_gpu_layers if settings else 0, jobs=1,
+                    llama_lib=llama_lib) as pool:
         return pool.load(path, settings, timeout)
 
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -38,7 +39,17 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from .loader import LoaderError, LoaderPool, LoadResult, LoadSettings, settings_for
+from .loader import (
+    LIB_ENV,
+    Library,
+    LoaderError,
+    LoaderPool,
+    LoadResult,
+    LoadSettings,
+    library_label,
+    server_library,
+    settings_for,
+)
 from .model import ModelError, ModelInfo, load_model_info
 from .reader import GGSN_VERSIONS, GGSQ_VERSIONS, Body, LayerRun, MemoryBlock, SlotFile, open_slot_file
 
@@ -183,6 +194,7 @@ class Options:
     jobs: int = 1
     timeout: float = 300.0
     scan: bool = False  # structure level also checks every K/V/R/S value is finite
+    llama_lib: str | None = None  # a folder holding libllama.so for the workers (--llama-lib)
     # tests and callers: change the derived load settings (e.g. to mirror a given server)
     settings_hook: Callable[[SlotFile, LoadSettings], LoadSettings] | None = None
 
@@ -367,34 +379,43 @@ def level_model(sf: SlotFile, side: ModelSide | None, dside: ModelSide | None) -
 # ---------------------------------------------------------------------------------------
 
 
-def version_message(sf: SlotFile, loader_version: int | None, loader_name: str) -> str | None:
-    """A plain sentence when the file's state version is not the installed loader's."""
+def version_message(sf: SlotFile, loader_version: int | None, loader_name: str, tried: str | None = None) -> str | None:
+    """A plain sentence when the file's state version is not the loader's.  ``tried``: what
+    the search for another library found (the llama-server on PATH)."""
     if sf.format != "GGSQ" or sf.version is None or loader_version is None or sf.version == loader_version:
         return None
     v = sf.version
     who = GGSQ_VERSIONS.get(v)
     line = LOADER_LINES.get(v)
-    msg = (f"this file has state version {v}, the installed loader ({loader_name}) only loads version "
-           f"{loader_version}: llama.cpp refuses any other version, so it cannot be test-loaded here.")
+    msg = (f"this file has state version {v}, the loader ({loader_name}) only loads version "
+           f"{loader_version}: llama.cpp refuses any other version, so it cannot be test-loaded with it")
+    msg += f" ({tried})." if tried else "."
     if who:
+        msg += f" Pass --llama-lib DIR with a version {v} build of llama.cpp (a folder holding its libllama.so)."
         msg += f" Version {v} is written and loaded by {who}"
-        msg += f"; use {line} to load it." if line else "."
+        msg += f"; {line} also load it." if line else "."
     else:
         msg += f" No known llama.cpp line writes version {v}."
     return msg
 
 
-def level_load(sf: SlotFile, res: LoadResult | None, pool: LoaderPool | None, draft_model: bool) -> Level:
+def level_load(sf: SlotFile, res: LoadResult | None, pool: LoaderPool | None, draft_model: bool,
+               tried: str | None = None) -> Level:
+    """``pool``: the loader that test-loaded the file; ``tried``: what the search for a library
+    of the file's version found when that loader's version differs (for the message)."""
     lv = Level()
     if pool is None or res is None:
         return lv.skip("no --model")
     info = pool.info
-    vmsg = version_message(sf, info.get("state_seq_version"), f"llama-cpp-python {info.get('llama_cpp_python')}")
+    vmsg = version_message(sf, info.get("state_seq_version"), library_label(info), tried)
     if sf.format == "GGSN" and sf.version is not None and sf.version != info.get("session_version"):
         known = GGSN_VERSIONS.get(sf.version, "no known llama.cpp line")
-        vmsg = (f"this session file has version {sf.version}, the installed loader only loads session version "
-                f"{info.get('session_version')}; version {sf.version} is written by {known}.")
-    lv.details = {"body_bytes": res.body_bytes, "crashed": res.crashed, "message": res.message,
+        vmsg = (f"this session file has version {sf.version}, the loader ({library_label(info)}) only loads session "
+                f"version {info.get('session_version')}" + (f" ({tried})" if tried else "") +
+                f": pass --llama-lib DIR with a llama.cpp build that writes session version {sf.version}; "
+                f"version {sf.version} is written by {known}.")
+    lv.details = {"library": info.get("library"), "body_bytes": res.body_bytes, "crashed": res.crashed,
+                  "message": res.message,
                   "checkpoints": [list(c) for c in res.checkpoints], "draft": list(res.draft) if res.draft else None,
                   "checkpoint_drafts": [list(c) for c in res.checkpoint_drafts], "log": res.log}
     if not res.ok:
@@ -653,14 +674,63 @@ class Verifier:
         self.dside = _model_side(opts.draft_model)
         if opts.model is not None and self.pool is None:
             try:
-                self.pool = LoaderPool(opts.model, opts.draft_model, opts.n_gpu_layers, opts.jobs)
+                self.pool = LoaderPool(opts.model, opts.draft_model, opts.n_gpu_layers, opts.jobs,
+                                       llama_lib=opts.llama_lib)
             except LoaderError as e:
                 raise VerifyError(str(e)) from e
+        self._server: tuple[LoaderPool | None, str] | None = None  # the llama-server's library, once looked for
+        self._server_lock = threading.Lock()
+        self.used: dict[int, int] = {}  # id(pool) -> files test-loaded with it
 
     def close(self) -> None:
         if self.pool is not None:
             self.pool.close()
             self.pool = None
+        if self._server is not None and self._server[0] is not None:
+            self._server[0].close()
+            self._server = None
+
+    def loaders(self) -> list[dict[str, Any]]:
+        """Every loader this run used (the first: the one it started with), as --json shows them."""
+        pools = [p for p in (self.pool, self._server[0] if self._server else None) if p is not None]
+        try:
+            return [dict(p.describe(), files=self.used.get(id(p), 0)) for p in pools]
+        except LoaderError as e:
+            raise VerifyError(str(e)) from e
+
+    def pool_for(self, sf: SlotFile) -> tuple[LoaderPool | None, str | None]:
+        """The loader for ``sf``: the run's own, or, when its version is not the file's and no
+        library was named (--llama-lib, $SLOTFILE_LLAMA_LIB), the library beside the
+        llama-server on PATH if that one's version is the file's.  Also what the search found."""
+        pool = self.pool
+        if pool is None or pool.loads_version_of(sf.format, sf.version):
+            return pool, None
+        if pool.library.source in ("--llama-lib", LIB_ENV):
+            return pool, None
+        server, note = self._server_pool()
+        if server is not None and server.loads_version_of(sf.format, sf.version):
+            return server, None
+        return pool, note
+
+    def _server_pool(self) -> tuple[LoaderPool | None, str]:
+        with self._server_lock:
+            if self._server is None:
+                self._server = self._start_server_pool()
+            return self._server
+
+    def _start_server_pool(self) -> tuple[LoaderPool | None, str]:
+        assert self.opts.model is not None and self.pool is not None
+        folder, where = server_library()
+        if folder is None:
+            return None, where
+        if folder == self.pool.info.get("library_dir"):
+            return None, f"{where} is this very library"
+        try:
+            pool = LoaderPool(self.opts.model, self.opts.draft_model, self.opts.n_gpu_layers, self.opts.jobs,
+                              llama_lib=Library(folder, "llama-server on PATH"))
+        except LoaderError as e:
+            return None, f"{where} does not load: {e}"
+        return pool, f"{where} writes state version {pool.state_seq_version}, session version {pool.session_version}"
 
     def __enter__(self) -> "Verifier":
         return self
@@ -691,17 +761,20 @@ class Verifier:
         settings = None
         res = None
         t = time.monotonic()
-        if self.pool is not None:
+        pool, tried = self.pool_for(sf)
+        if pool is not None:
             settings = settings_for(sf, self.opts.n_gpu_layers)
             if self.opts.settings_hook is not None:
                 settings = self.opts.settings_hook(sf, settings)
-            res = self.pool.load(str(path), settings, timeout=self.opts.timeout, sf=sf)
-        lv["load"] = level_load(sf, res, self.pool, self.opts.draft_model is not None)
+            res = pool.load(str(path), settings, timeout=self.opts.timeout, sf=sf)
+            with self._server_lock:
+                self.used[id(pool)] = self.used.get(id(pool), 0) + 1
+        lv["load"] = level_load(sf, res, pool, self.opts.draft_model is not None, tried)
         lv["load"].seconds = time.monotonic() - t
         if settings is not None:
             lv["load"].details["settings"] = settings.to_dict()
         t = time.monotonic()
-        lv["deep"] = level_deep(sf, str(path), self.pool, lv["load"], self.opts, settings)
+        lv["deep"] = level_deep(sf, str(path), pool, lv["load"], self.opts, settings)
         lv["deep"].seconds = time.monotonic() - t
         rep.seconds = time.monotonic() - t0
         return rep

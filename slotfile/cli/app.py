@@ -30,6 +30,10 @@ app = typer.Typer(
 )
 
 
+_LLAMA_LIB_HELP = ("A folder holding libllama.so and its libggml*.so (a llama.cpp build's bin/): the llama.cpp the "
+                   "workers load, e.g. one that loads the file's state version (env SLOTFILE_LLAMA_LIB).")
+
+
 def _version(value: bool) -> None:
     if value:
         typer.echo(f"slotfile {__version__}")
@@ -93,18 +97,23 @@ def verify(
     timeout: float = typer.Option(300.0, "--timeout", help="Seconds allowed for each llama.cpp load."),
     scan: bool = typer.Option(False, "--scan", help="Structure level: check every K/V/R/S value is finite (reads all data)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No table: the failing files and the summary line only."),
+    llama_lib: Optional[Path] = typer.Option(None, "--llama-lib", help=_LLAMA_LIB_HELP),
 ) -> None:
     """Structure, model metadata, a real test-load and (--deep) a recompute, each reported per file."""
     pool = None
     if model is not None and jobs >= 1 and model.is_file() and (draft_model is None or draft_model.is_file()):
         # the llama.cpp workers load the model while this process imports and parses
-        from slotfile.loader import LoaderPool
+        from slotfile.loader import LoaderError, LoaderPool
 
-        pool = LoaderPool.start(str(model), str(draft_model) if draft_model else None, n_gpu_layers, jobs)
+        try:
+            pool = LoaderPool.start(str(model), str(draft_model) if draft_model else None, n_gpu_layers, jobs,
+                                    llama_lib=llama_lib)
+        except LoaderError:  # an unusable --llama-lib: reported by run_verify, with its exit code
+            pool = None
     from .verify_cmd import run_verify
 
     raise typer.Exit(run_verify(paths, model, draft_model, deep, n_gpu_layers, jobs, json_out, junit, timeout, scan,
-                                pool=pool, quiet=quiet))
+                                pool=pool, quiet=quiet, llama_lib=llama_lib))
 
 
 _OUT = typer.Option(None, "--output", "-o", help="Where to write the repaired file (must not exist unless --force).")
@@ -115,6 +124,7 @@ _DRY = typer.Option(False, "--dry-run", help="Print the plan; write nothing.")
 _JSON = typer.Option(False, "--json", help="The report as JSON on stdout (schema slotfile.repair/1).")
 _DRAFT = typer.Option(None, "--draft-model", help="Draft GGUF: test-load (and rebuild) the draft state too.")
 _TIMEOUT = typer.Option(600.0, "--timeout", help="Seconds allowed for each llama.cpp worker.")
+_LLAMA_LIB = typer.Option(None, "--llama-lib", help=_LLAMA_LIB_HELP)
 
 
 @app.command("truncate-recover", context_settings=HELP, epilog=_examples(
@@ -132,7 +142,7 @@ def truncate_recover(
     cache_type_v: Optional[str] = typer.Option(None, "--cache-type-v", help="V cache type for a rebuild when the file no longer shows it."),
     checkpoint_at: Optional[list[int]] = typer.Option(None, "--checkpoint-at", help="Rebuild checkpoints at these n_tokens (repeatable)."),
     force: bool = _FORCE, in_place: bool = _IN_PLACE, backup: Optional[Path] = _BACKUP, dry_run: bool = _DRY,
-    json_out: bool = _JSON, timeout: float = _TIMEOUT,
+    json_out: bool = _JSON, timeout: float = _TIMEOUT, llama_lib: Optional[Path] = _LLAMA_LIB,
 ) -> None:
     """Keep every intact section; drop damaged checkpoints, a damaged SDFT and trailing bytes; with --model rebuild a cut body."""
     from .repair_cmd import run_repair
@@ -140,7 +150,7 @@ def truncate_recover(
     raise typer.Exit(run_repair("truncate-recover", file, output, force=force, in_place=in_place, backup=backup,
                                 dry_run=dry_run, json_out=json_out, model=model, draft_model=draft_model,
                                 flash_attn=flash_attn, cache_type_k=cache_type_k, cache_type_v=cache_type_v,
-                                checkpoint_at=checkpoint_at, timeout=timeout))
+                                checkpoint_at=checkpoint_at, timeout=timeout, llama_lib=llama_lib))
 
 
 @app.command("strip-draft", context_settings=HELP, epilog=_examples(
@@ -152,13 +162,13 @@ def strip_draft(
     output: Optional[Path] = _OUT,
     model: Optional[Path] = typer.Option(None, "--model", "-m", help="GGUF model: test-load the result."),
     force: bool = _FORCE, in_place: bool = _IN_PLACE, backup: Optional[Path] = _BACKUP, dry_run: bool = _DRY,
-    json_out: bool = _JSON, timeout: float = _TIMEOUT,
+    json_out: bool = _JSON, timeout: float = _TIMEOUT, llama_lib: Optional[Path] = _LLAMA_LIB,
 ) -> None:
     """Remove the SDFT appendix and every checkpoint's draft and speculative blobs; the target state stays byte-identical."""
     from .repair_cmd import run_repair
 
     raise typer.Exit(run_repair("strip-draft", file, output, force=force, in_place=in_place, backup=backup,
-                                dry_run=dry_run, json_out=json_out, model=model, timeout=timeout))
+                                dry_run=dry_run, json_out=json_out, model=model, timeout=timeout, llama_lib=llama_lib))
 
 
 @app.command("re-save", context_settings=HELP, epilog=_examples(
@@ -174,14 +184,15 @@ def re_save(
     tokens: Optional[str] = typer.Option(None, "--tokens", help="packed|plain: convert the token payload."),
     recompute: bool = typer.Option(False, "--recompute", help="With --flash-attn: prefill the tokens again instead of rewriting V."),
     force: bool = _FORCE, in_place: bool = _IN_PLACE, backup: Optional[Path] = _BACKUP, dry_run: bool = _DRY,
-    json_out: bool = _JSON, timeout: float = _TIMEOUT,
+    json_out: bool = _JSON, timeout: float = _TIMEOUT, llama_lib: Optional[Path] = _LLAMA_LIB,
 ) -> None:
     """Load the body through llama.cpp and write it again, keeping the checkpoints and draft state."""
     from .repair_cmd import run_repair
 
     raise typer.Exit(run_repair("re-save", file, output, force=force, in_place=in_place, backup=backup,
                                 dry_run=dry_run, json_out=json_out, model=model, draft_model=draft_model,
-                                flash_attn=flash_attn, tokens=tokens, recompute=recompute, timeout=timeout))
+                                flash_attn=flash_attn, tokens=tokens, recompute=recompute, timeout=timeout,
+                                llama_lib=llama_lib))
 
 
 def main() -> None:

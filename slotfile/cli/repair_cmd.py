@@ -65,7 +65,8 @@ def run_repair(command: str, input_path: Path, output: Path | None, *, force: bo
                backup: Path | None, dry_run: bool, json_out: bool, model: Path | None = None,
                draft_model: Path | None = None, flash_attn: str | None = None, cache_type_k: str | None = None,
                cache_type_v: str | None = None, checkpoint_at: list[int] | None = None,
-               tokens: str | None = None, recompute: bool = False, timeout: float = 600.0) -> int:
+               tokens: str | None = None, recompute: bool = False, timeout: float = 600.0,
+               llama_lib: Path | None = None) -> int:
     try:
         opts = Options(
             model=str(model) if model else None,
@@ -77,6 +78,7 @@ def run_repair(command: str, input_path: Path, output: Path | None, *, force: bo
             tokens=tokens.lower() if tokens else None,
             recompute=recompute,
             timeout=timeout,
+            llama_lib=str(llama_lib) if llama_lib is not None else None,
         )
         if opts.tokens not in (None, "packed", "plain"):
             raise ValueError(f"--tokens takes packed or plain, not {tokens!r}")

@@ -3,7 +3,11 @@
 JSON (``--json``), schema ``slotfile.verify/1``; keys are only ever added::
 
     {"schema": "slotfile.verify/1",
-     "loader": {"llama_cpp_python": "0.3.36", "state_seq_version": 3, "session_version": 10} | null,
+     "loader": {"llama_cpp_python": "0.3.36", "state_seq_version": 3, "session_version": 10,
+                "library": "/path/to/libllama.so", "library_source": "installed" | "--llama-lib" |
+                "SLOTFILE_LLAMA_LIB" | "LLAMA_CPP_LIB_PATH" | "llama-server on PATH", "files": int} | null,
+     "loaders": [same as "loader", one per library used: the run's own first, then the
+                 llama-server's when its version matched files the first could not load],
      "model": str | null, "draft_model": str | null, "deep": bool,
      "tolerances": {"row": {"float": .05, "8-bit": .08, "low-bit": .25},
                     "logits": {"float": .05, "8-bit": .10, "low-bit": .10}},
@@ -24,7 +28,7 @@ JSON (``--json``), schema ``slotfile.verify/1``; keys are only ever added::
      "exit_code": 0 | 4 | 8}
 
 ``details``: structure {format, version, layout, checkpoints, draft}; model {arch, n_vocab,
-n_ctx_train, memory_class}; load {settings, body_bytes, crashed, message, checkpoints,
+n_ctx_train, memory_class}; load {library, settings, body_bytes, crashed, message, checkpoints,
 checkpoint_drafts, draft, log}; deep {layers: [{section, part, layer, type, cells, max_abs,
 mean_abs, rel, worst_cell_rel, worst_cell, worst_pos, tolerance}], logits {max_abs, mean_abs,
 rel, scale, top5_restored, top5_recomputed, all_finite, tolerance}, probe_token,
@@ -73,12 +77,13 @@ STRUCTURE_ONLY = "(structure only; add --model to test-load)"
 
 def run_verify(paths: list[Path], model: Path | None, draft_model: Path | None, deep: bool, n_gpu_layers: int,
                jobs: int, json_out: bool, junit: Path | None, timeout: float = 300.0, scan: bool = False,
-               pool: LoaderPool | None = None, quiet: bool = False) -> int:
+               pool: LoaderPool | None = None, quiet: bool = False, llama_lib: Path | None = None) -> int:
     """``pool``: loader workers already started for ``model`` (they load it meanwhile).
-    ``quiet``: no table, only the failing files and the summary (JSON is unchanged)."""
+    ``quiet``: no table, only the failing files and the summary (JSON is unchanged).
+    ``llama_lib``: the folder holding the libllama.so the workers load (--llama-lib)."""
     try:
         return _run_verify(paths, model, draft_model, deep, n_gpu_layers, jobs, json_out, junit, timeout, scan, pool,
-                           quiet)
+                           quiet, llama_lib)
     finally:
         if pool is not None:
             pool.close()
@@ -86,7 +91,7 @@ def run_verify(paths: list[Path], model: Path | None, draft_model: Path | None, 
 
 def _run_verify(paths: list[Path], model: Path | None, draft_model: Path | None, deep: bool, n_gpu_layers: int,
                 jobs: int, json_out: bool, junit: Path | None, timeout: float, scan: bool,
-                pool: LoaderPool | None, quiet: bool) -> int:
+                pool: LoaderPool | None, quiet: bool, llama_lib: Path | None = None) -> int:
     if deep and model is None:
         fail("--deep needs --model (the recompute runs the model)")
         return USAGE
@@ -101,7 +106,8 @@ def _run_verify(paths: list[Path], model: Path | None, draft_model: Path | None,
     for e in errors:
         fail(e)
     opts = Options(model=str(model) if model else None, draft_model=str(draft_model) if draft_model else None,
-                   deep=deep, n_gpu_layers=n_gpu_layers, jobs=jobs, timeout=timeout, scan=scan)
+                   deep=deep, n_gpu_layers=n_gpu_layers, jobs=jobs, timeout=timeout, scan=scan,
+                   llama_lib=str(llama_lib) if llama_lib is not None else None)
     try:
         verifier = Verifier(opts, pool)
     except VerifyError as e:
@@ -118,7 +124,7 @@ def _run_verify(paths: list[Path], model: Path | None, draft_model: Path | None,
                 progress.update(task, advance=1, description=f"verified {escape_text(Path(r.path).name, 40)}")
 
             reports = verifier.run(files, done)
-        loader = dict(verifier.pool.info) if verifier.pool is not None else None
+        loaders = verifier.loaders()
     except VerifyError as e:
         fail(str(e))
         return OPERATIONAL
@@ -135,7 +141,7 @@ def _run_verify(paths: list[Path], model: Path | None, draft_model: Path | None,
         rc = PROBLEMS
     else:
         rc = OK
-    doc = document(reports, errors, opts, loader, elapsed, rc)
+    doc = document(reports, errors, opts, loaders, elapsed, rc)
     if junit is not None:
         try:
             write_junit(junit, reports, errors, opts, elapsed)
@@ -146,17 +152,17 @@ def _run_verify(paths: list[Path], model: Path | None, draft_model: Path | None,
     if json_out:
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
     elif reports:  # nothing verified: the error lines on stderr say why, stdout stays empty
-        render(reports, loader, elapsed, structure_only=opts.model is None, quiet=quiet)
+        render(reports, loaders, elapsed, structure_only=opts.model is None, quiet=quiet)
     return rc
 
 
-def document(reports: list[FileReport], errors: list[str], opts: Options, loader: dict[str, Any] | None,
+def document(reports: list[FileReport], errors: list[str], opts: Options, loaders: list[dict[str, Any]],
              elapsed: float, rc: int) -> dict[str, Any]:
     counts = {v: sum(1 for r in reports if r.verdict == v) for v in ("pass", "fail", "error")}
     return {
         "schema": SCHEMA,
-        "loader": None if loader is None else {k: loader.get(k) for k in
-                                               ("llama_cpp_python", "state_seq_version", "session_version")},
+        "loader": loaders[0] if loaders else None,
+        "loaders": loaders,
         "model": opts.model,
         "draft_model": opts.draft_model,
         "deep": opts.deep,
@@ -199,7 +205,7 @@ def _problem_cell(r: FileReport) -> Text:
     return Text(escape_text(f"warning: {warnings[0]}"), style="yellow") if warnings else Text("")
 
 
-def render(reports: list[FileReport], loader: dict[str, Any] | None, elapsed: float, structure_only: bool = False,
+def render(reports: list[FileReport], loaders: list[dict[str, Any]], elapsed: float, structure_only: bool = False,
            quiet: bool = False) -> None:
     if quiet:  # the failing files, one line each, then the summary (unreadable ones are on stderr already)
         for r in reports:
@@ -214,9 +220,10 @@ def render(reports: list[FileReport], loader: dict[str, Any] | None, elapsed: fl
     if structure_only:
         line += f" {STRUCTURE_ONLY}"
     line += f" in {elapsed:.1f} s"
-    if loader:
-        line += (f"; loader llama-cpp-python {loader.get('llama_cpp_python')} "
-                 f"(state version {loader.get('state_seq_version')})")
+    for i, ld in enumerate(loaders):
+        line += "; loader" if i == 0 else f"; for {ld.get('files')} file(s) the library of the llama-server on PATH:"
+        line += (f" llama-cpp-python {ld.get('llama_cpp_python')} with {ld.get('library')} "
+                 f"(state version {ld.get('state_seq_version')}, session version {ld.get('session_version')})")
     out.print(line, soft_wrap=True)
 
 

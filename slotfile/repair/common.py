@@ -34,6 +34,7 @@ class Options:
     recompute: bool = False  # re-save: prefill instead of transposing V
     timeout: float = 600.0
     n_gpu_layers: int = 0
+    llama_lib: str | None = None  # a folder holding libllama.so for every worker (--llama-lib)
 
 
 @dataclass(slots=True)

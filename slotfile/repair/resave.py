@@ -193,7 +193,8 @@ class _Job:
         at = [e.n_tokens for e in (self.tail.sckp.good if self.tail.sckp else [])]
         res = run_worker({"op": "prefill", "model": opts.model, "draft_model": opts.draft_model,
                           "settings": self.new_settings, "tokens": tokens_of(sf), "words": self.new_words,
-                          "checkpoints_at": at, "out": base, "blobs": blobs}, timeout=opts.timeout)
+                          "checkpoints_at": at, "out": base, "blobs": blobs, "llama_lib": opts.llama_lib,
+                          "state_version": sf.version}, timeout=opts.timeout)
         self.report.timings["llama.cpp"] = time.monotonic() - t0
         worker_ok(res, "recomputing the state")
         size = int(res.data["file_size"])
@@ -233,7 +234,8 @@ class _Job:
         res = run_worker({"op": "resave", "model": opts.model,
                           "settings": self.new_settings if transpose else self.settings,
                           "in": src, "capacity": max(sf.n_token_count or 0, len(self.new_words)) + 16,
-                          "words": self.new_words, "out": base, "n_tokens": sf.n_tokens}, timeout=opts.timeout)
+                          "words": self.new_words, "out": base, "n_tokens": sf.n_tokens, "llama_lib": opts.llama_lib,
+                          "state_version": sf.version}, timeout=opts.timeout)
         self.report.timings["llama.cpp"] = time.monotonic() - t0
         worker_ok(res, "loading and saving the state")
         size = int(res.data["file_size"])

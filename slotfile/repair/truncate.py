@@ -132,7 +132,8 @@ def _run_prefill(out: Planned, sf: SlotFile, settings: dict[str, Any], at: list[
     t0 = time.monotonic()
     res = run_worker({"op": "prefill", "model": opts.model, "draft_model": opts.draft_model,
                       "settings": settings, "draft_settings": None, "tokens": tokens_of(sf), "words": words_of(sf),
-                      "checkpoints_at": at, "out": base, "blobs": blobs}, timeout=opts.timeout)
+                      "checkpoints_at": at, "out": base, "blobs": blobs, "llama_lib": opts.llama_lib,
+                      "state_version": sf.version}, timeout=opts.timeout)
     out.report.timings["rebuild"] = time.monotonic() - t0
     if not res.ok:
         if res.crashed:
@@ -250,7 +251,7 @@ def _body_by_loader(sf: SlotFile, view: memoryview, settings: dict[str, Any], op
     assert opts.model is not None
     t0 = time.monotonic()
     try:
-        res = test_load(sf.path, opts.model, None, ls, timeout=opts.timeout)
+        res = test_load(sf.path, opts.model, None, ls, timeout=opts.timeout, llama_lib=opts.llama_lib)
     except LoaderError as e:
         raise Operational(str(e)) from None
     finally:

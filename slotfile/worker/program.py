@@ -35,6 +35,7 @@ Requests (``op``); every context comes from :func:`context_params`:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import itertools
 import json
@@ -325,10 +326,75 @@ def _segments(n: int, cuts: list[int]) -> list[tuple[int, int]]:
     return list(itertools.pairwise(bounds))
 
 
+# ---------------------------------------------------------------------------------------
+# which library, which versions
+# ---------------------------------------------------------------------------------------
+
+GGSQ_MAGIC_WORD = 0x67677371  # 'ggsq' (LLAMA_STATE_SEQ_MAGIC)
+GGSN_MAGIC_WORD = 0x6767736E  # 'ggsn' (LLAMA_SESSION_MAGIC)
+
+
+def library_path() -> str:
+    """The libllama the bindings actually opened (LLAMA_CPP_LIB_PATH or the package's own)."""
+    import llama_cpp.llama_cpp as bindings
+
+    name = getattr(getattr(bindings, "_lib", None), "_name", None)
+    return os.path.abspath(name) if name else "?"
+
+
+def _header_version(path: str, magic: int) -> int | None:
+    with open(path, "rb") as f:
+        head = f.read(8)
+    if len(head) < 8:
+        return None
+    m, v = struct.unpack("<II", head)
+    return int(v) if m == magic else None
+
+
+def detect_versions(model: Model) -> dict[str, Any]:
+    """The state and session versions the loaded library writes, read back from the headers
+    of two tiny files it saves (llama_state_seq_save_file, llama_state_save_file) from an
+    empty one-sequence context: llama.h's version macros are compile-time constants that no
+    exported function returns (llama_version() is the release string), and the Python
+    package's LLAMA_STATE_SEQ_VERSION describes the library it was built with, not this one."""
+    import tempfile
+
+    t0 = time.monotonic()
+    out: dict[str, Any] = {"state_seq_version": None, "session_version": None, "error": None}
+    p = L.llama_context_default_params()
+    p.n_ctx = 256
+    p.n_batch = p.n_ubatch = 8
+    p.n_seq_max = 1
+    p.n_threads = p.n_threads_batch = 1
+    p.no_perf = True
+    ctx = L.llama_init_from_model(model.ptr, p)
+    if not ctx:
+        out["error"] = "llama.cpp could not create a context to save a test state: " + (_why() or "no reason logged")
+        out["seconds"] = time.monotonic() - t0
+        return out
+    fd, tmp = tempfile.mkstemp(prefix="slotfile-version-", suffix=".bin")
+    os.close(fd)
+    try:
+        none = (L.llama_token * 1)()
+        if int(L.llama_state_seq_save_file(ctx, tmp.encode(), 0, none, 0)):
+            out["state_seq_version"] = _header_version(tmp, GGSQ_MAGIC_WORD)
+        if bool(L.llama_state_save_file(ctx, tmp.encode(), none, 0)):
+            out["session_version"] = _header_version(tmp, GGSN_MAGIC_WORD)
+        if out["state_seq_version"] is None:
+            out["error"] = "the library's llama_state_seq_save_file wrote no GGSQ header: " + (_why() or "?")
+    finally:
+        L.llama_free(ctx)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+    out["seconds"] = time.monotonic() - t0
+    return out
+
+
 class Worker:
     def __init__(self, args: argparse.Namespace) -> None:
         self.model = Model(args.model, args.n_gpu_layers, args.threads)
         self.draft = Model(args.draft_model, args.n_gpu_layers, args.threads) if args.draft_model else None
+        self.versions = detect_versions(self.model)
 
     def hello(self) -> dict[str, Any]:
         import llama_cpp
@@ -337,13 +403,24 @@ class Worker:
             "ok": True,
             "pid": os.getpid(),
             "llama_cpp_python": getattr(llama_cpp, "__version__", "?"),
-            "state_seq_version": int(L.LLAMA_STATE_SEQ_VERSION),
-            "session_version": int(L.LLAMA_SESSION_VERSION),
+            # what the library itself writes (detect_versions), not the Python package's constants
+            "state_seq_version": self.versions.get("state_seq_version"),
+            "session_version": self.versions.get("session_version"),
+            "version_error": self.versions.get("error"),
+            "detect_seconds": self.versions.get("seconds"),
+            "python_state_seq_version": int(L.LLAMA_STATE_SEQ_VERSION),
+            "python_session_version": int(L.LLAMA_SESSION_VERSION),
+            "library": library_path(),
             "n_vocab": self.model.n_vocab,
             "n_ctx_train": self.model.n_ctx_train,
             "draft_n_vocab": self.draft.n_vocab if self.draft else None,
             "model": self.model.info(),
         }
+
+    def _state_version(self) -> int:
+        """The state version this library writes (the header of a recomputed state must say it)."""
+        v = self.versions.get("state_seq_version")
+        return int(v) if v is not None else int(L.LLAMA_STATE_SEQ_VERSION)
 
     # ---------------------------------------------------------------- load
 
@@ -457,7 +534,7 @@ class Worker:
             from slotfile.grammar import GGSQ_MAGIC, file_header  # lazily: start-up stays cheap
 
             with open(req["out"], "wb") as f:  # a GGSQ file with no tokens: header + body
-                f.write(file_header(GGSQ_MAGIC, int(L.LLAMA_STATE_SEQ_VERSION), 0))
+                f.write(file_header(GGSQ_MAGIC, self._state_version(), 0))
                 f.write(blob[8:])
             _decode(ctx, [probe], len(tokens), seq, True)
             recomputed = self._logits(ctx)
@@ -594,7 +671,15 @@ def main() -> int:
     os.dup2(2, 1)
     sys.stdout = sys.stderr
 
-    import llama_cpp
+    lib_dir = os.environ.get("LLAMA_CPP_LIB_PATH")
+    try:
+        import llama_cpp
+    except Exception as e:  # a missing, broken or incompatible library: one line for the parent
+        where = f"the llama.cpp library in {lib_dir}" if lib_dir else "llama-cpp-python's own llama.cpp library"
+        why = " ".join(str(e).split()) or type(e).__name__
+        _send({"ok": False, "library_error": True, "message": f"{where} cannot be loaded: {why}"})
+        return 1
+    _mark("library loaded")
 
     L = llama_cpp
     _log_callback = L.llama_log_callback(_log_cb)
