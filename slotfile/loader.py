@@ -365,7 +365,7 @@ class _Worker:
         state version that cannot be told or that slotfile does not know.  A usable hello gets
         ``library_dir`` and ``library_source``."""
         if resp is None:
-            if (self.proc.returncode or 0) < 0 and not self._library_loaded():  # in dlopen or a constructor
+            if not self.timed_out and (self.proc.returncode or 0) < 0 and not self._library_loaded():  # dlopen, ctors
                 return f"{self._where()} crashed while loading ({self.exit_status or died})"
             return None
         if resp.get("library_error"):
@@ -484,11 +484,12 @@ class LoaderPool:
 
     @classmethod
     def start(cls, model: str, draft_model: str | None = None, n_gpu_layers: int = 0, jobs: int = 1,
-              threads: int | None = None, *, llama_lib: str | Library | None = None) -> LoaderPool:
+              threads: int | None = None, *, llama_lib: str | os.PathLike[str] | Library | None = None) -> LoaderPool:
         return cls(model, draft_model, n_gpu_layers, jobs, threads, wait=False, llama_lib=llama_lib)
 
     def __init__(self, model: str, draft_model: str | None = None, n_gpu_layers: int = 0, jobs: int = 1,
-                 threads: int | None = None, *, wait: bool = True, llama_lib: str | Library | None = None) -> None:
+                 threads: int | None = None, *, wait: bool = True,
+                 llama_lib: str | os.PathLike[str] | Library | None = None) -> None:
         """``llama_lib``: a folder holding libllama.so (or a resolved :class:`Library`); None:
         $SLOTFILE_LLAMA_LIB, else llama-cpp-python's own library (:func:`resolve_library`)."""
         for p in (model, draft_model):
@@ -680,7 +681,7 @@ class LoaderPool:
 
 
 def test_load(path: str, model: str, draft_model: str | None = None, settings: LoadSettings | None = None,
-              timeout: float = 300, llama_lib: str | Library | None = None) -> LoadResult:
+              timeout: float = 300, llama_lib: str | os.PathLike[str] | Library | None = None) -> LoadResult:
     """One file, one short-lived worker.  Raises LoaderError when the model cannot be loaded."""
     with LoaderPool(model, draft_model, n_gpu_layers=settings.n_gpu_layers if settings else 0, jobs=1,
                     llama_lib=llama_lib) as pool:

@@ -387,15 +387,13 @@ def version_message(sf: SlotFile, loader_version: int | None, loader_name: str, 
     v = sf.version
     who = GGSQ_VERSIONS.get(v)
     line = LOADER_LINES.get(v)
-    msg = (f"this file has state version {v}, the loader ({loader_name}) only loads version "
-           f"{loader_version}: llama.cpp refuses any other version, so it cannot be test-loaded with it")
-    msg += f" ({tried})." if tried else "."
+    msg = f"this file has state version {v}, the loader ({loader_name}) only loads version {loader_version}"
+    msg += f" ({tried})" if tried else ""
     if who:
-        msg += f" Pass --llama-lib DIR with a version {v} build of llama.cpp (a folder holding its libllama.so)."
-        msg += f" Version {v} is written and loaded by {who}"
-        msg += f"; {line} also load it." if line else "."
+        msg += f": pass --llama-lib DIR with a version {v} build of llama.cpp (version {v}: {who}"
+        msg += f"; also {line})" if line and v < int(loader_version) else ")"
     else:
-        msg += f" No known llama.cpp line writes version {v}."
+        msg += f"; no known llama.cpp line writes version {v}"
     return msg
 
 
