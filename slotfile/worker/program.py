@@ -13,6 +13,12 @@ It imports llama_cpp, :mod:`slotfile.worker.settings` and the standard library (
 for ``deep``): an abort or a segfault inside llama.cpp kills this process and nothing else,
 and its start-up overlaps the parent's own imports.
 
+Which llama.cpp: llama-cpp-python opens ``$LLAMA_CPP_LIB_PATH/libllama.so`` when the parent sets
+that variable (``--llama-lib``), else its own build.  A library that does not load is one
+``library_error`` line to the parent.  The hello reports the library's path and the state and
+session versions it writes, read from the headers of two tiny files it saves
+(:func:`detect_versions`, a few ms), never the Python package's constants.
+
 Requests (``op``); every context comes from :func:`context_params`:
 
 * ``load``: ``llama_state_seq_load_file`` the way the server restores a slot (a sizing pass
