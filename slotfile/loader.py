@@ -26,6 +26,7 @@ import os
 import queue
 import re
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -48,8 +49,20 @@ PACKAGE_ROOT = Path(__file__).resolve().parent.parent  # where the worker import
 F16 = BY_NAME["f16"].id
 START_TIMEOUT = 600.0  # seconds for a worker to load its model(s)
 
-__all__ = ["DeepResult", "LoadResult", "LoadSettings", "LoaderError", "LoaderPool", "draft_settings_for",
-           "settings_for", "test_load"]
+__all__ = [
+    "DeepResult",
+    "Library",
+    "LoadResult",
+    "LoadSettings",
+    "LoaderError",
+    "LoaderPool",
+    "draft_settings_for",
+    "library_dir",
+    "resolve_library",
+    "server_library",
+    "settings_for",
+    "test_load",
+]
 
 
 @dataclass
@@ -80,7 +93,80 @@ class DeepResult:
 
 
 class LoaderError(Exception):
-    """The loader could not start (model missing or unloadable): an operational error."""
+    """The loader could not start (model missing or unloadable, a library folder that does not
+    exist, holds no libllama or does not load): an operational error, one line."""
+
+
+# ---------------------------------------------------------------------------------------
+# which llama.cpp library the workers load
+# ---------------------------------------------------------------------------------------
+
+LIB_ENV = "SLOTFILE_LLAMA_LIB"  # the folder --llama-lib names, for every command
+LIB_NAME = "libllama.so"
+
+
+@dataclass(frozen=True)
+class Library:
+    """The llama.cpp library a worker loads: ``path`` a folder holding libllama.so (handed to
+    llama-cpp-python as LLAMA_CPP_LIB_PATH in the worker's environment, never in this
+    process), or None for llama-cpp-python's own; ``source`` says who chose it."""
+
+    path: str | None
+    source: str  # "--llama-lib", "SLOTFILE_LLAMA_LIB", "llama-server on PATH", "LLAMA_CPP_LIB_PATH", "installed"
+
+
+def library_dir(path: str | os.PathLike[str], what: str = "--llama-lib") -> str:
+    """``path`` checked as a llama.cpp library folder (or libllama.so itself): the absolute
+    folder.  Raises LoaderError with a one-line reason."""
+    p = Path(path).expanduser()
+    if p.is_file() and p.name.startswith(LIB_NAME):
+        p = p.parent
+    if not p.exists():
+        raise LoaderError(f"{what} {path}: no such folder")
+    if not p.is_dir():
+        raise LoaderError(f"{what} {path}: not a folder (give the folder that holds {LIB_NAME})")
+    if not (p / LIB_NAME).is_file():
+        raise LoaderError(
+            f"{what} {path}: the folder holds no {LIB_NAME} (a llama.cpp build puts it and its "
+            "libggml*.so in BUILD/bin)"
+        )
+    return str(p.resolve())
+
+
+def resolve_library(llama_lib: str | os.PathLike[str] | None = None) -> Library:
+    """``llama_lib`` (the --llama-lib option), else $SLOTFILE_LLAMA_LIB, else the library
+    llama-cpp-python finds itself (its own, or $LLAMA_CPP_LIB_PATH).  Raises LoaderError."""
+    if llama_lib is not None and str(llama_lib) != "":
+        return Library(library_dir(llama_lib), "--llama-lib")
+    env = os.environ.get(LIB_ENV)
+    if env:
+        return Library(library_dir(env, LIB_ENV), LIB_ENV)
+    if os.environ.get("LLAMA_CPP_LIB_PATH"):
+        return Library(None, "LLAMA_CPP_LIB_PATH")
+    return Library(None, "installed")
+
+
+def server_library() -> tuple[str | None, str]:
+    """The llama.cpp library of the ``llama-server`` on PATH (the llama.cpp the user runs):
+    ``libllama.so`` in its folder or in ``../lib``, also behind a symlinked llama-server.
+    Returns (folder or None, what was looked at, for messages)."""
+    exe = shutil.which("llama-server")
+    if exe is None:
+        return None, "no llama-server on PATH"
+    dirs: list[Path] = []
+    for e in (Path(exe), Path(os.path.realpath(exe))):
+        for d in (e.parent, e.parent.parent / "lib"):
+            if d not in dirs:
+                dirs.append(d)
+    for d in dirs:
+        if (d / LIB_NAME).is_file():
+            return str(d.resolve()), f"the library beside {exe} ({d.resolve()})"
+    return None, f"no {LIB_NAME} beside {exe} (looked in {', '.join(str(d) for d in dirs)})"
+
+
+def library_label(info: dict[str, Any]) -> str:
+    """How messages name a loader: ``llama-cpp-python 0.3.36 with /x/libllama.so``."""
+    return f"llama-cpp-python {info.get('llama_cpp_python')} with {info.get('library') or '?'}"
 
 
 # ---------------------------------------------------------------------------------------
@@ -102,8 +188,9 @@ UNREADABLE_CAP = 1 << 18  # cells to make room for when the body cannot be read
 SERVER_SLOTS = 4  # llama-server's default: --parallel auto = 4 slots with a unified KV cache
 
 
-def _derive(blocks: list[MemoryBlock], *, whole: bool, need: int, seq_hint: int | None,
-            n_gpu_layers: int) -> LoadSettings:
+def _derive(
+    blocks: list[MemoryBlock], *, whole: bool, need: int, seq_hint: int | None, n_gpu_layers: int
+) -> LoadSettings:
     kv = [b for b in blocks if b.kind == "KV"]
     rec = [b for b in blocks if b.kind == "REC"]
     n_stream = max((b.n_stream for b in kv), default=1) or 1
@@ -146,8 +233,16 @@ def _derive(blocks: list[MemoryBlock], *, whole: bool, need: int, seq_hint: int 
             n_seq = max(n_seq, SERVER_SLOTS)
     need += 1  # room for the probe token of the deep check
     n_ctx = pad_ctx(need) * (n_stream if n_stream > 1 else 1)
-    return LoadSettings(n_ctx=n_ctx, n_seq_max=n_seq, kv_unified=unified, flash_attn=flash,
-                        type_k=type_k, type_v=type_v, n_gpu_layers=n_gpu_layers, seq_id=seq)
+    return LoadSettings(
+        n_ctx=n_ctx,
+        n_seq_max=n_seq,
+        kv_unified=unified,
+        flash_attn=flash,
+        type_k=type_k,
+        type_v=type_v,
+        n_gpu_layers=n_gpu_layers,
+        seq_id=seq,
+    )
 
 
 def _blocks(body: Body | None) -> list[MemoryBlock]:
@@ -180,8 +275,7 @@ def settings_for(sf: SlotFile, n_gpu_layers: int = 0) -> LoadSettings:
     # context sized from those could ask for terabytes.  An unreadable body falls back to the
     # token count, capped.
     need = 0 if blocks else min(max(sf.n_tokens, 0), UNREADABLE_CAP)
-    s = _derive(blocks, whole=sf.format == "GGSN", need=need, seq_hint=_saved_seq(sf),
-                n_gpu_layers=n_gpu_layers)
+    s = _derive(blocks, whole=sf.format == "GGSN", need=need, seq_hint=_saved_seq(sf), n_gpu_layers=n_gpu_layers)
     # a checkpoint blob may hold more cells than the body (an older, longer prompt)
     extra = 0
     for ck in sf.checkpoints:
@@ -193,8 +287,9 @@ def settings_for(sf: SlotFile, n_gpu_layers: int = 0) -> LoadSettings:
     if extra > per:
         extra = pad_ctx(extra)
         mult = s.n_seq_max if not s.kv_unified and s.n_seq_max > 1 else 1
-        s = LoadSettings(extra * mult, s.n_seq_max, s.kv_unified, s.flash_attn, s.type_k, s.type_v,
-                         s.n_gpu_layers, s.seq_id)
+        s = LoadSettings(
+            extra * mult, s.n_seq_max, s.kv_unified, s.flash_attn, s.type_k, s.type_v, s.n_gpu_layers, s.seq_id
+        )
     return s
 
 
@@ -209,8 +304,7 @@ def draft_settings_for(sf: SlotFile, n_gpu_layers: int = 0) -> LoadSettings | No
         return None
     for blob in blobs:
         if blob.body is not None and blob.body.layout is not None:
-            return _derive(_blocks(blob.body), whole=False, need=0, seq_hint=blob.seq_id,
-                           n_gpu_layers=n_gpu_layers)
+            return _derive(_blocks(blob.body), whole=False, need=0, seq_hint=blob.seq_id, n_gpu_layers=n_gpu_layers)
     t = settings_for(sf, n_gpu_layers)
     return LoadSettings(t.n_ctx, t.n_seq_max, t.kv_unified, t.flash_attn, F16, F16, n_gpu_layers, t.seq_id)
 
@@ -258,10 +352,17 @@ class _Worker:
     ``threads``: None lets the worker choose (SLOTFILE_THREADS, else by model size).
     ``env``: variables to set for it where the caller's environment does not."""
 
-    def __init__(self, model: str, draft_model: str | None, n_gpu_layers: int, threads: int | None,
-                 env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        model: str,
+        draft_model: str | None,
+        n_gpu_layers: int,
+        threads: int | None,
+        env: dict[str, str] | None = None,
+        library: Library | None = None,
+    ) -> None:
         # the worker's stderr, open as long as the worker lives (closed in close())
-        self.log = tempfile.TemporaryFile(prefix="slotfile-loader-", suffix=".log")  # noqa: SIM115
+        self.log = tempfile.TemporaryFile(prefix="slotfile-loader-", suffix=".log")
         cmd = [sys.executable, "-m", WORKER_MODULE, "--model", model, "--n-gpu-layers", str(n_gpu_layers)]
         if threads:
             cmd += ["--threads", str(threads)]
@@ -270,18 +371,61 @@ class _Worker:
         full = dict(os.environ)
         for k, v in {"GGML_NO_BACKTRACE": "1", **(env or {})}.items():  # no gdb attach on abort: slow, noisy
             full.setdefault(k, v)
+        self.library = library or Library(None, "installed")
+        if self.library.path is not None:  # llama-cpp-python opens LLAMA_CPP_LIB_PATH/libllama.so
+            full["LLAMA_CPP_LIB_PATH"] = self.library.path
         # the worker imports this very slotfile, wherever the caller found it
         full["PYTHONPATH"] = os.pathsep.join(x for x in (str(PACKAGE_ROOT), full.get("PYTHONPATH")) if x)
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
-                                     env=full, close_fds=True)
+        self.proc = subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, env=full, close_fds=True
+        )
         self.buf = b""
         self.hello: dict[str, Any] | None = None
         self.n = 0
         self.timed_out = False
         self.exit_status = ""  # how the process ended, once it has (a signal's name or an exit status)
 
+    def _where(self) -> str:
+        lib = self.library
+        return f"the llama.cpp library in {lib.path} ({lib.source})" if lib.path else "llama-cpp-python's library"
+
+    def library_problem(self, resp: dict[str, Any] | None, died: str) -> str | None:
+        """A one-line reason when the worker's first answer (``resp``; None: it died) shows that
+        its llama.cpp library is unusable: it crashed while loading, did not load, or writes a
+        state version that cannot be told or that slotfile does not know.  A usable hello gets
+        ``library_dir`` and ``library_source``."""
+        if resp is None:
+            if not self.timed_out and (self.proc.returncode or 0) < 0 and not self._library_loaded():  # dlopen, ctors
+                return f"{self._where()} crashed while loading ({self.exit_status or died})"
+            return None
+        if resp.get("library_error"):
+            return str(resp.get("message"))
+        if not resp.get("ok"):
+            return None
+        version = resp.get("state_seq_version")
+        lib = resp.get("library") or self._where()
+        if version is None:
+            return (
+                f"cannot tell which state version the llama.cpp library {lib} writes: "
+                f"{resp.get('version_error') or 'no answer'}"
+            )
+        from .reader import GGSQ_VERSIONS  # the versions slotfile reads
+
+        if int(version) not in GGSQ_VERSIONS:
+            return (
+                f"the llama.cpp library {lib} writes state version {version}, which slotfile does not know "
+                f"(it knows versions {', '.join(map(str, sorted(GGSQ_VERSIONS)))})"
+            )
+        resp["library_dir"] = self.library.path or os.path.dirname(str(resp.get("library") or "")) or None
+        resp["library_source"] = self.library.source
+        return None
+
     def wait_hello(self, timeout: float) -> dict[str, Any]:
         resp, died = self.read(timeout)
+        why = self.library_problem(resp, died)
+        if why is not None:
+            self.kill()
+            raise LoaderError(why)
         if resp is None or not resp.get("ok"):
             log = self.log_since(0)
             why = resp.get("message") if resp else died
@@ -289,6 +433,11 @@ class _Worker:
             raise LoaderError(f"the loader did not start: {why}" + (f"\n{_tail(log)}" if log else ""))
         self.hello = resp
         return resp
+
+    def _library_loaded(self) -> bool:
+        """Whether the worker got past ``import llama_cpp`` (its marker line is in the log)."""
+        size = self.log_size()
+        return b"@@slotfile library loaded" in os.pread(self.log.fileno(), size, 0) if size else False
 
     def log_size(self) -> int:
         return os.fstat(self.log.fileno()).st_size
@@ -368,15 +517,35 @@ class LoaderPool:
     (or the first load) then waits for them."""
 
     @classmethod
-    def start(cls, model: str, draft_model: str | None = None, n_gpu_layers: int = 0, jobs: int = 1,
-              threads: int | None = None) -> LoaderPool:
-        return cls(model, draft_model, n_gpu_layers, jobs, threads, wait=False)
+    def start(
+        cls,
+        model: str,
+        draft_model: str | None = None,
+        n_gpu_layers: int = 0,
+        jobs: int = 1,
+        threads: int | None = None,
+        *,
+        llama_lib: str | os.PathLike[str] | Library | None = None,
+    ) -> LoaderPool:
+        return cls(model, draft_model, n_gpu_layers, jobs, threads, wait=False, llama_lib=llama_lib)
 
-    def __init__(self, model: str, draft_model: str | None = None, n_gpu_layers: int = 0, jobs: int = 1,
-                 threads: int | None = None, *, wait: bool = True) -> None:
+    def __init__(
+        self,
+        model: str,
+        draft_model: str | None = None,
+        n_gpu_layers: int = 0,
+        jobs: int = 1,
+        threads: int | None = None,
+        *,
+        wait: bool = True,
+        llama_lib: str | os.PathLike[str] | Library | None = None,
+    ) -> None:
+        """``llama_lib``: a folder holding libllama.so (or a resolved :class:`Library`); None:
+        $SLOTFILE_LLAMA_LIB, else llama-cpp-python's own library (:func:`resolve_library`)."""
         for p in (model, draft_model):
             if p is not None and not Path(p).is_file():
                 raise LoaderError(f"model not found: {p}")
+        self.library = llama_lib if isinstance(llama_lib, Library) else resolve_library(llama_lib)
         self.model, self.draft_model = str(model), str(draft_model) if draft_model else None
         self.n_gpu_layers = n_gpu_layers
         self.jobs = max(1, jobs)
@@ -413,7 +582,7 @@ class LoaderPool:
     # ------------------------------------------------------------------ plumbing
 
     def _spawn(self) -> _Worker:
-        w = _Worker(self.model, self.draft_model, self.n_gpu_layers, self.threads)
+        w = _Worker(self.model, self.draft_model, self.n_gpu_layers, self.threads, library=self.library)
         with self._lock:
             self._all.append(w)
         return w
@@ -460,12 +629,35 @@ class LoaderPool:
 
     @property
     def state_seq_version(self) -> int | None:
+        """The state version the loaded library writes (detected by the worker)."""
         return self.info.get("state_seq_version")
+
+    @property
+    def session_version(self) -> int | None:
+        return self.info.get("session_version")
+
+    def loads_version_of(self, fmt: str | None, version: int | None) -> bool:
+        """Whether this library's version is the file's (llama.cpp loads its own version only);
+        True when either is unknown (the test-load then says what is wrong)."""
+        have = self.session_version if fmt == "GGSN" else self.state_seq_version
+        return version is None or have is None or fmt not in ("GGSQ", "GGSN") or int(version) == int(have)
+
+    def describe(self) -> dict[str, Any]:
+        """The loader as ``verify --json`` shows it."""
+        info = self.info
+        return {
+            "llama_cpp_python": info.get("llama_cpp_python"),
+            "state_seq_version": info.get("state_seq_version"),
+            "session_version": info.get("session_version"),
+            "library": info.get("library"),
+            "library_source": info.get("library_source"),
+        }
 
     # ------------------------------------------------------------------ API
 
-    def load(self, path: str, settings: LoadSettings | None = None, timeout: float = 300,
-             sf: SlotFile | None = None) -> LoadResult:
+    def load(
+        self, path: str, settings: LoadSettings | None = None, timeout: float = 300, sf: SlotFile | None = None
+    ) -> LoadResult:
         """Test-load one file the way the server restores a slot (see slotfile/worker/program.py).
         ``sf``: the file as the caller already parsed it (otherwise it is parsed here)."""
         if sf is None:
@@ -477,9 +669,13 @@ class LoaderPool:
                 return LoadResult(False, f"cannot read {path}: {e.strerror or e}", 0, [], None)
         s = settings or settings_for(sf, self.n_gpu_layers)
         ds = draft_settings_for(sf, self.n_gpu_layers) if self.draft_model else None
-        req = {"op": "load", "path": str(Path(path).resolve()), "settings": s.to_dict(),
-               "format": "GGSN" if sf.format == "GGSN" else "GGSQ",
-               "draft_settings": ds.to_dict() if ds else None}
+        req = {
+            "op": "load",
+            "path": str(Path(path).resolve()),
+            "settings": s.to_dict(),
+            "format": "GGSN" if sf.format == "GGSN" else "GGSQ",
+            "draft_settings": ds.to_dict() if ds else None,
+        }
         resp, died, log = self._call(req, timeout)
         if resp is None:
             line = _telling_line(log)
@@ -500,8 +696,16 @@ class LoaderPool:
             notes=list(resp.get("notes", [])),
         )
 
-    def deep(self, path: str, tokens: list[int], probe: int, out: str, settings: LoadSettings | None = None,
-             timeout: float = 300, batch: int = 0) -> DeepResult:
+    def deep(
+        self,
+        path: str,
+        tokens: list[int],
+        probe: int,
+        out: str,
+        settings: LoadSettings | None = None,
+        timeout: float = 300,
+        batch: int = 0,
+    ) -> DeepResult:
         """Restore ``path`` and recompute ``tokens`` from scratch with the same settings; the
         recomputed state is written to ``out`` (a GGSQ file with no tokens).  ``batch``: tokens
         per llama_decode call of the prefill (0: the worker's default, 512)."""
@@ -509,9 +713,15 @@ class LoaderPool:
             from .reader import open_slot_file
 
             settings = settings_for(open_slot_file(path), self.n_gpu_layers)
-        req = {"op": "deep", "path": str(Path(path).resolve()), "settings": settings.to_dict(),
-               "tokens": [int(t) for t in tokens], "probe": int(probe), "out": str(out),
-               "batch": int(batch)}
+        req = {
+            "op": "deep",
+            "path": str(Path(path).resolve()),
+            "settings": settings.to_dict(),
+            "tokens": [int(t) for t in tokens],
+            "probe": int(probe),
+            "out": str(out),
+            "batch": int(batch),
+        }
         resp, died, log = self._call(req, timeout)
         if resp is None:
             line = _telling_line(log)
@@ -521,9 +731,14 @@ class LoaderPool:
             line = _telling_line(log)
             if line and line not in msg:
                 msg = f"{msg}: {line}"
-        return DeepResult(bool(resp.get("ok")), msg, log=log, logits=resp.get("logits"),
-                          recomputed=str(out) if resp.get("ok") else None,
-                          restored_pos_max=resp.get("restored_pos_max"))
+        return DeepResult(
+            bool(resp.get("ok")),
+            msg,
+            log=log,
+            logits=resp.get("logits"),
+            recomputed=str(out) if resp.get("ok") else None,
+            restored_pos_max=resp.get("restored_pos_max"),
+        )
 
     def close(self) -> None:
         self._closed = True
@@ -543,10 +758,18 @@ class LoaderPool:
             self.close()
 
 
-def test_load(path: str, model: str, draft_model: str | None = None, settings: LoadSettings | None = None,
-              timeout: float = 300) -> LoadResult:
+def test_load(
+    path: str,
+    model: str,
+    draft_model: str | None = None,
+    settings: LoadSettings | None = None,
+    timeout: float = 300,
+    llama_lib: str | os.PathLike[str] | Library | None = None,
+) -> LoadResult:
     """One file, one short-lived worker.  Raises LoaderError when the model cannot be loaded."""
-    with LoaderPool(model, draft_model, n_gpu_layers=settings.n_gpu_layers if settings else 0, jobs=1) as pool:
+    with LoaderPool(
+        model, draft_model, n_gpu_layers=settings.n_gpu_layers if settings else 0, jobs=1, llama_lib=llama_lib
+    ) as pool:
         return pool.load(path, settings, timeout)
 
 

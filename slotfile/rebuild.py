@@ -11,6 +11,12 @@ errors meanwhile come back as ``log``.
 Operations: ``prefill`` (decode the stored tokens, taking checkpoint blobs on the way, and
 save with ``llama_state_seq_save_file``) and ``resave`` (load with
 ``llama_state_seq_load_file`` and save again).
+
+Which llama.cpp: the request's ``llama_lib`` (a folder holding libllama.so), else
+$SLOTFILE_LLAMA_LIB, else llama-cpp-python's own.  A request with ``state_version`` (the input
+file's) is only run by a library that writes that version: when the first library's differs
+and none was named, the library beside the llama-server on PATH is tried; otherwise the
+request is refused with a one-line reason (the output would silently change version).
 """
 
 from __future__ import annotations
@@ -19,7 +25,16 @@ import time
 from dataclasses import asdict, dataclass, is_dataclass
 from typing import Any
 
-from .loader import _telling_line, _Worker
+from .loader import (
+    LIB_ENV,
+    Library,
+    LoaderError,
+    _telling_line,
+    _Worker,
+    library_label,
+    resolve_library,
+    server_library,
+)
 from .worker.program import default_checkpoint_positions
 
 __all__ = ["WorkerResult", "default_checkpoint_positions", "run_worker", "settings_dict"]
@@ -47,17 +62,73 @@ def settings_dict(settings: Any) -> dict[str, Any] | None:
 
 
 def run_worker(request: dict[str, Any], timeout: float = 600.0) -> WorkerResult:
-    """Run one request (``op``, ``model``, ``draft_model``, ``settings``, ...) in a fresh
-    worker; never raises for a worker failure.  ``timeout`` covers the model load too."""
+    """Run one request (``op``, ``model``, ``draft_model``, ``settings``, ``llama_lib``,
+    ``state_version``, ...) in a fresh worker; never raises for a worker failure.  ``timeout``
+    covers the model load too.  ``data`` gets ``library`` and ``state_seq_version``: the
+    llama.cpp that answered."""
     t0 = time.monotonic()
+    try:
+        lib = resolve_library(request.get("llama_lib"))
+    except LoaderError as e:
+        return WorkerResult(False, str(e), {}, True, "", time.monotonic() - t0)
+    want = request.get("state_version")
+    res = _run_one(request, timeout, lib, t0)
+    have = res.data.get("state_seq_version")
+    if want is None or have is None or int(have) == int(want) or not res.data.get("_wrong_version"):
+        res.data.pop("_wrong_version", None)
+        return res
+    tried = ""
+    if lib.source not in ("--llama-lib", LIB_ENV):
+        folder, where = server_library()
+        if folder is not None and folder != res.data.get("library_dir"):
+            left = max(1.0, timeout - (time.monotonic() - t0))
+            alt = _run_one(request, left, Library(folder, "llama-server on PATH"), t0)
+            if not alt.data.get("_wrong_version"):
+                alt.data.pop("_wrong_version", None)
+                return alt
+            tried = f" ({where} writes version {alt.data.get('state_seq_version')})"
+        else:
+            tried = f" ({where})"
+    res.message = (
+        f"the file has state version {want}, the loader ({res.data.get('label')}) writes version {have}"
+        f"{tried}: pass --llama-lib DIR with a version {want} build of llama.cpp"
+    )
+    res.data.pop("_wrong_version", None)
+    return res
+
+
+def _run_one(request: dict[str, Any], timeout: float, lib: Library, t0: float) -> WorkerResult:
+    """One worker over ``lib``; a refusal for a version mismatch has ``data["_wrong_version"]``."""
     n_gpu_layers = int((request.get("settings") or {}).get("n_gpu_layers") or 0)
     try:
-        w = _Worker(str(request["model"]), request.get("draft_model"), n_gpu_layers, None,
-                    env={"OMP_NUM_THREADS": "1"})
+        w = _Worker(
+            str(request["model"]),
+            request.get("draft_model"),
+            n_gpu_layers,
+            None,
+            env={"OMP_NUM_THREADS": "1"},
+            library=lib,
+        )
     except OSError as e:
         return WorkerResult(False, f"could not start the llama.cpp worker: {e}", {}, True, "", time.monotonic() - t0)
     try:
         hello, died = w.read(timeout)
+        why = w.library_problem(hello, died)
+        if why is not None:  # an unusable library: operational, one line
+            return WorkerResult(False, why, {}, True, w.log_since(0)[-LOG_TAIL:], time.monotonic() - t0)
+        facts: dict[str, Any] = {}
+        if hello is not None and hello.get("ok"):
+            facts = {
+                "library": hello.get("library"),
+                "library_dir": hello.get("library_dir"),
+                "state_seq_version": hello.get("state_seq_version"),
+                "label": library_label(hello),
+            }
+            want = request.get("state_version")
+            if want is not None and int(want) != int(hello["state_seq_version"]):
+                return WorkerResult(
+                    False, "wrong version", dict(facts, _wrong_version=True), False, "", time.monotonic() - t0
+                )
         log = ""
         if hello is not None and hello.get("ok"):
             left = max(0.0, timeout - (time.monotonic() - t0))
@@ -71,12 +142,20 @@ def run_worker(request: dict[str, Any], timeout: float = 600.0) -> WorkerResult:
         dt = time.monotonic() - t0
         if resp is None:
             if w.timed_out:
-                return WorkerResult(False, f"llama.cpp worker ran past {timeout:.0f} s and was stopped", {}, True,
-                                    log, dt)
+                return WorkerResult(
+                    False, f"llama.cpp worker ran past {timeout:.0f} s and was stopped", {}, True, log, dt
+                )
             line = _telling_line(log)
-            return WorkerResult(False, f"llama.cpp worker crashed ({w.exit_status or died})"
-                                + (f": {line}" if line else ""), {}, True, log, dt)
+            return WorkerResult(
+                False,
+                f"llama.cpp worker crashed ({w.exit_status or died})" + (f": {line}" if line else ""),
+                {},
+                True,
+                log,
+                dt,
+            )
         data = dict(resp)
+        data.update(facts)
         ok = bool(data.pop("ok", False))
         msg = str(data.pop("message", ""))
         data.pop("id", None)

@@ -30,18 +30,30 @@ from __future__ import annotations
 
 import os
 import tempfile
+import threading
 import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import numpy as np
 
 from .expect import expect_from_model
 from .ggml_types import TypeId
-from .loader import LoaderError, LoaderPool, LoadResult, LoadSettings, settings_for
+from .loader import (
+    LIB_ENV,
+    Library,
+    LoaderError,
+    LoaderPool,
+    LoadResult,
+    LoadSettings,
+    library_label,
+    server_library,
+    settings_for,
+)
 from .model import ModelError, ModelInfo, load_model_info
 from .modelcheck import check_against_model
 from .reader import GGSN_VERSIONS, GGSQ_VERSIONS, open_slot_file
@@ -104,8 +116,9 @@ class Level:
     seconds: float = 0.0
 
     def add(self, severity: Severity, code: str, section: str, offset: int | None, message: str) -> None:
-        self.problems.append({"severity": severity, "code": code, "section": section, "offset": offset,
-                              "message": message})
+        self.problems.append(
+            {"severity": severity, "code": code, "section": section, "offset": offset, "message": message}
+        )
 
     def error(self, code: str, section: str, offset: int | None, message: str) -> None:
         self.add(Severity.ERROR, code, section, offset, message)
@@ -113,11 +126,11 @@ class Level:
     def warn(self, code: str, section: str, offset: int | None, message: str) -> None:
         self.add(Severity.WARNING, code, section, offset, message)
 
-    def finish(self) -> "Level":
+    def finish(self) -> Level:
         self.status = Status.FAIL if any(p["severity"] == Severity.ERROR for p in self.problems) else Status.PASS
         return self
 
-    def skip(self, reason: str) -> "Level":
+    def skip(self, reason: str) -> Level:
         self.status, self.reason = Status.SKIPPED, reason
         return self
 
@@ -204,6 +217,7 @@ class Options:
     jobs: int = 1
     timeout: float = 300.0
     scan: bool = False  # structure level also checks every K/V/R/S value is finite
+    llama_lib: str | None = None  # a folder holding libllama.so for the workers (--llama-lib)
     # tests and callers: change the derived load settings (e.g. to mirror a given server)
     settings_hook: Callable[[SlotFile, LoadSettings], LoadSettings] | None = None
 
@@ -261,9 +275,13 @@ def level_structure(sf: SlotFile) -> Level:
     lv = Level()
     for p in sf.file_problems:
         lv.add(p.severity, p.code, p.section, p.offset, p.message)
-    lv.details = {"format": sf.format, "version": sf.version,
-                  "layout": sf.body.layout.describe() if sf.body and sf.body.layout else None,
-                  "checkpoints": len(sf.checkpoints), "draft": sf.draft is not None}
+    lv.details = {
+        "format": sf.format,
+        "version": sf.version,
+        "layout": sf.body.layout.describe() if sf.body and sf.body.layout else None,
+        "checkpoints": len(sf.checkpoints),
+        "draft": sf.draft is not None,
+    }
     return lv.finish()
 
 
@@ -302,7 +320,7 @@ def _model_side(path: str | None) -> ModelSide | None:
     side = ModelSide(info)
     try:
         side.expect = expect_from_model(info)
-    except Exception as e:  # noqa: BLE001 - a model the expectation code cannot read
+    except Exception as e:
         side.note = f"no expected layout for this model ({type(e).__name__}: {e}); not checked against it"
     return side
 
@@ -310,8 +328,9 @@ def _model_side(path: str | None) -> ModelSide | None:
 def read(path: Path, side: ModelSide | None, dside: ModelSide | None) -> SlotFile:
     """Open ``path`` the way ``inspect --model`` and ``dump --model`` read it: in the model's
     layout when there is one (:func:`slotfile.reader.open_slot_file`)."""
-    return open_slot_file(path, expect=side.expect if side is not None else None,
-                          draft_expect=dside.expect if dside is not None else None)
+    return open_slot_file(
+        path, expect=side.expect if side is not None else None, draft_expect=dside.expect if dside is not None else None
+    )
 
 
 def level_model(sf: SlotFile, side: ModelSide | None, dside: ModelSide | None) -> Level:
@@ -329,19 +348,31 @@ def level_model(sf: SlotFile, side: ModelSide | None, dside: ModelSide | None) -
     for p in check_against_model(sf, exp, dexp):
         lv.add(p.severity, p.code, p.section, p.offset, p.message)
     if exp is not None and sf.body is not None and sf.body.layout is None:
-        lv.warn("not-checked", "body", sf.body.offset,
-                "the body does not parse (see the structure level), so its layout is not compared with the model")
+        lv.warn(
+            "not-checked",
+            "body",
+            sf.body.offset,
+            "the body does not parse (see the structure level), so its layout is not compared with the model",
+        )
     dft_blobs = []
     if sf.draft is not None and sf.draft.dft is not None and sf.draft.dft.length:
         dft_blobs.append((sf.draft.dft, "sdft.data_dft"))
     dft_blobs += [(ck.dft, f"sckp.checkpoint[{ck.index}].data_dft") for ck in sf.checkpoints if ck.dft.length]
     if dft_blobs and dside is None:
-        lv.warn("draft-not-checked", dft_blobs[0][1], dft_blobs[0][0].offset,
-                f"{len(dft_blobs)} draft blob(s) not checked (no --draft-model)")
+        lv.warn(
+            "draft-not-checked",
+            dft_blobs[0][1],
+            dft_blobs[0][0].offset,
+            f"{len(dft_blobs)} draft blob(s) not checked (no --draft-model)",
+        )
     n_vocab = (exp.n_vocab if exp is not None else 0) or info.n_vocab
     n_ctx_train = (exp.n_ctx_train if exp is not None else 0) or int(info.get("context_length", 0) or 0)
-    lv.details = {"arch": info.arch, "n_vocab": n_vocab, "n_ctx_train": n_ctx_train,
-                  "memory_class": exp.memory_class if exp is not None else None}
+    lv.details = {
+        "arch": info.arch,
+        "n_vocab": n_vocab,
+        "n_ctx_train": n_ctx_train,
+        "memory_class": exp.memory_class if exp is not None else None,
+    }
     return lv.finish()
 
 
@@ -350,49 +381,78 @@ def level_model(sf: SlotFile, side: ModelSide | None, dside: ModelSide | None) -
 # ---------------------------------------------------------------------------------------
 
 
-def version_message(sf: SlotFile, loader_version: int | None, loader_name: str) -> str | None:
-    """A plain sentence when the file's state version is not the installed loader's."""
+def version_message(sf: SlotFile, loader_version: int | None, loader_name: str, tried: str | None = None) -> str | None:
+    """A plain sentence when the file's state version is not the loader's.  ``tried``: what
+    the search for another library found (the llama-server on PATH)."""
     if sf.format != "GGSQ" or sf.version is None or loader_version is None or sf.version == loader_version:
         return None
     v = sf.version
     who = GGSQ_VERSIONS.get(v)
     line = LOADER_LINES.get(v)
-    msg = (f"this file has state version {v}, the installed loader ({loader_name}) only loads version "
-           f"{loader_version}: llama.cpp refuses any other version, so it cannot be test-loaded here.")
+    msg = f"this file has state version {v}, the loader ({loader_name}) only loads version {loader_version}"
+    msg += f" ({tried})" if tried else ""
     if who:
-        msg += f" Version {v} is written and loaded by {who}"
-        msg += f"; use {line} to load it." if line else "."
+        msg += f": pass --llama-lib DIR with a version {v} build of llama.cpp (version {v}: {who}"
+        msg += f"; also {line})" if line and v < int(loader_version) else ")"
     else:
-        msg += f" No known llama.cpp line writes version {v}."
+        msg += f"; no known llama.cpp line writes version {v}"
     return msg
 
 
-def level_load(sf: SlotFile, res: LoadResult | None, pool: LoaderPool | None, draft_model: bool) -> Level:
+def level_load(
+    sf: SlotFile, res: LoadResult | None, pool: LoaderPool | None, draft_model: bool, tried: str | None = None
+) -> Level:
+    """``pool``: the loader that test-loaded the file; ``tried``: what the search for a library
+    of the file's version found when that loader's version differs (for the message)."""
     lv = Level()
     if pool is None or res is None:
         return lv.skip("no --model")
     info = pool.info
-    vmsg = version_message(sf, info.get("state_seq_version"), f"llama-cpp-python {info.get('llama_cpp_python')}")
+    vmsg = version_message(sf, info.get("state_seq_version"), library_label(info), tried)
     if sf.format == "GGSN" and sf.version is not None and sf.version != info.get("session_version"):
         known = GGSN_VERSIONS.get(sf.version, "no known llama.cpp line")
-        vmsg = (f"this session file has version {sf.version}, the installed loader only loads session version "
-                f"{info.get('session_version')}; version {sf.version} is written by {known}.")
-    lv.details = {"body_bytes": res.body_bytes, "crashed": res.crashed, "message": res.message,
-                  "checkpoints": [list(c) for c in res.checkpoints], "draft": list(res.draft) if res.draft else None,
-                  "checkpoint_drafts": [list(c) for c in res.checkpoint_drafts], "log": res.log}
+        vmsg = (
+            f"this session file has version {sf.version}, the loader ({library_label(info)}) only loads session "
+            f"version {info.get('session_version')}"
+            + (f" ({tried})" if tried else "")
+            + f": pass --llama-lib DIR with a llama.cpp build that writes session version {sf.version}; "
+            f"version {sf.version} is written by {known}."
+        )
+    lv.details = {
+        "library": info.get("library"),
+        "body_bytes": res.body_bytes,
+        "crashed": res.crashed,
+        "message": res.message,
+        "checkpoints": [list(c) for c in res.checkpoints],
+        "draft": list(res.draft) if res.draft else None,
+        "checkpoint_drafts": [list(c) for c in res.checkpoint_drafts],
+        "log": res.log,
+    }
     if not res.ok:
         if vmsg and not res.crashed:
             lv.error("version-mismatch", "header", 4, vmsg)
         else:
-            lv.error("crashed" if res.crashed else "load-failed", "body", sf.body.offset if sf.body else None,
-                     ("llama.cpp crashed: " if res.crashed else "llama.cpp refused the file: ") + res.message)
+            lv.error(
+                "crashed" if res.crashed else "load-failed",
+                "body",
+                sf.body.offset if sf.body else None,
+                ("llama.cpp crashed: " if res.crashed else "llama.cpp refused the file: ") + res.message,
+            )
         return lv.finish()
     if sf.format == "GGSQ" and sf.body is not None and sf.body.layout is not None and res.body_bytes != sf.body.end:
-        lv.error("loader-disagrees", "body", sf.body.offset,
-                 f"llama.cpp's loader stopped at offset {res.body_bytes}; the reader's body ends at {sf.body.end}")
+        lv.error(
+            "loader-disagrees",
+            "body",
+            sf.body.offset,
+            f"llama.cpp's loader stopped at offset {res.body_bytes}; the reader's body ends at {sf.body.end}",
+        )
     for note in res.notes:
-        lv.warn("appendix-ignored", "sckp" if "SCKP" in note or "checkpoint" in note else "sdft", None,
-                f"{note} (the restore itself succeeds)")
+        lv.warn(
+            "appendix-ignored",
+            "sckp" if "SCKP" in note or "checkpoint" in note else "sdft",
+            None,
+            f"{note} (the restore itself succeeds)",
+        )
     for i, (ok, msg) in enumerate(res.checkpoints):
         if not ok:
             off = sf.checkpoints[i].tgt.data_offset if i < len(sf.checkpoints) else None
@@ -405,10 +465,15 @@ def level_load(sf: SlotFile, res: LoadResult | None, pool: LoaderPool | None, dr
         off = sf.draft.dft.data_offset if sf.draft is not None and sf.draft.dft is not None else None
         lv.error("draft-rejected", "sdft.data_dft", off, res.draft[1])
     has_dft = (sf.draft is not None and sf.draft.dft is not None and sf.draft.dft.length) or any(
-        ck.dft.length for ck in sf.checkpoints)
+        ck.dft.length for ck in sf.checkpoints
+    )
     if has_dft and not draft_model:
-        lv.warn("draft-not-loaded", "sdft" if sf.draft is not None else "sckp", None,
-                "the file holds draft state; give --draft-model to test-load it")
+        lv.warn(
+            "draft-not-loaded",
+            "sdft" if sf.draft is not None else "sckp",
+            None,
+            "the file holds draft state; give --draft-model to test-load it",
+        )
     return lv.finish()
 
 
@@ -467,22 +532,33 @@ def compare_run(a: LayerRun, b: LayerRun) -> dict[str, Any]:
             worst, worst_i = float(rr[i]), c0 + i
     if first_bad >= 0:
         worst, worst_i = float("inf"), first_bad
-    return {"max_abs": max_abs, "mean_abs": sum_abs / count if count else 0.0,
-            "rel": (ss_d ** 0.5) / (ss_b ** 0.5) if ss_b > 0 else (0.0 if ss_d == 0 else float("inf")),
-            "worst_cell_rel": worst, "worst_cell": worst_i, "finite": first_bad < 0}
+    return {
+        "max_abs": max_abs,
+        "mean_abs": sum_abs / count if count else 0.0,
+        "rel": (ss_d**0.5) / (ss_b**0.5) if ss_b > 0 else (0.0 if ss_d == 0 else float("inf")),
+        "worst_cell_rel": worst,
+        "worst_cell": worst_i,
+        "finite": first_bad < 0,
+    }
 
 
-def _pairs(fb: MemoryBlock, rb: MemoryBlock) -> Iterator[tuple[str, LayerRun | None, LayerRun | None, np.ndarray | None]]:
+def _pairs(
+    fb: MemoryBlock, rb: MemoryBlock
+) -> Iterator[tuple[str, LayerRun | None, LayerRun | None, np.ndarray | None]]:
     """(section, file run, recomputed run, positions) for every layer entry of two blocks."""
     if fb.kind == "KV":
-        for fs, rs in zip(fb.streams, rb.streams):
+        for fs, rs in zip(fb.streams, rb.streams, strict=False):
             if not fs.cell_count and not rs.cell_count:
                 continue
             sec = f"body.{fb.role}.stream[{fs.index}]"
             for part_f, part_r in ((fs.k, rs.k), (fs.v, rs.v)):
                 for j in range(max(len(part_f), len(part_r))):
-                    yield (sec, part_f[j] if j < len(part_f) else None, part_r[j] if j < len(part_r) else None,
-                           fs.positions)
+                    yield (
+                        sec,
+                        part_f[j] if j < len(part_f) else None,
+                        part_r[j] if j < len(part_r) else None,
+                        fs.positions,
+                    )
     else:
         sec = f"body.{fb.role}"
         for part_f, part_r in ((fb.r, rb.r), (fb.p, rb.p), (fb.s, rb.s)):
@@ -497,52 +573,97 @@ def compare_bodies(lv: Level, file_body: Body, rec_body: Body) -> list[dict[str,
         lv.error("deep-internal", "body", file_body.offset, "the recomputed state does not parse")
         return rows
     if file_body.layout.kinds != rec_body.layout.kinds:
-        lv.error("deep-layout", "body", file_body.offset,
-                 f"the file holds {file_body.layout.describe()}; recomputing gives {rec_body.layout.describe()}")
+        lv.error(
+            "deep-layout",
+            "body",
+            file_body.offset,
+            f"the file holds {file_body.layout.describe()}; recomputing gives {rec_body.layout.describe()}",
+        )
         return rows
-    for fb, rb in zip(file_body.blocks, rec_body.blocks):
+    for fb, rb in zip(file_body.blocks, rec_body.blocks, strict=False):
         before = len(lv.problems)
         if fb.kind == "KV":
-            for fs, rs in zip(fb.streams, rb.streams):
+            for fs, rs in zip(fb.streams, rb.streams, strict=False):
                 if fs.cell_count != rs.cell_count:
-                    lv.error("deep-cells", f"body.{fb.role}.stream[{fs.index}]", fs.offset,
-                             f"{fs.cell_count} cells; recomputing the tokens gives {rs.cell_count}")
+                    lv.error(
+                        "deep-cells",
+                        f"body.{fb.role}.stream[{fs.index}]",
+                        fs.offset,
+                        f"{fs.cell_count} cells; recomputing the tokens gives {rs.cell_count}",
+                    )
                 elif fs.cell_count and not np.array_equal(fs.positions, rs.positions):
-                    lv.error("deep-positions", f"body.{fb.role}.stream[{fs.index}]", fs.offset,
-                             "cell positions differ from those of the recomputed state")
+                    lv.error(
+                        "deep-positions",
+                        f"body.{fb.role}.stream[{fs.index}]",
+                        fs.offset,
+                        "cell positions differ from those of the recomputed state",
+                    )
         elif fb.cell_count != rb.cell_count:
-            lv.error("deep-cells", f"body.{fb.role}", fb.offset,
-                     f"{fb.cell_count} cells; recomputing the tokens gives {rb.cell_count}")
+            lv.error(
+                "deep-cells",
+                f"body.{fb.role}",
+                fb.offset,
+                f"{fb.cell_count} cells; recomputing the tokens gives {rb.cell_count}",
+            )
         if len(lv.problems) > before:
             continue  # different cells: a row-by-row comparison means nothing
         for sec, fr, rr, pos in _pairs(fb, rb):
             if fr is None or rr is None:
                 run = fr or rr
-                lv.error("deep-layout", sec, fr.offset if fr else None,
-                         f"{run.part} layer {run.index} present in only one of file and recomputed state")  # type: ignore[union-attr]
+                assert run is not None  # _pairs yields at least one side
+                lv.error(
+                    "deep-layout",
+                    sec,
+                    fr.offset if fr else None,
+                    f"{run.part} layer {run.index} present in only one of file and recomputed state",
+                )
                 continue
             if (fr.type_id, fr.row_size, fr.transposed) != (rr.type_id, rr.row_size, rr.transposed):
-                lv.error("deep-layout", sec, fr.offset, f"{fr.part} layer {fr.index}: {fr.type_name} rows of "
-                         f"{fr.row_size} B; the recomputed state has {rr.type_name} rows of {rr.row_size} B")
+                lv.error(
+                    "deep-layout",
+                    sec,
+                    fr.offset,
+                    f"{fr.part} layer {fr.index}: {fr.type_name} rows of "
+                    f"{fr.row_size} B; the recomputed state has {rr.type_name} rows of {rr.row_size} B",
+                )
                 continue
             m = compare_run(fr, rr)
             tol_class = tolerance_class(fr.type_id)
             tol = ROW_TOLERANCE[tol_class]
             cell = m["worst_cell"]
             p = int(pos[cell]) if pos is not None and 0 <= cell < len(pos) else None
-            row = {"section": sec, "part": fr.part, "layer": fr.index, "type": fr.type_name, "cells": fr.n_cells,
-                   "max_abs": m["max_abs"], "mean_abs": m["mean_abs"], "rel": m["rel"],
-                   "worst_cell_rel": m["worst_cell_rel"], "worst_cell": cell, "worst_pos": p, "tolerance": tol}
+            row = {
+                "section": sec,
+                "part": fr.part,
+                "layer": fr.index,
+                "type": fr.type_name,
+                "cells": fr.n_cells,
+                "max_abs": m["max_abs"],
+                "mean_abs": m["mean_abs"],
+                "rel": m["rel"],
+                "worst_cell_rel": m["worst_cell_rel"],
+                "worst_cell": cell,
+                "worst_pos": p,
+                "tolerance": tol,
+            }
             rows.append(row)
             if not m["finite"]:
-                lv.error("deep-nonfinite", sec, fr.data.offset, f"{fr.part} layer {fr.index}: non-finite values "
-                         f"(first in cell {cell})")
+                lv.error(
+                    "deep-nonfinite",
+                    sec,
+                    fr.data.offset,
+                    f"{fr.part} layer {fr.index}: non-finite values (first in cell {cell})",
+                )
             elif m["worst_cell_rel"] > tol:
                 at = f"cell {cell}" + (f" (position {p})" if p is not None else "")
-                lv.error("deep-mismatch", sec, fr.data.offset + (cell * fr.row_size if not fr.transposed and cell >= 0 else 0),
-                         f"{fr.part} layer {fr.index} ({fr.type_name}): {at} differs from the recomputed value by "
-                         f"{100 * m['worst_cell_rel']:.3g}% (tolerance {100 * tol:g}% for {tol_class} caches; "
-                         f"layer max abs {m['max_abs']:.3g}, relative {m['rel']:.3g})")
+                lv.error(
+                    "deep-mismatch",
+                    sec,
+                    fr.data.offset + (cell * fr.row_size if not fr.transposed and cell >= 0 else 0),
+                    f"{fr.part} layer {fr.index} ({fr.type_name}): {at} differs from the recomputed value by "
+                    f"{100 * m['worst_cell_rel']:.3g}% (tolerance {100 * tol:g}% for {tol_class} caches; "
+                    f"layer max abs {m['max_abs']:.3g}, relative {m['rel']:.3g})",
+                )
     return rows
 
 
@@ -564,8 +685,10 @@ def _deep_preconditions(sf: SlotFile, n_vocab: int) -> str | None:
     if first.kind == "KV":
         act = first.active_streams()
         if len(act) != 1 or not np.array_equal(act[0].positions, np.arange(n)):
-            return (f"the cache does not hold positions 0..{n - 1} of the {n} stored tokens (context shift, "
-                    "a partial prompt or cache reuse): nothing to recompute it from")
+            return (
+                f"the cache does not hold positions 0..{n - 1} of the {n} stored tokens (context shift, "
+                "a partial prompt or cache reuse): nothing to recompute it from"
+            )
     else:
         pos = first.positions()
         if pos.size != 1 or int(pos[0]) != n - 1:
@@ -573,8 +696,9 @@ def _deep_preconditions(sf: SlotFile, n_vocab: int) -> str | None:
     return None
 
 
-def level_deep(sf: SlotFile, path: str, pool: LoaderPool | None, load: Level, opts: Options,
-               settings: LoadSettings | None) -> Level:
+def level_deep(
+    sf: SlotFile, path: str, pool: LoaderPool | None, load: Level, opts: Options, settings: LoadSettings | None
+) -> Level:
     lv = Level()
     if not opts.deep:
         return lv.skip("no --deep")
@@ -591,24 +715,40 @@ def level_deep(sf: SlotFile, path: str, pool: LoaderPool | None, load: Level, op
     try:
         res = pool.deep(path, tokens, tokens[-1], out, settings, timeout=opts.timeout)
         if not res.ok:
-            lv.error("crashed" if res.crashed else "deep-failed", "body", sf.body.offset,  # type: ignore[union-attr]
-                     ("llama.cpp crashed: " if res.crashed else "recompute failed: ") + res.message)
+            lv.error(
+                "crashed" if res.crashed else "deep-failed",
+                "body",
+                sf.body.offset,  # type: ignore[union-attr]
+                ("llama.cpp crashed: " if res.crashed else "recompute failed: ") + res.message,
+            )
             return lv.finish()
         rec = open_slot_file(out)
         rows = compare_bodies(lv, sf.body, rec.body)  # type: ignore[arg-type]
         lg = res.logits or {}
-        tol_class = max((tolerance_class(r.type_id) for b in sf.body.blocks for r in b.runs()),  # type: ignore[union-attr]
-                        key=lambda c: LOGITS_TOLERANCE[c], default="float")
+        tol_class = max(
+            (tolerance_class(r.type_id) for b in sf.body.blocks for r in b.runs()),  # type: ignore[union-attr]
+            key=lambda c: LOGITS_TOLERANCE[c],
+            default="float",
+        )
         ltol = LOGITS_TOLERANCE[tol_class]
         if not lg.get("all_finite", True):
             lv.error("deep-logits", "body", sf.body.offset, "non-finite next-token logits after restoring the file")  # type: ignore[union-attr]
         elif lg.get("rel", 0.0) > ltol:
-            lv.error("deep-logits", "body", sf.body.offset,  # type: ignore[union-attr]
-                     f"next-token logits after restoring differ from those after recomputing the tokens by "
-                     f"{100 * lg['rel']:.3g}% (tolerance {100 * ltol:g}%; top token {lg['top5_restored'][0]} vs "
-                     f"{lg['top5_recomputed'][0]})")
-        lv.details = {"layers": rows, "logits": dict(lg, tolerance=ltol), "probe_token": tokens[-1],
-                      "row_tolerance": ROW_TOLERANCE, "logits_tolerance": LOGITS_TOLERANCE}
+            lv.error(
+                "deep-logits",
+                "body",
+                sf.body.offset,  # type: ignore[union-attr]
+                f"next-token logits after restoring differ from those after recomputing the tokens by "
+                f"{100 * lg['rel']:.3g}% (tolerance {100 * ltol:g}%; top token {lg['top5_restored'][0]} vs "
+                f"{lg['top5_recomputed'][0]})",
+            )
+        lv.details = {
+            "layers": rows,
+            "logits": dict(lg, tolerance=ltol),
+            "probe_token": tokens[-1],
+            "row_tolerance": ROW_TOLERANCE,
+            "logits_tolerance": LOGITS_TOLERANCE,
+        }
         del rec
     finally:
         try:
@@ -636,16 +776,71 @@ class Verifier:
         self.dside = _model_side(opts.draft_model)
         if opts.model is not None and self.pool is None:
             try:
-                self.pool = LoaderPool(opts.model, opts.draft_model, opts.n_gpu_layers, opts.jobs)
+                self.pool = LoaderPool(
+                    opts.model, opts.draft_model, opts.n_gpu_layers, opts.jobs, llama_lib=opts.llama_lib
+                )
             except LoaderError as e:
                 raise VerifyError(str(e)) from e
+        self._server: tuple[LoaderPool | None, str] | None = None  # the llama-server's library, once looked for
+        self._server_lock = threading.Lock()
+        self.used: dict[int, int] = {}  # id(pool) -> files test-loaded with it
 
     def close(self) -> None:
         if self.pool is not None:
             self.pool.close()
             self.pool = None
+        if self._server is not None and self._server[0] is not None:
+            self._server[0].close()
+            self._server = None
 
-    def __enter__(self) -> "Verifier":
+    def loaders(self) -> list[dict[str, Any]]:
+        """Every loader this run used (the first: the one it started with), as --json shows them."""
+        pools = [p for p in (self.pool, self._server[0] if self._server else None) if p is not None]
+        try:
+            return [dict(p.describe(), files=self.used.get(id(p), 0)) for p in pools]
+        except LoaderError as e:
+            raise VerifyError(str(e)) from e
+
+    def pool_for(self, sf: SlotFile) -> tuple[LoaderPool | None, str | None]:
+        """The loader for ``sf``: the run's own, or, when its version is not the file's and no
+        library was named (--llama-lib, $SLOTFILE_LLAMA_LIB), the library beside the
+        llama-server on PATH if that one's version is the file's.  Also what the search found."""
+        pool = self.pool
+        if pool is None or pool.loads_version_of(sf.format, sf.version):
+            return pool, None
+        if pool.library.source in ("--llama-lib", LIB_ENV):
+            return pool, None
+        server, note = self._server_pool()
+        if server is not None and server.loads_version_of(sf.format, sf.version):
+            return server, None
+        return pool, note
+
+    def _server_pool(self) -> tuple[LoaderPool | None, str]:
+        with self._server_lock:
+            if self._server is None:
+                self._server = self._start_server_pool()
+            return self._server
+
+    def _start_server_pool(self) -> tuple[LoaderPool | None, str]:
+        assert self.opts.model is not None and self.pool is not None
+        folder, where = server_library()
+        if folder is None:
+            return None, where
+        if folder == self.pool.info.get("library_dir"):
+            return None, f"{where} is this very library"
+        try:
+            pool = LoaderPool(
+                self.opts.model,
+                self.opts.draft_model,
+                self.opts.n_gpu_layers,
+                self.opts.jobs,
+                llama_lib=Library(folder, "llama-server on PATH"),
+            )
+        except LoaderError as e:
+            return None, f"{where} does not load: {e}"
+        return pool, f"{where} writes state version {pool.state_seq_version}, session version {pool.session_version}"
+
+    def __enter__(self) -> Verifier:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -674,17 +869,20 @@ class Verifier:
         settings = None
         res = None
         t = time.monotonic()
-        if self.pool is not None:
+        pool, tried = self.pool_for(sf)
+        if pool is not None:
             settings = settings_for(sf, self.opts.n_gpu_layers)
             if self.opts.settings_hook is not None:
                 settings = self.opts.settings_hook(sf, settings)
-            res = self.pool.load(str(path), settings, timeout=self.opts.timeout, sf=sf)
-        lv["load"] = level_load(sf, res, self.pool, self.opts.draft_model is not None)
+            res = pool.load(str(path), settings, timeout=self.opts.timeout, sf=sf)
+            with self._server_lock:
+                self.used[id(pool)] = self.used.get(id(pool), 0) + 1
+        lv["load"] = level_load(sf, res, pool, self.opts.draft_model is not None, tried)
         lv["load"].seconds = time.monotonic() - t
         if settings is not None:
             lv["load"].details["settings"] = settings.to_dict()
         t = time.monotonic()
-        lv["deep"] = level_deep(sf, str(path), self.pool, lv["load"], self.opts, settings)
+        lv["deep"] = level_deep(sf, str(path), pool, lv["load"], self.opts, settings)
         lv["deep"].seconds = time.monotonic() - t
         rep.seconds = time.monotonic() - t0
         return rep
@@ -719,8 +917,9 @@ class Verifier:
         return [r for r in results if r is not None]
 
 
-def verify_paths(args: list[Path], opts: Options,
-                 on_done: Callable[[FileReport], None] | None = None) -> tuple[list[FileReport], list[str]]:
+def verify_paths(
+    args: list[Path], opts: Options, on_done: Callable[[FileReport], None] | None = None
+) -> tuple[list[FileReport], list[str]]:
     """Collect and verify; returns (reports, operational errors for missing paths and empty directories).
     Raises VerifyError when the model is missing or the loader cannot start."""
     files, errors = collect(args)

@@ -8,6 +8,8 @@ worker), ``slow`` on tests that take more than about 5 s.  The fast part alone:
 from __future__ import annotations
 
 import json
+import os
+import re
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -37,8 +39,10 @@ SLOT_FILES = sorted(p for p in SLOTS.iterdir() if p.suffix in (".slot", ".sessio
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "slow: takes more than about 5 s (deselect with -m 'not slow')")
-    config.addinivalue_line("markers", "llama: loads llama.cpp through llama-cpp-python, in-process or in a worker "
-                                       "(deselect with -m 'not llama')")
+    config.addinivalue_line(
+        "markers",
+        "llama: loads llama.cpp through llama-cpp-python, in-process or in a worker (deselect with -m 'not llama')",
+    )
 
 
 def slotfile_cli(*args: object, env: dict[str, str | None] | None = None) -> Result:
@@ -59,3 +63,37 @@ def manifest() -> dict[str, Any]:
 @pytest.fixture(scope="session")
 def extra_manifest() -> dict[str, Any]:
     return EXTRA
+
+
+# ---------------------------------------------------------------------------------------
+# the llama.cpp library that writes state version 4 (scripts/build-llama-v4.sh)
+# ---------------------------------------------------------------------------------------
+
+V4_ENV = "SLOTFILE_TEST_LLAMA_V4"  # .ci/run sets it to the folder the build script printed
+
+
+def llama_v4_dir() -> Path | None:
+    """The built v4 library folder: $SLOTFILE_TEST_LLAMA_V4, else the build script's cache
+    folder for the pinned source (when a build finished there), else None."""
+    env = os.environ.get(V4_ENV)
+    if env:
+        return Path(env)
+    script = (ROOT / "scripts" / "build-llama-v4.sh").read_text()
+    sha = re.search(r'^SHA256="([0-9a-f]{64})"', script, re.M)
+    cache = os.environ.get("SLOTFILE_CACHE_DIR") or str(
+        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "slotfile"
+    )
+    d = Path(cache) / "llama-v4" / (sha.group(1) if sha else "?")
+    return d / "bin" if (d / ".complete").is_file() and (d / "bin" / "libllama.so").is_file() else None
+
+
+@pytest.fixture(scope="session")
+def llama_v4_lib() -> Path:
+    """The v4 llama.cpp library folder.  Skips (locally) when it was never built; fails when
+    $SLOTFILE_TEST_LLAMA_V4 names a folder without libllama.so (CI must never skip these)."""
+    d = llama_v4_dir()
+    if d is None:
+        pytest.skip(f"no v4 llama.cpp library: run scripts/build-llama-v4.sh (or set {V4_ENV} to its folder)")
+    if not (d / "libllama.so").is_file():
+        pytest.fail(f"{V4_ENV}={d}: no libllama.so there")
+    return d

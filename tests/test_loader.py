@@ -102,12 +102,15 @@ def test_draft_state_not_loaded_without_a_draft_model(pools):
 
 
 @pytest.mark.llama
-@pytest.mark.parametrize("change, words", [
-    (dict(flash_attn=False), "incompatible V transposition"),
-    (dict(n_seq_max=2, kv_unified=False), "n_stream mismatch"),
-    (dict(type_k=0), "mismatched key type"),
-    (dict(type_v=8, flash_attn=False), "quantized V cache requires flash_attn"),
-])
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        (dict(flash_attn=False), "incompatible V transposition"),
+        (dict(n_seq_max=2, kv_unified=False), "n_stream mismatch"),
+        (dict(type_k=0), "mismatched key type"),
+        (dict(type_v=8, flash_attn=False), "quantized V cache requires flash_attn"),
+    ],
+)
 def test_mismatched_settings_are_explained(pools, change, words):
     path = SLOTS / "llama_f16_fa.slot"
     s = dataclasses.replace(settings_for(open_slot_file(path)), **change)
@@ -249,8 +252,7 @@ def test_deep_recompute_reproduces_the_fixture(pools, tmp_path):
 
 
 def test_parent_process_never_imports_llama_cpp():
-    code = ("import sys, slotfile.loader, slotfile.verify, slotfile.cli.verify_cmd; "
-            "sys.exit('llama_cpp' in sys.modules)")
+    code = "import sys, slotfile.loader, slotfile.verify, slotfile.cli.verify_cmd; sys.exit('llama_cpp' in sys.modules)"
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
 
@@ -259,12 +261,19 @@ def test_worker_is_self_contained():
     """The worker program imports only its settings module and the ggml type table of
     slotfile (and neither numpy nor llama_cpp before it runs): it starts cheaply, and a crash
     there can only take the worker."""
-    code = ("import sys, slotfile.worker.program; "
-            "print(' '.join(sorted(m for m in sys.modules if m.startswith(('slotfile', 'numpy', 'llama_cpp')))))")
+    code = (
+        "import sys, slotfile.worker.program; "
+        "print(' '.join(sorted(m for m in sys.modules if m.startswith(('slotfile', 'numpy', 'llama_cpp')))))"
+    )
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
-    assert set(r.stdout.split()) == {"slotfile", "slotfile.worker", "slotfile.worker.program",
-                                     "slotfile.worker.settings", "slotfile.ggml_types"}
+    assert set(r.stdout.split()) == {
+        "slotfile",
+        "slotfile.worker",
+        "slotfile.worker.program",
+        "slotfile.worker.settings",
+        "slotfile.ggml_types",
+    }
 
 
 @pytest.mark.llama
@@ -273,7 +282,6 @@ def test_pool_refuses_work_after_close():
     pool.close()
     with pytest.raises(LoaderError):
         pool.load(str(SLOTS / "llama_f16_fa.slot"))
-
 
 
 @pytest.mark.llama
@@ -286,9 +294,9 @@ def test_settings_are_sized_from_cells_not_from_inflatable_numbers(pools, tmp_pa
     sf = parse_buffer(data)
     cells = sf.body.blocks[0].active_streams()[0].cells
     off = cells.offset + (cells.cells.size - 1) * 12
-    data = data[:off] + (2**31 - 1).to_bytes(4, "little") + data[off + 4:]
+    data = data[:off] + (2**31 - 1).to_bytes(4, "little") + data[off + 4 :]
     ck = parse_buffer(data).checkpoints[1]
-    data = data[:ck.offset] + (2**62).to_bytes(8, "little") + data[ck.offset + 8:]
+    data = data[: ck.offset] + (2**62).to_bytes(8, "little") + data[ck.offset + 8 :]
     p = tmp_path / "inflated.slot"
     p.write_bytes(data)
     s = settings_for(open_slot_file(p))
@@ -305,9 +313,16 @@ def test_one_shot_worker_contains_an_abort(tmp_path):
     p = tmp_path / "two-cells.slot"
     p.write_bytes(damage.recurrent_two_cells((SLOTS / "extra-mamba.slot").read_bytes(), tmp_path))
     sf = open_slot_file(p)
-    req = {"op": "resave", "model": str(MODELS / "extra-mamba.gguf"), "settings": settings_dict(settings_for(sf)),
-           "in": str(p), "capacity": sf.n_token_count + 16, "words": [], "out": str(tmp_path / "o.slot"),
-           "n_tokens": sf.n_tokens}
+    req = {
+        "op": "resave",
+        "model": str(MODELS / "extra-mamba.gguf"),
+        "settings": settings_dict(settings_for(sf)),
+        "in": str(p),
+        "capacity": sf.n_token_count + 16,
+        "words": [],
+        "out": str(tmp_path / "o.slot"),
+        "n_tokens": sf.n_tokens,
+    }
     r = run_worker(req, timeout=120)
     assert not r.ok and r.crashed
     assert "SIGABRT" in r.message and "GGML_ASSERT(cells[head].pos == ubatch.pos[0])" in r.message
@@ -315,9 +330,15 @@ def test_one_shot_worker_contains_an_abort(tmp_path):
     good = SLOTS / "extra-mamba.slot"
     sf = open_slot_file(good)
     out = tmp_path / "same.slot"
-    req.update({"in": str(good), "settings": settings_dict(settings_for(sf)), "out": str(out),
-                "words": list(struct.unpack_from(f"<{sf.n_token_count}i", good.read_bytes(), 12)),
-                "n_tokens": sf.n_tokens})
+    req.update(
+        {
+            "in": str(good),
+            "settings": settings_dict(settings_for(sf)),
+            "out": str(out),
+            "words": list(struct.unpack_from(f"<{sf.n_token_count}i", good.read_bytes(), 12)),
+            "n_tokens": sf.n_tokens,
+        }
+    )
     r = run_worker(req, timeout=120)
     assert r.ok and not r.crashed, r.message
     assert out.read_bytes() == good.read_bytes()[: sf.body.end]
@@ -328,8 +349,15 @@ def test_one_shot_worker_refusals_and_timeout(tmp_path):
 
     path = SLOTS / "llama_f16_fa.slot"
     sf = open_slot_file(path)
-    base = {"op": "prefill", "model": str(MODELS / "llama.gguf"), "tokens": [int(t) for t in sf.tokens.tokens],
-            "words": [], "checkpoints_at": [], "out": str(tmp_path / "o.slot"), "blobs": str(tmp_path / "b")}
+    base = {
+        "op": "prefill",
+        "model": str(MODELS / "llama.gguf"),
+        "tokens": [int(t) for t in sf.tokens.tokens],
+        "words": [],
+        "checkpoints_at": [],
+        "out": str(tmp_path / "o.slot"),
+        "blobs": str(tmp_path / "b"),
+    }
     r = run_worker(dict(base, settings={"type_k": "f16"}), timeout=120)  # flash attention unknown
     assert not r.ok and not r.crashed and "--flash-attn" in r.message
     r = run_worker(dict(base, settings={"flash_attn": False, "type_k": "f16", "type_v": "q8_0"}), timeout=120)

@@ -264,7 +264,14 @@ def test_cli_json_and_jobs_over_a_directory(llama_dir, tmp_path):
     d1, d2 = json.loads(r1.stdout), json.loads(r2.stdout)
     _check_schema(d1)
     _check_schema(d2)
-    assert d1["loader"] == {"llama_cpp_python": "0.3.36", "state_seq_version": 3, "session_version": 10}
+    loader = d1["loader"]
+    assert {k: loader[k] for k in ("llama_cpp_python", "state_seq_version", "session_version")} == {
+        "llama_cpp_python": "0.3.36",
+        "state_seq_version": 3,
+        "session_version": 10,
+    }
+    assert loader["library"].endswith("/libllama.so") and loader["library_source"] == "installed"
+    assert d1["loaders"] == [loader] and loader["files"] == len(d1["files"])
     paths = [f["path"] for f in d1["files"]]
     assert paths == sorted(paths) and len(paths) == len(list(llama_dir.iterdir()))
 

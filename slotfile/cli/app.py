@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -30,6 +29,12 @@ app = typer.Typer(
 )
 
 
+_LLAMA_LIB_HELP = (
+    "A folder holding libllama.so and its libggml*.so (a llama.cpp build's bin/): the llama.cpp the "
+    "workers load, e.g. one that loads the file's state version (env SLOTFILE_LLAMA_LIB)."
+)
+
+
 def _version(value: bool) -> None:
     if value:
         typer.echo(f"slotfile {__version__}")
@@ -38,19 +43,24 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _root(
-    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version and exit."),
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
 ) -> None:
     """Exit codes: 0 ok, 2 usage error, 4 problems found, 8 operational error."""
 
 
-@app.command(context_settings=HELP, epilog=_examples(
-    "slotfile inspect slot0.bin",
-    "slotfile inspect slot0.bin --model model.gguf   # with the text",
-    "slotfile inspect slot0.bin --layers             # every layer",
-))
+@app.command(
+    context_settings=HELP,
+    epilog=_examples(
+        "slotfile inspect slot0.bin",
+        "slotfile inspect slot0.bin --model model.gguf   # with the text",
+        "slotfile inspect slot0.bin --layers             # every layer",
+    ),
+)
 def inspect(
     files: list[Path] = typer.Argument(..., help="Slot (GGSQ) or session (GGSN) files."),
-    model: Optional[Path] = typer.Option(None, "--model", "-m", help="GGUF model: adds a detokenised preview."),
+    model: Path | None = typer.Option(None, "--model", "-m", help="GGUF model: adds a detokenised preview."),
     layers: bool = typer.Option(False, "--layers", help="List every layer's K/V/R/S entry."),
 ) -> None:
     """A summary of each file: format, tokens, memory layout, sections, checkpoints, verdict."""
@@ -59,16 +69,19 @@ def inspect(
     raise typer.Exit(run_inspect(files, model, layers))
 
 
-@app.command(context_settings=HELP, epilog=_examples(
-    "slotfile dump slot0.bin",
-    "slotfile dump slot0.bin --json --tokens > slot0.json",
-    "slotfile dump slot0.bin --json | jq .problems",
-))
+@app.command(
+    context_settings=HELP,
+    epilog=_examples(
+        "slotfile dump slot0.bin",
+        "slotfile dump slot0.bin --json --tokens > slot0.json",
+        "slotfile dump slot0.bin --json | jq .problems",
+    ),
+)
 def dump(
     file: Path = typer.Argument(..., help="Slot (GGSQ) or session (GGSN) file."),
     json_out: bool = typer.Option(False, "--json", help="JSON on stdout (schema slotfile.dump/1, see README)."),
     tokens: bool = typer.Option(False, "--tokens", help="Include the token id arrays."),
-    model: Optional[Path] = typer.Option(None, "--model", "-m", help="GGUF model: adds the detokenised text."),
+    model: Path | None = typer.Option(None, "--model", "-m", help="GGUF model: adds the detokenised text."),
 ) -> None:
     """Every field with its byte offset, as text or JSON."""
     from .dump_cmd import run_dump
@@ -76,112 +89,231 @@ def dump(
     raise typer.Exit(run_dump(file, json_out, tokens, model))
 
 
-@app.command(context_settings=HELP, epilog=_examples(
-    "slotfile verify slots/                    # structure only",
-    "slotfile verify slots/ -m model.gguf -q   # test-load too, quietly",
-    "slotfile verify slot0.bin -m model.gguf --deep --junit verify.xml",
-))
+@app.command(
+    context_settings=HELP,
+    epilog=_examples(
+        "slotfile verify slots/                    # structure only",
+        "slotfile verify slots/ -m model.gguf -q   # test-load too, quietly",
+        "slotfile verify slot0.bin -m model.gguf --deep --junit verify.xml",
+    ),
+)
 def verify(
-    paths: list[Path] = typer.Argument(..., help="Slot files, or directories (every *.slot / *.bin / slot-magic file under them)."),
-    model: Optional[Path] = typer.Option(None, "--model", "-m", help="GGUF model: metadata checks and a test-load."),
-    draft_model: Optional[Path] = typer.Option(None, "--draft-model", help="Draft GGUF: check and test-load the draft state."),
+    paths: list[Path] = typer.Argument(
+        ..., help="Slot files, or directories (every *.slot / *.bin / slot-magic file under them)."
+    ),
+    model: Path | None = typer.Option(None, "--model", "-m", help="GGUF model: metadata checks and a test-load."),
+    draft_model: Path | None = typer.Option(
+        None, "--draft-model", help="Draft GGUF: check and test-load the draft state."
+    ),
     deep: bool = typer.Option(False, "--deep", help="Recompute the state from the tokens and compare K/V and logits."),
     n_gpu_layers: int = typer.Option(0, "--n-gpu-layers", help="Layers to offload in the loader (default 0: CPU)."),
     jobs: int = typer.Option(1, "--jobs", "-j", help="Loader worker processes (files verified in parallel)."),
     json_out: bool = typer.Option(False, "--json", help="JSON on stdout (schema slotfile.verify/1, see README)."),
-    junit: Optional[Path] = typer.Option(None, "--junit", help="Also write JUnit XML here (one testcase per file)."),
+    junit: Path | None = typer.Option(None, "--junit", help="Also write JUnit XML here (one testcase per file)."),
     timeout: float = typer.Option(300.0, "--timeout", help="Seconds allowed for each llama.cpp load."),
-    scan: bool = typer.Option(False, "--scan", help="Structure level: check every K/V/R/S value is finite (reads all data)."),
+    scan: bool = typer.Option(
+        False, "--scan", help="Structure level: check every K/V/R/S value is finite (reads all data)."
+    ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No table: the failing files and the summary line only."),
+    llama_lib: Path | None = typer.Option(None, "--llama-lib", help=_LLAMA_LIB_HELP),
 ) -> None:
     """Structure, model metadata, a real test-load and (--deep) a recompute, each reported per file."""
     pool = None
     if model is not None and jobs >= 1 and model.is_file() and (draft_model is None or draft_model.is_file()):
         # the llama.cpp workers load the model while this process imports and parses
-        from slotfile.loader import LoaderPool
+        from slotfile.loader import LoaderError, LoaderPool
 
-        pool = LoaderPool.start(str(model), str(draft_model) if draft_model else None, n_gpu_layers, jobs)
+        try:
+            pool = LoaderPool.start(
+                str(model), str(draft_model) if draft_model else None, n_gpu_layers, jobs, llama_lib=llama_lib
+            )
+        except LoaderError:  # an unusable --llama-lib: reported by run_verify, with its exit code
+            pool = None
     from .verify_cmd import run_verify
 
-    raise typer.Exit(run_verify(paths, model, draft_model, deep, n_gpu_layers, jobs, json_out, junit, timeout, scan,
-                                pool=pool, quiet=quiet))
+    raise typer.Exit(
+        run_verify(
+            paths,
+            model,
+            draft_model,
+            deep,
+            n_gpu_layers,
+            jobs,
+            json_out,
+            junit,
+            timeout,
+            scan,
+            pool=pool,
+            quiet=quiet,
+            llama_lib=llama_lib,
+        )
+    )
 
 
 _OUT = typer.Option(None, "--output", "-o", help="Where to write the repaired file (must not exist unless --force).")
 _FORCE = typer.Option(False, "--force", help="Replace an existing OUT (or backup).")
-_IN_PLACE = typer.Option(False, "--in-place", help="Replace IN itself, keeping IN.bak (or --backup); never through a symlink.")
+_IN_PLACE = typer.Option(
+    False, "--in-place", help="Replace IN itself, keeping IN.bak (or --backup); never through a symlink."
+)
 _BACKUP = typer.Option(None, "--backup", help="Backup path for --in-place (default IN.bak).")
 _DRY = typer.Option(False, "--dry-run", help="Print the plan; write nothing.")
 _JSON = typer.Option(False, "--json", help="The report as JSON on stdout (schema slotfile.repair/1).")
 _DRAFT = typer.Option(None, "--draft-model", help="Draft GGUF: test-load (and rebuild) the draft state too.")
 _TIMEOUT = typer.Option(600.0, "--timeout", help="Seconds allowed for each llama.cpp worker.")
+_LLAMA_LIB = typer.Option(None, "--llama-lib", help=_LLAMA_LIB_HELP)
 
 
-@app.command("truncate-recover", context_settings=HELP, epilog=_examples(
-    "slotfile truncate-recover slot0.bin --dry-run      # print the plan",
-    "slotfile truncate-recover slot0.bin -o fixed.bin",
-    "slotfile truncate-recover slot0.bin -o fixed.bin -m model.gguf",
-))
+@app.command(
+    "truncate-recover",
+    context_settings=HELP,
+    epilog=_examples(
+        "slotfile truncate-recover slot0.bin --dry-run      # print the plan",
+        "slotfile truncate-recover slot0.bin -o fixed.bin",
+        "slotfile truncate-recover slot0.bin -o fixed.bin -m model.gguf",
+    ),
+)
 def truncate_recover(
     file: Path = typer.Argument(..., help="Damaged slot file (opened read-only)."),
-    output: Optional[Path] = _OUT,
-    model: Optional[Path] = typer.Option(None, "--model", "-m", help="GGUF model: test-load the result; rebuild a damaged body from the tokens."),
-    draft_model: Optional[Path] = _DRAFT,
-    flash_attn: Optional[str] = typer.Option(None, "--flash-attn", help="on|off: for a rebuild when the damaged file no longer shows it."),
-    cache_type_k: Optional[str] = typer.Option(None, "--cache-type-k", help="K cache type for a rebuild when the file no longer shows it."),
-    cache_type_v: Optional[str] = typer.Option(None, "--cache-type-v", help="V cache type for a rebuild when the file no longer shows it."),
-    checkpoint_at: Optional[list[int]] = typer.Option(None, "--checkpoint-at", help="Rebuild checkpoints at these n_tokens (repeatable)."),
-    force: bool = _FORCE, in_place: bool = _IN_PLACE, backup: Optional[Path] = _BACKUP, dry_run: bool = _DRY,
-    json_out: bool = _JSON, timeout: float = _TIMEOUT,
+    output: Path | None = _OUT,
+    model: Path | None = typer.Option(
+        None, "--model", "-m", help="GGUF model: test-load the result; rebuild a damaged body from the tokens."
+    ),
+    draft_model: Path | None = _DRAFT,
+    flash_attn: str | None = typer.Option(
+        None, "--flash-attn", help="on|off: for a rebuild when the damaged file no longer shows it."
+    ),
+    cache_type_k: str | None = typer.Option(
+        None, "--cache-type-k", help="K cache type for a rebuild when the file no longer shows it."
+    ),
+    cache_type_v: str | None = typer.Option(
+        None, "--cache-type-v", help="V cache type for a rebuild when the file no longer shows it."
+    ),
+    checkpoint_at: list[int] | None = typer.Option(
+        None, "--checkpoint-at", help="Rebuild checkpoints at these n_tokens (repeatable)."
+    ),
+    force: bool = _FORCE,
+    in_place: bool = _IN_PLACE,
+    backup: Path | None = _BACKUP,
+    dry_run: bool = _DRY,
+    json_out: bool = _JSON,
+    timeout: float = _TIMEOUT,
+    llama_lib: Path | None = _LLAMA_LIB,
 ) -> None:
-    """Keep every intact section; drop damaged checkpoints, a damaged SDFT and trailing bytes; with --model rebuild a cut body."""
+    """Keep every intact section; drop damaged checkpoints, a damaged SDFT and trailing bytes;
+    with --model rebuild a cut body."""
     from .repair_cmd import run_repair
 
-    raise typer.Exit(run_repair("truncate-recover", file, output, force=force, in_place=in_place, backup=backup,
-                                dry_run=dry_run, json_out=json_out, model=model, draft_model=draft_model,
-                                flash_attn=flash_attn, cache_type_k=cache_type_k, cache_type_v=cache_type_v,
-                                checkpoint_at=checkpoint_at, timeout=timeout))
+    raise typer.Exit(
+        run_repair(
+            "truncate-recover",
+            file,
+            output,
+            force=force,
+            in_place=in_place,
+            backup=backup,
+            dry_run=dry_run,
+            json_out=json_out,
+            model=model,
+            draft_model=draft_model,
+            flash_attn=flash_attn,
+            cache_type_k=cache_type_k,
+            cache_type_v=cache_type_v,
+            checkpoint_at=checkpoint_at,
+            timeout=timeout,
+            llama_lib=llama_lib,
+        )
+    )
 
 
-@app.command("strip-draft", context_settings=HELP, epilog=_examples(
-    "slotfile strip-draft slot0.bin -o nodraft.bin",
-    "slotfile strip-draft slot0.bin --in-place     # keeps slot0.bin.bak",
-))
+@app.command(
+    "strip-draft",
+    context_settings=HELP,
+    epilog=_examples(
+        "slotfile strip-draft slot0.bin -o nodraft.bin",
+        "slotfile strip-draft slot0.bin --in-place     # keeps slot0.bin.bak",
+    ),
+)
 def strip_draft(
     file: Path = typer.Argument(..., help="Slot file (opened read-only)."),
-    output: Optional[Path] = _OUT,
-    model: Optional[Path] = typer.Option(None, "--model", "-m", help="GGUF model: test-load the result."),
-    force: bool = _FORCE, in_place: bool = _IN_PLACE, backup: Optional[Path] = _BACKUP, dry_run: bool = _DRY,
-    json_out: bool = _JSON, timeout: float = _TIMEOUT,
+    output: Path | None = _OUT,
+    model: Path | None = typer.Option(None, "--model", "-m", help="GGUF model: test-load the result."),
+    force: bool = _FORCE,
+    in_place: bool = _IN_PLACE,
+    backup: Path | None = _BACKUP,
+    dry_run: bool = _DRY,
+    json_out: bool = _JSON,
+    timeout: float = _TIMEOUT,
+    llama_lib: Path | None = _LLAMA_LIB,
 ) -> None:
-    """Remove the SDFT appendix and every checkpoint's draft and speculative blobs; the target state stays byte-identical."""
+    """Remove the SDFT appendix and every checkpoint's draft and speculative blobs; the target
+    state stays byte-identical."""
     from .repair_cmd import run_repair
 
-    raise typer.Exit(run_repair("strip-draft", file, output, force=force, in_place=in_place, backup=backup,
-                                dry_run=dry_run, json_out=json_out, model=model, timeout=timeout))
+    raise typer.Exit(
+        run_repair(
+            "strip-draft",
+            file,
+            output,
+            force=force,
+            in_place=in_place,
+            backup=backup,
+            dry_run=dry_run,
+            json_out=json_out,
+            model=model,
+            timeout=timeout,
+            llama_lib=llama_lib,
+        )
+    )
 
 
-@app.command("re-save", context_settings=HELP, epilog=_examples(
-    "slotfile re-save slot0.bin -m model.gguf --flash-attn on -o fa.bin",
-    "slotfile re-save slot0.bin -m model.gguf --tokens plain -o plain.bin",
-))
+@app.command(
+    "re-save",
+    context_settings=HELP,
+    epilog=_examples(
+        "slotfile re-save slot0.bin -m model.gguf --flash-attn on -o fa.bin",
+        "slotfile re-save slot0.bin -m model.gguf --tokens plain -o plain.bin",
+    ),
+)
 def re_save(
     file: Path = typer.Argument(..., help="Slot file (opened read-only)."),
-    output: Optional[Path] = _OUT,
-    model: Optional[Path] = typer.Option(None, "--model", "-m", help="GGUF model (required)."),
-    draft_model: Optional[Path] = _DRAFT,
-    flash_attn: Optional[str] = typer.Option(None, "--flash-attn", help="on|off: write the V layout for this setting."),
-    tokens: Optional[str] = typer.Option(None, "--tokens", help="packed|plain: convert the token payload."),
-    recompute: bool = typer.Option(False, "--recompute", help="With --flash-attn: prefill the tokens again instead of rewriting V."),
-    force: bool = _FORCE, in_place: bool = _IN_PLACE, backup: Optional[Path] = _BACKUP, dry_run: bool = _DRY,
-    json_out: bool = _JSON, timeout: float = _TIMEOUT,
+    output: Path | None = _OUT,
+    model: Path | None = typer.Option(None, "--model", "-m", help="GGUF model (required)."),
+    draft_model: Path | None = _DRAFT,
+    flash_attn: str | None = typer.Option(None, "--flash-attn", help="on|off: write the V layout for this setting."),
+    tokens: str | None = typer.Option(None, "--tokens", help="packed|plain: convert the token payload."),
+    recompute: bool = typer.Option(
+        False, "--recompute", help="With --flash-attn: prefill the tokens again instead of rewriting V."
+    ),
+    force: bool = _FORCE,
+    in_place: bool = _IN_PLACE,
+    backup: Path | None = _BACKUP,
+    dry_run: bool = _DRY,
+    json_out: bool = _JSON,
+    timeout: float = _TIMEOUT,
+    llama_lib: Path | None = _LLAMA_LIB,
 ) -> None:
     """Load the body through llama.cpp and write it again, keeping the checkpoints and draft state."""
     from .repair_cmd import run_repair
 
-    raise typer.Exit(run_repair("re-save", file, output, force=force, in_place=in_place, backup=backup,
-                                dry_run=dry_run, json_out=json_out, model=model, draft_model=draft_model,
-                                flash_attn=flash_attn, tokens=tokens, recompute=recompute, timeout=timeout))
+    raise typer.Exit(
+        run_repair(
+            "re-save",
+            file,
+            output,
+            force=force,
+            in_place=in_place,
+            backup=backup,
+            dry_run=dry_run,
+            json_out=json_out,
+            model=model,
+            draft_model=draft_model,
+            flash_attn=flash_attn,
+            tokens=tokens,
+            recompute=recompute,
+            timeout=timeout,
+            llama_lib=llama_lib,
+        )
+    )
 
 
 def main() -> None:

@@ -80,6 +80,7 @@ def run_repair(
     tokens: str | None = None,
     recompute: bool = False,
     timeout: float = 600.0,
+    llama_lib: Path | None = None,
 ) -> int:
     try:
         opts = Options(
@@ -92,6 +93,7 @@ def run_repair(
             tokens=tokens.lower() if tokens else None,
             recompute=recompute,
             timeout=timeout,
+            llama_lib=str(llama_lib) if llama_lib is not None else None,
         )
         if opts.tokens not in (None, "packed", "plain"):
             raise ValueError(f"--tokens takes packed or plain, not {tokens!r}")

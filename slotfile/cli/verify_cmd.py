@@ -3,7 +3,11 @@
 JSON (``--json``), schema ``slotfile.verify/1``; keys are only ever added::
 
     {"schema": "slotfile.verify/1",
-     "loader": {"llama_cpp_python": "0.3.36", "state_seq_version": 3, "session_version": 10} | null,
+     "loader": {"llama_cpp_python": "0.3.36", "state_seq_version": 3, "session_version": 10,
+                "library": "/path/to/libllama.so", "library_source": "installed" | "--llama-lib" |
+                "SLOTFILE_LLAMA_LIB" | "LLAMA_CPP_LIB_PATH" | "llama-server on PATH", "files": int} | null,
+     "loaders": [same as "loader", one per library used: the run's own first, then the
+                 llama-server's when its version matched files the first could not load],
      "model": str | null, "draft_model": str | null, "deep": bool,
      "tolerances": {"row": {"float": .05, "8-bit": .08, "low-bit": .25},
                     "logits": {"float": .05, "8-bit": .10, "low-bit": .10}},
@@ -24,7 +28,7 @@ JSON (``--json``), schema ``slotfile.verify/1``; keys are only ever added::
      "exit_code": 0 | 4 | 8}
 
 ``details``: structure {format, version, layout, checkpoints, draft}; model {arch, n_vocab,
-n_ctx_train, memory_class}; load {settings, body_bytes, crashed, message, checkpoints,
+n_ctx_train, memory_class}; load {library, settings, body_bytes, crashed, message, checkpoints,
 checkpoint_drafts, draft, log}; deep {layers: [{section, part, layer, type, cells, max_abs,
 mean_abs, rel, worst_cell_rel, worst_cell, worst_pos, tolerance}], logits {max_abs, mean_abs,
 rel, scale, top5_restored, top5_recomputed, all_finite, tolerance}, probe_token,
@@ -39,7 +43,7 @@ import platform
 import sys
 import time
 import xml.etree.ElementTree as ET
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -71,22 +75,48 @@ TABLE_WIDTH = 200  # when stdout is not a terminal: one line per file where poss
 STRUCTURE_ONLY = "(structure only; add --model to test-load)"
 
 
-def run_verify(paths: list[Path], model: Path | None, draft_model: Path | None, deep: bool, n_gpu_layers: int,
-               jobs: int, json_out: bool, junit: Path | None, timeout: float = 300.0, scan: bool = False,
-               pool: LoaderPool | None = None, quiet: bool = False) -> int:
+def run_verify(
+    paths: list[Path],
+    model: Path | None,
+    draft_model: Path | None,
+    deep: bool,
+    n_gpu_layers: int,
+    jobs: int,
+    json_out: bool,
+    junit: Path | None,
+    timeout: float = 300.0,
+    scan: bool = False,
+    pool: LoaderPool | None = None,
+    quiet: bool = False,
+    llama_lib: Path | None = None,
+) -> int:
     """``pool``: loader workers already started for ``model`` (they load it meanwhile).
-    ``quiet``: no table, only the failing files and the summary (JSON is unchanged)."""
+    ``quiet``: no table, only the failing files and the summary (JSON is unchanged).
+    ``llama_lib``: the folder holding the libllama.so the workers load (--llama-lib)."""
     try:
-        return _run_verify(paths, model, draft_model, deep, n_gpu_layers, jobs, json_out, junit, timeout, scan, pool,
-                           quiet)
+        return _run_verify(
+            paths, model, draft_model, deep, n_gpu_layers, jobs, json_out, junit, timeout, scan, pool, quiet, llama_lib
+        )
     finally:
         if pool is not None:
             pool.close()
 
 
-def _run_verify(paths: list[Path], model: Path | None, draft_model: Path | None, deep: bool, n_gpu_layers: int,
-                jobs: int, json_out: bool, junit: Path | None, timeout: float, scan: bool,
-                pool: LoaderPool | None, quiet: bool) -> int:
+def _run_verify(
+    paths: list[Path],
+    model: Path | None,
+    draft_model: Path | None,
+    deep: bool,
+    n_gpu_layers: int,
+    jobs: int,
+    json_out: bool,
+    junit: Path | None,
+    timeout: float,
+    scan: bool,
+    pool: LoaderPool | None,
+    quiet: bool,
+    llama_lib: Path | None = None,
+) -> int:
     if deep and model is None:
         fail("--deep needs --model (the recompute runs the model)")
         return USAGE
@@ -100,8 +130,16 @@ def _run_verify(paths: list[Path], model: Path | None, draft_model: Path | None,
     files, errors = collect(paths)
     for e in errors:
         fail(e)
-    opts = Options(model=str(model) if model else None, draft_model=str(draft_model) if draft_model else None,
-                   deep=deep, n_gpu_layers=n_gpu_layers, jobs=jobs, timeout=timeout, scan=scan)
+    opts = Options(
+        model=str(model) if model else None,
+        draft_model=str(draft_model) if draft_model else None,
+        deep=deep,
+        n_gpu_layers=n_gpu_layers,
+        jobs=jobs,
+        timeout=timeout,
+        scan=scan,
+        llama_lib=str(llama_lib) if llama_lib is not None else None,
+    )
     try:
         verifier = Verifier(opts, pool)
     except VerifyError as e:
@@ -110,15 +148,22 @@ def _run_verify(paths: list[Path], model: Path | None, draft_model: Path | None,
     show = not quiet and err.is_terminal and (any(p.is_dir() for p in paths) or model is not None or len(files) > 1)
     reports: list[FileReport] = []
     try:
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=err, transient=True, disable=not show) as progress:
+        with Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=err,
+            transient=True,
+            disable=not show,
+        ) as progress:
             task = progress.add_task("verifying", total=len(files))
 
             def done(r: FileReport) -> None:
                 progress.update(task, advance=1, description=f"verified {escape_text(Path(r.path).name, 40)}")
 
             reports = verifier.run(files, done)
-        loader = dict(verifier.pool.info) if verifier.pool is not None else None
+        loaders = verifier.loaders()
     except VerifyError as e:
         fail(str(e))
         return OPERATIONAL
@@ -135,7 +180,7 @@ def _run_verify(paths: list[Path], model: Path | None, draft_model: Path | None,
         rc = PROBLEMS
     else:
         rc = OK
-    doc = document(reports, errors, opts, loader, elapsed, rc)
+    doc = document(reports, errors, opts, loaders, elapsed, rc)
     if junit is not None:
         try:
             write_junit(junit, reports, errors, opts, elapsed)
@@ -146,17 +191,18 @@ def _run_verify(paths: list[Path], model: Path | None, draft_model: Path | None,
     if json_out:
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
     elif reports:  # nothing verified: the error lines on stderr say why, stdout stays empty
-        render(reports, loader, elapsed, structure_only=opts.model is None, quiet=quiet)
+        render(reports, loaders, elapsed, structure_only=opts.model is None, quiet=quiet)
     return rc
 
 
-def document(reports: list[FileReport], errors: list[str], opts: Options, loader: dict[str, Any] | None,
-             elapsed: float, rc: int) -> dict[str, Any]:
+def document(
+    reports: list[FileReport], errors: list[str], opts: Options, loaders: list[dict[str, Any]], elapsed: float, rc: int
+) -> dict[str, Any]:
     counts = {v: sum(1 for r in reports if r.verdict == v) for v in ("pass", "fail", "error")}
     return {
         "schema": SCHEMA,
-        "loader": None if loader is None else {k: loader.get(k) for k in
-                                               ("llama_cpp_python", "state_seq_version", "session_version")},
+        "loader": loaders[0] if loaders else None,
+        "loaders": loaders,
         "model": opts.model,
         "draft_model": opts.draft_model,
         "deep": opts.deep,
@@ -199,8 +245,13 @@ def _problem_cell(r: FileReport) -> Text:
     return Text(escape_text(f"warning: {warnings[0]}"), style="yellow") if warnings else Text("")
 
 
-def render(reports: list[FileReport], loader: dict[str, Any] | None, elapsed: float, structure_only: bool = False,
-           quiet: bool = False) -> None:
+def render(
+    reports: list[FileReport],
+    loaders: list[dict[str, Any]],
+    elapsed: float,
+    structure_only: bool = False,
+    quiet: bool = False,
+) -> None:
     if quiet:  # the failing files, one line each, then the summary (unreadable ones are on stderr already)
         for r in reports:
             if r.verdict == "fail":
@@ -214,22 +265,42 @@ def render(reports: list[FileReport], loader: dict[str, Any] | None, elapsed: fl
     if structure_only:
         line += f" {STRUCTURE_ONLY}"
     line += f" in {elapsed:.1f} s"
-    if loader:
-        line += (f"; loader llama-cpp-python {loader.get('llama_cpp_python')} "
-                 f"(state version {loader.get('state_seq_version')})")
+    for i, ld in enumerate(loaders):
+        line += "; loader" if i == 0 else f"; for {ld.get('files')} file(s) the library of the llama-server on PATH:"
+        line += (
+            f" llama-cpp-python {ld.get('llama_cpp_python')} with {ld.get('library')} "
+            f"(state version {ld.get('state_seq_version')}, session version {ld.get('session_version')})"
+        )
     out.print(line, soft_wrap=True)
 
 
 def _table(reports: list[FileReport]) -> None:
     table = Table(title="slotfile verify", title_justify="left")
-    for col, just in (("file", "left"), ("size", "right"), ("tokens", "right"), ("levels", "left"),
-                      ("level reached", "left"), ("verdict", "left"), ("first problem", "left")):
+    for col, just in (
+        ("file", "left"),
+        ("size", "right"),
+        ("tokens", "right"),
+        ("levels", "left"),
+        ("level reached", "left"),
+        ("verdict", "left"),
+        ("first problem", "left"),
+    ):
         table.add_column(col, justify=just, overflow="fold")  # type: ignore[arg-type]
     for r in reports:
-        levels = " ".join(f"{name[0].upper()}:{_STATUS_MARK[r.levels[name].status]}" for name in LEVELS) if not r.error else "-"
-        table.add_row(Text(escape_text(r.path)), human_size(r.size) if r.size is not None else "-",
-                      str(r.n_tokens) if r.n_tokens is not None else "-", levels, _reached(r), _verdict_cell(r),
-                      _problem_cell(r))
+        levels = (
+            " ".join(f"{name[0].upper()}:{_STATUS_MARK[r.levels[name].status]}" for name in LEVELS)
+            if not r.error
+            else "-"
+        )
+        table.add_row(
+            Text(escape_text(r.path)),
+            human_size(r.size) if r.size is not None else "-",
+            str(r.n_tokens) if r.n_tokens is not None else "-",
+            levels,
+            _reached(r),
+            _verdict_cell(r),
+            _problem_cell(r),
+        )
     if out.is_terminal or os.environ.get("COLUMNS"):
         out.print(table)
     else:  # a pipe or a file: wide enough for one line per file
@@ -246,12 +317,26 @@ def write_junit(path: Path, reports: list[FileReport], errors: list[str], opts: 
     failures = sum(1 for r in reports if r.verdict == "fail")
     errs = sum(1 for r in reports if r.verdict == "error") + len(errors)
     total = len(reports) + len(errors)
-    root = ET.Element("testsuites", name="slotfile verify", tests=str(total), failures=str(failures),
-                      errors=str(errs), time=f"{elapsed:.3f}")
-    suite = ET.SubElement(root, "testsuite", name="slotfile.verify", tests=str(total), failures=str(failures),
-                          errors=str(errs), skipped="0", time=f"{elapsed:.3f}",
-                          timestamp=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S"),
-                          hostname=_x(platform.node()))
+    root = ET.Element(
+        "testsuites",
+        name="slotfile verify",
+        tests=str(total),
+        failures=str(failures),
+        errors=str(errs),
+        time=f"{elapsed:.3f}",
+    )
+    suite = ET.SubElement(
+        root,
+        "testsuite",
+        name="slotfile.verify",
+        tests=str(total),
+        failures=str(failures),
+        errors=str(errs),
+        skipped="0",
+        time=f"{elapsed:.3f}",
+        timestamp=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S"),
+        hostname=_x(platform.node()),
+    )
     props = ET.SubElement(suite, "properties")
     for k, v in (("model", opts.model), ("draft_model", opts.draft_model), ("deep", opts.deep)):
         ET.SubElement(props, "property", name=k, value=_x(v if v is not None else ""))

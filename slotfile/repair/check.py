@@ -24,41 +24,80 @@ def make_check(opts: Options, test_draft: bool, report: Report) -> Callable[[str
                 return False, f"the output still reads with errors: {errs[0].line()}"
             if opts.model is None:
                 return True, ""
-            res = _test_load(sf, path, opts, test_draft, report)
+            used: dict[str, Any] = {}  # which library test-loaded it
+            res = _test_load(sf, path, opts, test_draft, report, used)
             if res is None:
                 return True, ""
         finally:
             close(sf)
         report.timings["test-load"] = time.monotonic() - t0
-        return _judge(res, report)
+        verdict = _judge(res, report)
+        if report.test_load is not None:
+            report.test_load.update(used)
+        return verdict
 
     return check
 
 
-def _test_load(sf: SlotFile, path: str, opts: Options, test_draft: bool, report: Report) -> Any:
-    """The loader's result, or None when the installed llama.cpp cannot load this state
-    version at all (the test-load is skipped, with a note)."""
-    from ..loader import LoaderError, LoaderPool, settings_for
+def _test_load(sf: SlotFile, path: str, opts: Options, test_draft: bool, report: Report, used: dict[str, Any]) -> Any:
+    """The loader's result, or None when no llama.cpp at hand loads this state version (the
+    test-load is skipped, with a note).  The library: --llama-lib, else $SLOTFILE_LLAMA_LIB,
+    else llama-cpp-python's own and, when that one's version is not the file's, the one beside
+    the llama-server on PATH."""
+    from ..loader import LIB_ENV, Library, LoaderError, LoaderPool, library_label, server_library, settings_for
 
     assert opts.model is not None
-    try:
-        tiny = os.path.getsize(opts.model) < 64 << 20  # ggml's spinning threads only cost there
-        with LoaderPool(
-            opts.model,
+    model = opts.model
+    tiny = os.path.getsize(model) < 64 << 20  # ggml's spinning threads only cost there
+
+    def pool_over(lib: str | Library | None) -> LoaderPool:
+        return LoaderPool(
+            model,
             opts.draft_model if test_draft else None,
             n_gpu_layers=opts.n_gpu_layers,
             threads=1 if tiny else None,
-        ) as pool:
+            llama_lib=lib,
+        )
+
+    def load(pool: LoaderPool) -> Any:
+        res = pool.load(path, settings_for(sf, n_gpu_layers=opts.n_gpu_layers), timeout=opts.timeout, sf=sf)
+        info = getattr(pool, "info", None)
+        if isinstance(info, dict) and info.get("library"):
+            used.update(
+                library=info.get("library"),
+                library_source=info.get("library_source"),
+                state_seq_version=info.get("state_seq_version"),
+            )
+            if info.get("library_source") != "installed":  # the default stays unsaid, as before
+                report.notes.append(
+                    f"test-loaded with {library_label(info)} (state version "
+                    f"{info.get('state_seq_version')}, chosen by {info.get('library_source')})"
+                )
+        return res
+
+    try:
+        with pool_over(opts.llama_lib) as pool:
             have = pool.state_seq_version
-            if have is not None and sf.version is not None and sf.version != have:
-                report.test_load = {
-                    "ok": None,
-                    "message": f"skipped: the file has state version "
-                    f"{sf.version}, the installed llama.cpp loads version {have} only",
-                }
-                report.notes.append(report.test_load["message"])
-                return None
-            return pool.load(path, settings_for(sf, n_gpu_layers=opts.n_gpu_layers), timeout=opts.timeout, sf=sf)
+            if have is None or sf.version is None or sf.version == have:
+                return load(pool)
+            tried = ""
+            lib = getattr(pool, "library", None)
+            if lib is not None and lib.source not in ("--llama-lib", LIB_ENV):
+                folder, where = server_library()
+                tried = f" ({where})"
+                if folder is not None and folder != pool.info.get("library_dir"):
+                    with pool_over(Library(folder, "llama-server on PATH")) as alt:
+                        if alt.state_seq_version == sf.version:
+                            return load(alt)
+                        tried = f" ({where} loads version {alt.state_seq_version})"
+            report.test_load = {
+                "ok": None,
+                "message": f"skipped: the file has state version {sf.version}, the "
+                f"loader ({library_label(pool.info)}) loads version {have} only{tried}; pass "
+                f"--llama-lib DIR with a version {sf.version} build of llama.cpp to test-load it",
+            }
+            report.notes.append(report.test_load["message"])
+            return None
     except LoaderError as e:
         raise Operational(str(e)) from None
 

@@ -34,6 +34,7 @@ class Options:
     recompute: bool = False  # re-save: prefill instead of transposing V
     timeout: float = 600.0
     n_gpu_layers: int = 0
+    llama_lib: str | None = None  # a folder holding libllama.so for every worker (--llama-lib)
 
 
 @dataclass(slots=True)
@@ -60,8 +61,7 @@ class Planned:
     rebuilt_body: bool = False
 
 
-def start(command: str, sf: SlotFile, dry_run: bool, temps: list[str] | None,
-          sink: list[Report] | None) -> Planned:
+def start(command: str, sf: SlotFile, dry_run: bool, temps: list[str] | None, sink: list[Report] | None) -> Planned:
     """A fresh report for ``sf``, handed to ``sink`` at once so a refusal still shows what
     was found before it."""
     report = Report(command, sf.path, input_size=sf.size, dry_run=dry_run)
@@ -83,8 +83,11 @@ def header_tokens_ok(sf: SlotFile) -> None:
 
 
 def body_ok(sf: SlotFile) -> bool:
-    return (sf.body is not None and sf.body.layout is not None
-            and not any(p.section == "body" or p.section.startswith("body.") for p in sf.errors))
+    return (
+        sf.body is not None
+        and sf.body.layout is not None
+        and not any(p.section == "body" or p.section.startswith("body.") for p in sf.errors)
+    )
 
 
 def tgt_partial(sf: SlotFile) -> tuple[str, ...] | None:

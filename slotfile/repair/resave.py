@@ -224,6 +224,8 @@ class _Job:
                 "checkpoints_at": at,
                 "out": base,
                 "blobs": blobs,
+                "llama_lib": opts.llama_lib,
+                "state_version": sf.version,
             },
             timeout=opts.timeout,
         )
@@ -280,6 +282,8 @@ class _Job:
                 "words": self.new_words,
                 "out": base,
                 "n_tokens": sf.n_tokens,
+                "llama_lib": opts.llama_lib,
+                "state_version": sf.version,
             },
             timeout=opts.timeout,
         )

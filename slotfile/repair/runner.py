@@ -51,6 +51,13 @@ def run(command: str, input_path: str, target: Target | None, opts: Options, *, 
         for m in (opts.model, opts.draft_model):
             if m is not None and not os.path.isfile(m):
                 raise Operational(f"model {m} not found")
+        if opts.model is not None:  # an unusable --llama-lib fails before anything is planned
+            from ..loader import LoaderError, resolve_library
+
+            try:
+                resolve_library(opts.llama_lib)
+            except LoaderError as e:
+                raise Operational(str(e)) from None
         return _attempts(r)
     except Refused as e:
         if r.retries and not any(n.startswith("first attempt") for n in r.report.notes):

@@ -178,6 +178,8 @@ def _run_prefill(
             "checkpoints_at": at,
             "out": base,
             "blobs": blobs,
+            "llama_lib": opts.llama_lib,
+            "state_version": sf.version,
         },
         timeout=opts.timeout,
     )
@@ -337,7 +339,7 @@ def _body_by_loader(
     assert opts.model is not None
     t0 = time.monotonic()
     try:
-        res = test_load(sf.path, opts.model, None, ls, timeout=opts.timeout)
+        res = test_load(sf.path, opts.model, None, ls, timeout=opts.timeout, llama_lib=opts.llama_lib)
     except LoaderError as e:
         raise Operational(str(e)) from None
     finally:

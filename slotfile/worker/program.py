@@ -13,6 +13,12 @@ It imports llama_cpp, :mod:`slotfile.worker.settings` and the standard library (
 for ``deep``): an abort or a segfault inside llama.cpp kills this process and nothing else,
 and its start-up overlaps the parent's own imports.
 
+Which llama.cpp: llama-cpp-python opens ``$LLAMA_CPP_LIB_PATH/libllama.so`` when the parent sets
+that variable (``--llama-lib``), else its own build.  A library that does not load is one
+``library_error`` line to the parent.  The hello reports the library's path and the state and
+session versions it writes, read from the headers of two tiny files it saves
+(:func:`detect_versions`, a few ms), never the Python package's constants.
+
 Requests (``op``); every context comes from :func:`context_params`:
 
 * ``load``: ``llama_state_seq_load_file`` the way the server restores a slot (a sizing pass
@@ -35,6 +41,7 @@ Requests (``op``); every context comes from :func:`context_params`:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import itertools
 import json
@@ -176,8 +183,13 @@ class Model:
         return self.recurrent or self.hybrid or self.n_swa > 0
 
     def info(self) -> dict[str, Any]:
-        return {"recurrent": self.recurrent, "hybrid": self.hybrid, "n_swa": self.n_swa,
-                "n_vocab": self.n_vocab, "needs_checkpoints": self.needs_checkpoints}
+        return {
+            "recurrent": self.recurrent,
+            "hybrid": self.hybrid,
+            "n_swa": self.n_swa,
+            "n_vocab": self.n_vocab,
+            "needs_checkpoints": self.needs_checkpoints,
+        }
 
     def context(self, s: LoadSettings, n_batch: int = BATCH) -> Any:
         """A context with these settings, memory cleared (cached: creating one is not free)."""
@@ -191,7 +203,8 @@ class Model:
             if not ctx:
                 raise ContextError(
                     f"llama.cpp could not create a context with n_ctx {s.n_ctx}, n_seq_max {s.n_seq_max}, "
-                    f"kv_unified {s.kv_unified}, flash_attn {s.flash_attn}, type_k {s.type_k}, type_v {s.type_v}")
+                    f"kv_unified {s.kv_unified}, flash_attn {s.flash_attn}, type_k {s.type_k}, type_v {s.type_v}"
+                )
             self.contexts[key] = ctx
             return ctx  # llama.cpp zeroes a new cache's buffers: clearing them again costs a pass
         # a reused context: forget its cells and zero the buffers, so that nothing the last
@@ -222,8 +235,11 @@ def complete_settings(model: Model, d: dict[str, Any], n_tokens: int) -> dict[st
         if s.get(key) is None:
             missing.append(key.replace("_", "-"))
     if missing:
-        raise Failed("the damaged file does not show its " + ", ".join(missing) +
-                     " setting(s); give them (--flash-attn, --cache-type-k, --cache-type-v)")
+        raise Failed(
+            "the damaged file does not show its "
+            + ", ".join(missing)
+            + " setting(s); give them (--flash-attn, --cache-type-k, --cache-type-v)"
+        )
     n_seq = int(s.get("n_seq_max") or 1)
     s["n_seq_max"] = n_seq
     s["kv_unified"] = bool(s.get("kv_unified") or False)
@@ -263,8 +279,10 @@ def _set_blob(ctx: Any, blob: bytes, seq: int, flags: int) -> tuple[bool, str]:
     if n == 0:
         why = "; ".join(dict.fromkeys(x for x in _recent if x))
         return False, "llama_state_seq_set_data_ext rejected the blob" + (f": {why}" if why else "")
-    return False, (f"consumed {n} of {len(blob)} bytes: the server's common_prompt_checkpoint::load_* "
-                   "would GGML_ABORT on this blob")
+    return False, (
+        f"consumed {n} of {len(blob)} bytes: the server's common_prompt_checkpoint::load_* "
+        "would GGML_ABORT on this blob"
+    )
 
 
 def _get_blob(ctx: Any, seq: int, flags: int) -> bytes:
@@ -325,10 +343,75 @@ def _segments(n: int, cuts: list[int]) -> list[tuple[int, int]]:
     return list(itertools.pairwise(bounds))
 
 
+# ---------------------------------------------------------------------------------------
+# which library, which versions
+# ---------------------------------------------------------------------------------------
+
+GGSQ_MAGIC_WORD = 0x67677371  # 'ggsq' (LLAMA_STATE_SEQ_MAGIC)
+GGSN_MAGIC_WORD = 0x6767736E  # 'ggsn' (LLAMA_SESSION_MAGIC)
+
+
+def library_path() -> str:
+    """The libllama the bindings actually opened (LLAMA_CPP_LIB_PATH or the package's own)."""
+    import llama_cpp.llama_cpp as bindings
+
+    name = getattr(getattr(bindings, "_lib", None), "_name", None)
+    return os.path.abspath(name) if name else "?"
+
+
+def _header_version(path: str, magic: int) -> int | None:
+    with open(path, "rb") as f:
+        head = f.read(8)
+    if len(head) < 8:
+        return None
+    m, v = struct.unpack("<II", head)
+    return int(v) if m == magic else None
+
+
+def detect_versions(model: Model) -> dict[str, Any]:
+    """The state and session versions the loaded library writes, read back from the headers
+    of two tiny files it saves (llama_state_seq_save_file, llama_state_save_file) from an
+    empty one-sequence context: llama.h's version macros are compile-time constants that no
+    exported function returns (llama_version() is the release string), and the Python
+    package's LLAMA_STATE_SEQ_VERSION describes the library it was built with, not this one."""
+    import tempfile
+
+    t0 = time.monotonic()
+    out: dict[str, Any] = {"state_seq_version": None, "session_version": None, "error": None}
+    p = L.llama_context_default_params()
+    p.n_ctx = 256
+    p.n_batch = p.n_ubatch = 8
+    p.n_seq_max = 1
+    p.n_threads = p.n_threads_batch = 1
+    p.no_perf = True
+    ctx = L.llama_init_from_model(model.ptr, p)
+    if not ctx:
+        out["error"] = "llama.cpp could not create a context to save a test state: " + (_why() or "no reason logged")
+        out["seconds"] = time.monotonic() - t0
+        return out
+    fd, tmp = tempfile.mkstemp(prefix="slotfile-version-", suffix=".bin")
+    os.close(fd)
+    try:
+        none = (L.llama_token * 1)()
+        if int(L.llama_state_seq_save_file(ctx, tmp.encode(), 0, none, 0)):
+            out["state_seq_version"] = _header_version(tmp, GGSQ_MAGIC_WORD)
+        if bool(L.llama_state_save_file(ctx, tmp.encode(), none, 0)):
+            out["session_version"] = _header_version(tmp, GGSN_MAGIC_WORD)
+        if out["state_seq_version"] is None:
+            out["error"] = "the library's llama_state_seq_save_file wrote no GGSQ header: " + (_why() or "?")
+    finally:
+        L.llama_free(ctx)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+    out["seconds"] = time.monotonic() - t0
+    return out
+
+
 class Worker:
     def __init__(self, args: argparse.Namespace) -> None:
         self.model = Model(args.model, args.n_gpu_layers, args.threads)
         self.draft = Model(args.draft_model, args.n_gpu_layers, args.threads) if args.draft_model else None
+        self.versions = detect_versions(self.model)
 
     def hello(self) -> dict[str, Any]:
         import llama_cpp
@@ -337,13 +420,24 @@ class Worker:
             "ok": True,
             "pid": os.getpid(),
             "llama_cpp_python": getattr(llama_cpp, "__version__", "?"),
-            "state_seq_version": int(L.LLAMA_STATE_SEQ_VERSION),
-            "session_version": int(L.LLAMA_SESSION_VERSION),
+            # what the library itself writes (detect_versions), not the Python package's constants
+            "state_seq_version": self.versions.get("state_seq_version"),
+            "session_version": self.versions.get("session_version"),
+            "version_error": self.versions.get("error"),
+            "detect_seconds": self.versions.get("seconds"),
+            "python_state_seq_version": int(L.LLAMA_STATE_SEQ_VERSION),
+            "python_session_version": int(L.LLAMA_SESSION_VERSION),
+            "library": library_path(),
             "n_vocab": self.model.n_vocab,
             "n_ctx_train": self.model.n_ctx_train,
             "draft_n_vocab": self.draft.n_vocab if self.draft else None,
             "model": self.model.info(),
         }
+
+    def _state_version(self) -> int:
+        """The state version this library writes (the header of a recomputed state must say it)."""
+        v = self.versions.get("state_seq_version")
+        return int(v) if v is not None else int(L.LLAMA_STATE_SEQ_VERSION)
 
     # ---------------------------------------------------------------- load
 
@@ -373,8 +467,15 @@ class Worker:
         path, s = req["path"], _settings(req["settings"])
         seq = s.seq_id
         fmt = req.get("format", "GGSQ")
-        out: dict[str, Any] = {"ok": False, "message": "", "body_bytes": 0, "checkpoints": [],
-                               "checkpoint_drafts": [], "draft": None, "notes": []}
+        out: dict[str, Any] = {
+            "ok": False,
+            "message": "",
+            "body_bytes": 0,
+            "checkpoints": [],
+            "checkpoint_drafts": [],
+            "draft": None,
+            "notes": [],
+        }
         try:
             ctx = self.model.context(s)
         except ContextError as e:
@@ -457,7 +558,7 @@ class Worker:
             from slotfile.grammar import GGSQ_MAGIC, file_header  # lazily: start-up stays cheap
 
             with open(req["out"], "wb") as f:  # a GGSQ file with no tokens: header + body
-                f.write(file_header(GGSQ_MAGIC, int(L.LLAMA_STATE_SEQ_VERSION), 0))
+                f.write(file_header(GGSQ_MAGIC, self._state_version(), 0))
                 f.write(blob[8:])
             _decode(ctx, [probe], len(tokens), seq, True)
             recomputed = self._logits(ctx)
@@ -494,8 +595,10 @@ class Worker:
         model = self.model
         bad = [t for t in tokens if not 0 <= t < model.n_vocab]
         if bad:
-            raise Failed(f"token {bad[0]} is outside the model's vocabulary of {model.n_vocab} "
-                         "(a different model, or media positions that cannot be prefilled)")
+            raise Failed(
+                f"token {bad[0]} is outside the model's vocabulary of {model.n_vocab} "
+                "(a different model, or media positions that cannot be prefilled)"
+            )
         s = complete_settings(model, req.get("settings") or {}, n)
         seq = s["seq_id"]
         at = req.get("checkpoints_at")
@@ -542,9 +645,17 @@ class Worker:
         size = os.path.getsize(req["out"])
         if written != size:
             raise Failed(f"llama_state_seq_save_file reported {written} bytes, the file has {size}")
-        return {"ok": True, "message": f"prefilled {n} tokens", "model": model.info(),
-                "settings": s, "draft_settings": ds, "file_size": size, "checkpoints": cps,
-                "draft": draft, "n_batch": n_batch}
+        return {
+            "ok": True,
+            "message": f"prefilled {n} tokens",
+            "model": model.info(),
+            "settings": s,
+            "draft_settings": ds,
+            "file_size": size,
+            "checkpoints": cps,
+            "draft": draft,
+            "n_batch": n_batch,
+        }
 
     # ---------------------------------------------------------------- resave
 
@@ -561,9 +672,16 @@ class Worker:
         written = _save_seq_file(ctx, req["out"], seq, words)
         if written == 0:
             raise Failed("llama_state_seq_save_file wrote nothing: " + _why())
-        return {"ok": True, "message": f"loaded {ret} bytes and saved {written}", "load_ret": ret,
-                "n_words_loaded": n_words, "file_size": os.path.getsize(req["out"]), "settings": s,
-                "pos_range": [pmin, pmax], "model": model.info()}
+        return {
+            "ok": True,
+            "message": f"loaded {ret} bytes and saved {written}",
+            "load_ret": ret,
+            "n_words_loaded": n_words,
+            "file_size": os.path.getsize(req["out"]),
+            "settings": s,
+            "pos_range": [pmin, pmax],
+            "model": model.info(),
+        }
 
     def handle(self, req: dict[str, Any]) -> dict[str, Any]:
         op = req.get("op")
@@ -594,7 +712,15 @@ def main() -> int:
     os.dup2(2, 1)
     sys.stdout = sys.stderr
 
-    import llama_cpp
+    lib_dir = os.environ.get("LLAMA_CPP_LIB_PATH")
+    try:
+        import llama_cpp
+    except Exception as e:  # a missing, broken or incompatible library: one line for the parent
+        where = f"the llama.cpp library in {lib_dir}" if lib_dir else "llama-cpp-python's own llama.cpp library"
+        why = " ".join(str(e).split()) or type(e).__name__
+        _send({"ok": False, "library_error": True, "message": f"{where} cannot be loaded: {why}"})
+        return 1
+    _mark("library loaded")
 
     L = llama_cpp
     _log_callback = L.llama_log_callback(_log_cb)

@@ -34,9 +34,16 @@ class LoadSettings:
     def from_dict(cls, d: dict[str, Any]) -> LoadSettings:
         """From the dict form; cache types may be ids or names (``"f16"``, ``"q8_0"``).
         Raises ValueError for an unknown type name, KeyError for a missing field."""
-        return cls(n_ctx=int(d["n_ctx"]), n_seq_max=int(d["n_seq_max"]), kv_unified=bool(d["kv_unified"]),
-                   flash_attn=bool(d["flash_attn"]), type_k=type_id(d["type_k"]), type_v=type_id(d["type_v"]),
-                   n_gpu_layers=int(d.get("n_gpu_layers") or 0), seq_id=int(d.get("seq_id") or 0))
+        return cls(
+            n_ctx=int(d["n_ctx"]),
+            n_seq_max=int(d["n_seq_max"]),
+            kv_unified=bool(d["kv_unified"]),
+            flash_attn=bool(d["flash_attn"]),
+            type_k=type_id(d["type_k"]),
+            type_v=type_id(d["type_v"]),
+            n_gpu_layers=int(d.get("n_gpu_layers") or 0),
+            seq_id=int(d.get("seq_id") or 0),
+        )
 
 
 def pad_ctx(n: int) -> int:
