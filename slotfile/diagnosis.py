@@ -213,7 +213,7 @@ def _repair_for(errors: list[ProblemRef], facts: Facts) -> NextStep:
     if facts.format == "GGSN":
         return NextStep("nothing can be repaired: the repair commands handle slot files (GGSQ), "
                         "not whole-context session files")
-    if "header" in areas or "other" in areas and not ({"body", "sckp", "draft", "trailing"} & areas):
+    if "header" in areas or ("other" in areas and not ({"body", "sckp", "draft", "trailing"} & areas)):
         return NextStep("nothing can be repaired: the header or the token payload is damaged, and without "
                         "the tokens nothing that would load can be saved")
     if "body" in areas:
