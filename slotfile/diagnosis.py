@@ -65,16 +65,20 @@ CAUSE_WORDS = {
     Cause.NOT_SLOT_FILE: "not a slot file",
     Cause.UNSUPPORTED: "not readable by this slotfile",
 }
-CAUSE_SHORT = {Cause.DAMAGED: "damaged", Cause.MISMATCH: "wrong model", Cause.NOT_SLOT_FILE: "not a slot file",
-               Cause.UNSUPPORTED: "unsupported"}
+CAUSE_SHORT = {
+    Cause.DAMAGED: "damaged",
+    Cause.MISMATCH: "wrong model",
+    Cause.NOT_SLOT_FILE: "not a slot file",
+    Cause.UNSUPPORTED: "unsupported",
+}
 
 NOT_SLOT_FILE_CODES = frozenset({"not-slot-file"})
 UNSUPPORTED_CODES = frozenset({"unsupported-layout"})
 # verify's own "could not check" codes (a missing draft model, a type the scan cannot read)
-VERIFY_CANNOT_CHECK = frozenset({"not-checked", "draft-not-checked", "draft-not-loaded", "unscanned-type",
-                                 "version-mismatch"})
+VERIFY_CANNOT_CHECK = frozenset(
+    {"not-checked", "draft-not-checked", "draft-not-loaded", "unscanned-type", "version-mismatch"}
+)
 DRAFT_LOAD_CODES = frozenset({"draft-rejected", "checkpoint-draft-rejected"})
-DEEP_PREFIX = "deep-"
 
 
 def problem_class(code: str, severity: str) -> Cause:
@@ -106,8 +110,10 @@ class ProblemRef:
 
 def refs_of(sf: SlotFile) -> list[ProblemRef]:
     """A parsed file's problems (inspect, dump): the model check's at the model level."""
-    return [ProblemRef("model" if p.from_model else "structure", str(p.severity), p.code, p.section, p.message)
-            for p in sf.problems]
+    return [
+        ProblemRef("model" if p.from_model else "structure", str(p.severity), p.code, p.section, p.message)
+        for p in sf.problems
+    ]
 
 
 def file_cause(problems: Iterable[ProblemRef]) -> Cause | None:
@@ -155,8 +161,9 @@ def facts_of(sf: SlotFile, model: str | None = None) -> Facts:
     others = [_v_trans(b.body) for ck in sf.checkpoints for b in (ck.tgt,)]
     others = [v for v in others if v is not None]
     media = bool(sf.tokens is not None and sf.tokens.media)
-    return Facts(sf.path, str(sf.format), model, media, body_vt,
-                 body_vt is not None and any(v != body_vt for v in others))
+    return Facts(
+        sf.path, str(sf.format), model, media, body_vt, body_vt is not None and any(v != body_vt for v in others)
+    )
 
 
 def _v_trans(body: object) -> int | None:
@@ -200,8 +207,10 @@ def next_step(cause: Cause | None, problems: Iterable[ProblemRef], facts: Facts)
     if cause == Cause.UNSUPPORTED:
         return NextStep("nothing to repair: this slotfile cannot read the layout (the bytes may be fine)")
     if cause == Cause.MISMATCH:
-        return NextStep("nothing to repair: the file reads cleanly but was saved with another model; "
-                        "verify it with the GGUF that saved it (--model), or discard it")
+        return NextStep(
+            "nothing to repair: the file reads cleanly but was saved with another model; "
+            "verify it with the GGUF that saved it (--model), or discard it"
+        )
     return _repair_for(errors, facts)
 
 
@@ -209,37 +218,52 @@ def _repair_for(errors: list[ProblemRef], facts: Facts) -> NextStep:
     path, out = _q(facts.path), _q(_out_name(facts.path))
     model = _q(facts.model) if facts.model else "MODEL.gguf"
     damaged = [p for p in errors if p.cls == Cause.DAMAGED]
-    areas = {_area(p.section) for p in damaged}
+    if damaged and all(p.level == "deep" for p in damaged):
+        return NextStep(
+            "nothing can be repaired: the stored values differ from a recompute of the tokens "
+            "(damaged values, or saved by another model of this shape); discard the file and let "
+            "the server recompute the prompt"
+        )
+    areas = {_area(p.section) for p in damaged if p.level != "deep"}
     if facts.format == "GGSN":
-        return NextStep("nothing can be repaired: the repair commands handle slot files (GGSQ), "
-                        "not whole-context session files")
+        return NextStep(
+            "nothing can be repaired: the repair commands handle slot files (GGSQ), not whole-context session files"
+        )
     if "header" in areas or ("other" in areas and not ({"body", "sckp", "draft", "trailing"} & areas)):
-        return NextStep("nothing can be repaired: the header or the token payload is damaged, and without "
-                        "the tokens nothing that would load can be saved")
+        return NextStep(
+            "nothing can be repaired: the header or the token payload is damaged, and without "
+            "the tokens nothing that would load can be saved"
+        )
     if "body" in areas:
         if facts.media:
-            return NextStep("nothing can be repaired: the body is damaged and the tokens include media chunks, "
-                            "which cannot be prefilled again")
-        return NextStep("rebuild the body from the stored tokens (keeps every intact checkpoint and draft state)",
-                        f"slotfile truncate-recover {path} -o {out} --model {model}")
+            return NextStep(
+                "nothing can be repaired: the body is damaged and the tokens include media chunks, "
+                "which cannot be prefilled again"
+            )
+        return NextStep(
+            "rebuild the body from the stored tokens (keeps every intact checkpoint and draft state)",
+            f"slotfile truncate-recover {path} -o {out} --model {model}",
+        )
     structural = {_area(p.section) for p in damaged if p.level == "structure"}
     if structural:  # the body is intact: keep it, drop the damaged appendix parts and trailing bytes
         cmd = f"slotfile truncate-recover {path} -o {out}" + (f" --model {model}" if facts.model else "")
         return NextStep("keep the intact body and every whole checkpoint; drop the damaged rest", cmd)
     loader = [p for p in damaged if p.level == "load"]
     if loader and all(p.code in DRAFT_LOAD_CODES for p in loader):
-        return NextStep("only the draft state is refused: remove it (the target state stays byte-identical)",
-                        f"slotfile strip-draft {path} -o {out}")
+        return NextStep(
+            "only the draft state is refused: remove it (the target state stays byte-identical)",
+            f"slotfile strip-draft {path} -o {out}",
+        )
     if any(p.code == "checkpoint-rejected" for p in loader) and facts.v_trans_differs:
         fa = "on" if facts.body_v_trans == 0 else "off"
-        return NextStep("the checkpoints' V layout is not the body's: write every part with one flash-attention "
-                        "setting", f"slotfile re-save {path} -o {out} --model {model} --flash-attn {fa}")
+        return NextStep(
+            "the checkpoints' V layout is not the body's: write every part with one flash-attention setting",
+            f"slotfile re-save {path} -o {out} --model {model} --flash-attn {fa}",
+        )
     if loader:
-        return NextStep("llama.cpp refuses part of the state: rebuild what it refuses (checkpoints that fail "
-                        "their test-load are dropped, a refused body is prefilled again from the tokens)",
-                        f"slotfile truncate-recover {path} -o {out} --model {model}")
-    if any(p.code.startswith(DEEP_PREFIX) for p in damaged):
-        return NextStep("nothing can be repaired: the stored values differ from a recompute of the tokens "
-                        "(damaged values, or saved by another model of this shape); discard the file and let "
-                        "the server recompute the prompt")
+        return NextStep(
+            "llama.cpp refuses part of the state: rebuild what it refuses (checkpoints that fail "
+            "their test-load are dropped, a refused body is prefilled again from the tokens)",
+            f"slotfile truncate-recover {path} -o {out} --model {model}",
+        )
     return NextStep("nothing can be repaired automatically")

@@ -138,9 +138,7 @@ def _token_problems(tp: TokenPayload, n_vocab: int) -> list[Problem]:
         else f"id {t}, outside the model's vocabulary [0, {n_vocab})"
     )
     more = f" ({where.size} such tokens)" if where.size > 1 else ""
-    return [
-        Problem(Severity.ERROR, TOKEN_OUT_OF_VOCAB, "tokens", tp.ids_offset + 4 * i, f"token {i} is {what}{more}")
-    ]
+    return [Problem(Severity.ERROR, TOKEN_OUT_OF_VOCAB, "tokens", tp.ids_offset + 4 * i, f"token {i} is {what}{more}")]
 
 
 def _position_problems(body: Body, n_ctx_train: int) -> list[Problem]:

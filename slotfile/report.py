@@ -168,8 +168,9 @@ def tokens_json(sf: SlotFile, with_ids: bool) -> dict[str, Any] | None:
     return d
 
 
-def to_json(sf: SlotFile, *, with_tokens: bool = False, text: str | None = None,
-            model_path: str | None = None) -> dict[str, Any]:
+def to_json(
+    sf: SlotFile, *, with_tokens: bool = False, text: str | None = None, model_path: str | None = None
+) -> dict[str, Any]:
     """The ``slotfile.dump/1`` document.  Beyond ``verdict`` (ok | ok with warnings | damaged:
     does the file have errors), ``cause`` says why it fails (damaged, mismatch, not-a-slot-file,
     unsupported; null without errors), ``next_step`` / ``repair_command`` what to do about it,

@@ -241,5 +241,7 @@ def _verdict(sf: SlotFile, model_path: Path | None = None) -> None:
         )
     step = next_step(cause, refs, facts_of(sf, str(model_path) if model_path else None))
     if step is not None and cause != Cause.NOT_SLOT_FILE:  # a wrong input says what to pass in its problem
-        out.print(Text(escape_text(f"next step: {step.text}" + (f": {step.command}" if step.command else "")),
-                       style="cyan"), soft_wrap=True)
+        out.print(
+            Text(escape_text(f"next step: {step.text}" + (f": {step.command}" if step.command else "")), style="cyan"),
+            soft_wrap=True,
+        )

@@ -230,7 +230,8 @@ def render(reports: list[FileReport], loader: dict[str, Any] | None, elapsed: fl
             if r.verdict == "fail":
                 out.print(escape_text(f"{r.path}: {r.verdict}: {r.first_problem}"), soft_wrap=True)
     elif out.is_terminal or os.environ.get("COLUMNS"):
-        _listing(reports, base, out.width)
+        cols = os.environ.get("COLUMNS", "")
+        _listing(reports, base, int(cols) if cols.isdigit() else out.width)
     else:  # a pipe or a file: one line per file, nothing wrapped
         for r in reports:
             _pipe_line(r, base)
@@ -273,6 +274,10 @@ def _listing(reports: list[FileReport], base: Path | None, width: int) -> None:
         line = Text(fmt.format(*row))
         line.stylize(_VERDICT_STYLE[r.verdict] if r.verdict != "pass" or not _warnings(r) else "bold yellow",
                      0, len(row[0]))
+        if len(line) >= width:  # the path would wrap mid-word at the edge: it goes on its own line
+            line = line[: len(line) - len(row[4])]
+            line.rstrip()
+            line.append("\n" + DETAIL_INDENT + row[4])
         out.print(line, soft_wrap=True)
         for style, text in _details(r):
             if style == "command":  # whole, to copy and paste
