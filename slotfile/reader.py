@@ -166,15 +166,19 @@ def recognise_foreign(head: bytes, size: int, path: str = "FILE") -> str | None:
     GGUF model, a compressed file, text), with what to pass instead; None when it is not one
     of these (then a wrong magic means damage)."""
     if size == 0:
-        return ("empty file (0 bytes), not a slot file: nothing was saved in it "
-                "(a save that failed before writing, or a file created empty)")
+        return (
+            "empty file (0 bytes), not a slot file: nothing was saved in it "
+            "(a save that failed before writing, or a file created empty)"
+        )
     for magic, what, todo in FOREIGN_MAGICS:
         if head.startswith(magic):
             return f"this is {what}, not a slot file: {todo.format(file=shlex.quote(path))}"
     if _is_text(head):
         start = head[:40].decode("utf-8", "replace").split("\n")[0]
-        return (f"this is a text file (it starts {start!r}), not a slot file: slot files are binary, "
-                "written by llama-server's POST /slots/{id}?action=save")
+        return (
+            f"this is a text file (it starts {start!r}), not a slot file: slot files are binary, "
+            "written by llama-server's POST /slots/{id}?action=save"
+        )
     return None
 
 
@@ -212,8 +216,11 @@ def _parse_file(sf: SlotFile, view: memoryview) -> None:
         sf.format = FileFormat.GGSN
         known = GGSN_VERSIONS
     else:
-        zeros = " (all its first bytes are zero: the data was never written, or was wiped)" if not any(
-            view[:TEXT_SAMPLE]) else ""
+        zeros = (
+            " (all its first bytes are zero: the data was never written, or was wiped)"
+            if not any(view[:TEXT_SAMPLE])
+            else ""
+        )
         sf.problem(
             "error",
             "bad-magic",
