@@ -186,7 +186,7 @@ def re_save(
 
 @app.command(context_settings=HELP, epilog=_examples(
     "slotfile completion bash > ~/.local/share/bash-completion/completions/slotfile",
-    "slotfile completion zsh > ~/.zfunc/_slotfile",
+    "echo 'source <(slotfile completion zsh)' >> ~/.zshrc",
     "slotfile completion fish > ~/.config/fish/completions/slotfile.fish",
 ))
 def completion(shell: str = typer.Argument(..., help="bash, zsh or fish.")) -> None:
