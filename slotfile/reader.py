@@ -162,14 +162,10 @@ TEXT_SAMPLE = 4096  # bytes looked at to call a file text
 
 
 def recognise_foreign(head: bytes, size: int, path: str = "FILE") -> str | None:
-    """A one-line description of a file that is clearly not a slot or session file (empty, a
-    GGUF model, a compressed file, text), with what to pass instead; None when it is not one
-    of these (then a wrong magic means damage)."""
-    if size == 0:
-        return (
-            "empty file (0 bytes), not a slot file: nothing was saved in it "
-            "(a save that failed before writing, or a file created empty)"
-        )
+    """A one-line description of a file that is clearly not a slot or session file (a GGUF
+    model, a compressed file, text), with what to pass instead; None when it is not one of
+    these (then a wrong magic means damage).  An empty file is not one of them: it is a slot
+    file cut at 0 (a save that failed before writing), reported as truncated."""
     for magic, what, todo in FOREIGN_MAGICS:
         if head.startswith(magic):
             return f"this is {what}, not a slot file: {todo.format(file=shlex.quote(path))}"
@@ -196,11 +192,22 @@ def _is_text(head: bytes) -> bool:
 def _parse_file(sf: SlotFile, view: memoryview) -> None:
     size = len(view)
     magic = bytes(view[:4])
-    if magic not in (g.GGSQ_MAGIC.to_bytes(4, "little"), g.GGSN_MAGIC.to_bytes(4, "little")):
+    slot_magics = (g.GGSQ_MAGIC.to_bytes(4, "little"), g.GGSN_MAGIC.to_bytes(4, "little"))
+    if size and not any(m.startswith(magic) for m in slot_magics):  # a cut magic ("qs") is a cut slot file
         foreign = recognise_foreign(bytes(view[:TEXT_SAMPLE]), size, sf.path)
         if foreign is not None:
             sf.problem("error", NOT_SLOT_FILE, "header", 0, foreign)
             return
+    if size == 0:
+        sf.problem(
+            "error",
+            "truncated",
+            "header",
+            0,
+            "empty file (0 bytes): nothing was saved in it (a save that "
+            "failed before writing, or a file created empty); there is nothing to recover",
+        )
+        return
     if size < 12:
         sf.problem("error", "truncated", "header", size, f"file of {size} bytes: a header needs 12")
         if magic in (b"qsgg", b"nsgg"):

@@ -97,7 +97,6 @@ def test_next_step_placeholders_and_v_layout():
 @pytest.mark.parametrize(
     "data, says",
     [
-        (b"", "empty file (0 bytes), not a slot file"),
         (b"GGUF\x03\x00\x00\x00" + bytes(64), "this is a GGUF model, not a slot file: pass it with --model"),
         (
             b"\x1f\x8b\x08\x00" + bytes(64),
@@ -116,6 +115,16 @@ def test_wrong_inputs_are_named(data: bytes, says: str):
     (p,) = sf.problems
     assert (p.code, p.section, p.offset) == ("not-slot-file", "header", 0) and says in p.message, p.message
     assert file_cause(refs_of(sf)) == Cause.NOT_SLOT_FILE
+
+
+def test_an_empty_file_is_a_cut_slot_file():
+    """A save that failed before writing: truncated at 0, nothing to recover (a wrong input it is not)."""
+    sf = parse_buffer(b"", "e.slot")
+    (p,) = sf.problems
+    assert (p.code, p.offset) == ("truncated", 0) and p.message.startswith("empty file (0 bytes)")
+    assert file_cause(refs_of(sf)) == Cause.DAMAGED
+    step = next_step(Cause.DAMAGED, refs_of(sf), Facts("e.slot", "unknown"))
+    assert step is not None and step.command is None and step.text.startswith("nothing can be repaired")
 
 
 def test_damage_is_not_mistaken_for_a_wrong_input():

@@ -69,7 +69,7 @@ def test_listing_fits_the_terminal(mixed: Path, columns: int):
     assert lines[i + 1].startswith("    structure: body at offset 7856:")
     step = [ln for ln in lines[i + 1 : i + 6] if ln.strip().startswith("slotfile truncate-recover")]
     assert step and step[0].strip().endswith("--model MODEL.gguf")
-    assert lines[-1].startswith("6 file(s): 1 pass, 5 fail (1 damaged, 4 not a slot file)")
+    assert lines[-1].startswith("6 file(s): 1 pass, 5 fail (2 damaged, 3 not a slot file)")
 
 
 def test_pipe_one_line_per_file(mixed: Path):
@@ -81,7 +81,9 @@ def test_pipe_one_line_per_file(mixed: Path):
     assert by_name["good.slot"] == "good.slot: pass [S:ok M:- L:- D:-]"
     assert "this is a GGUF model, not a slot file: pass it with --model" in by_name["model.bin"]
     assert by_name["model.bin"].startswith("model.bin: not a slot file [S:FAIL M:- L:- D:-] structure: header at")
-    assert "empty file (0 bytes)" in by_name["empty.slot"]
+    assert by_name["empty.slot"].startswith(
+        "empty.slot: damaged [S:FAIL M:- L:- D:-] structure: header at offset 0: empty file (0 bytes)"
+    )
     assert "this is a text file" in by_name["response.slot"]
     assert f"gunzip -k {mixed / 'packed.slot'}" in by_name["packed.slot"]
     cut = by_name["deeper/still-deeper/a-rather-long-slot-file-name-0001.slot"]
@@ -93,7 +95,8 @@ def test_json_cause_and_next_step(mixed: Path):
     files = {Path(f["path"]).name: f for f in doc["files"]}
     assert doc["exit_code"] == 4
     assert files["good.slot"]["cause"] is None and files["good.slot"]["next_step"] is None
-    for name in ("empty.slot", "model.bin", "response.slot", "packed.slot"):
+    assert files["empty.slot"]["cause"] == "damaged" and files["empty.slot"]["repair_command"] is None
+    for name in ("model.bin", "response.slot", "packed.slot"):
         f = files[name]
         assert (f["verdict"], f["cause"], f["repair_command"]) == ("fail", "not-a-slot-file", None), f
         (p,) = f["levels"]["structure"]["problems"]
