@@ -12,8 +12,6 @@ import sys
 
 from slotfile.exitcodes import OK, USAGE
 
-from .common import fail
-
 SHELLS = ("bash", "zsh", "fish")
 PROG = "slotfile"
 COMPLETE_VAR = "_SLOTFILE_COMPLETE"
@@ -30,6 +28,8 @@ def enable_if_completing() -> None:
 
 def run_completion(shell: str) -> int:
     if shell not in SHELLS:
+        from .common import fail  # not at import: main() imports this module on every start
+
         fail(f"unknown shell {shell!r}: give one of {', '.join(SHELLS)}", "completion")
         return USAGE
     from typer.completion import get_completion_script
