@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from .diagnosis import facts_of, file_cause, next_step, problem_class, refs_of
 from .ggml_types import type_name
 from .layout import MemoryKind
 from .reader import GGSN_VERSIONS, GGSQ_VERSIONS
@@ -167,7 +168,17 @@ def tokens_json(sf: SlotFile, with_ids: bool) -> dict[str, Any] | None:
     return d
 
 
-def to_json(sf: SlotFile, *, with_tokens: bool = False, text: str | None = None) -> dict[str, Any]:
+def to_json(
+    sf: SlotFile, *, with_tokens: bool = False, text: str | None = None, model_path: str | None = None
+) -> dict[str, Any]:
+    """The ``slotfile.dump/1`` document.  Beyond ``verdict`` (ok | ok with warnings | damaged:
+    does the file have errors), ``cause`` says why it fails (damaged, mismatch, not-a-slot-file,
+    unsupported; null without errors), ``next_step`` / ``repair_command`` what to do about it,
+    and each problem its ``class`` (slotfile.diagnosis).  ``model_path``: the --model, for the
+    repair command."""
+    refs = refs_of(sf)
+    cause = file_cause(refs)
+    step = next_step(cause, refs, facts_of(sf, model_path))
     known = GGSQ_VERSIONS if sf.format == FileFormat.GGSQ else GGSN_VERSIONS
     d: dict[str, Any] = {
         "schema": SCHEMA,
@@ -184,8 +195,11 @@ def to_json(sf: SlotFile, *, with_tokens: bool = False, text: str | None = None)
         "sdft": appendix_json(sf.draft, sf),
         "trailing": {"offset": sf.trailing[0], "size": sf.trailing[1]} if sf.trailing else None,
         "sections": [{"name": s.name, "offset": s.offset, "size": s.size, "note": s.note} for s in sf.sections],
-        "problems": [p.to_dict() for p in sf.problems],
+        "problems": [{**p.to_dict(), "class": problem_class(p.code, p.severity)} for p in sf.problems],
         "verdict": sf.verdict,
+        "cause": cause,
+        "next_step": step.text if step else None,
+        "repair_command": step.command if step else None,
     }
     if sf.version is not None:
         d["header"] = {

@@ -144,7 +144,8 @@ CORPUS: tuple[Damage, ...] = (
     Damage("sckp-count-corrupt", corrupt_sckp_count, "fail", "structure", 0, codes=("over-cap",)),
     Damage("checkpoint-len-plus-one", ckpt_blob_plus_one, "fail", "structure", 0),
     Damage("body-truncated", truncate_body, "fail", "structure", 0, codes=("truncated",)),
-    Damage("version-4", version_4, "fail", "load", 2, codes=("version-mismatch",)),
+    # another state version than the installed loader's: the load cannot be checked here (skipped, not failed)
+    Damage("version-4", version_4, "pass", None, 2),
     Damage(
         "recurrent-two-cells",
         recurrent_two_cells,

@@ -316,7 +316,25 @@ def re_save(
     )
 
 
+@app.command(
+    context_settings=HELP,
+    epilog=_examples(
+        "slotfile completion bash > ~/.local/share/bash-completion/completions/slotfile",
+        "echo 'source <(slotfile completion zsh)' >> ~/.zshrc",
+        "slotfile completion fish > ~/.config/fish/completions/slotfile.fish",
+    ),
+)
+def completion(shell: str = typer.Argument(..., help="bash, zsh or fish.")) -> None:
+    """Print the shell completion script (commands, options, file names); nothing is installed."""
+    from .completion_cmd import run_completion
+
+    raise typer.Exit(run_completion(shell))
+
+
 def main() -> None:
+    from .completion_cmd import enable_if_completing
+
+    enable_if_completing()
     app(prog_name="slotfile")
 
 
