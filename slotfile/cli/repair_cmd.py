@@ -1,4 +1,4 @@
-"""``slotfile truncate-recover``, ``strip-draft`` and ``re-save``: the commands that write."""
+"""``slotfile truncate-recover``, ``strip-draft``, ``re-save`` and ``migrate``: the commands that write."""
 
 from __future__ import annotations
 
@@ -80,6 +80,7 @@ def run_repair(
     tokens: str | None = None,
     recompute: bool = False,
     timeout: float = 600.0,
+    to_version: int | None = None,
 ) -> int:
     try:
         opts = Options(
@@ -92,6 +93,7 @@ def run_repair(
             tokens=tokens.lower() if tokens else None,
             recompute=recompute,
             timeout=timeout,
+            to_version=to_version,
         )
         if opts.tokens not in (None, "packed", "plain"):
             raise ValueError(f"--tokens takes packed or plain, not {tokens!r}")

@@ -14,14 +14,21 @@ from .common import Operational, Options, close
 from .report import Report
 
 
-def make_check(opts: Options, test_draft: bool, report: Report) -> Callable[[str], tuple[bool, str]]:
+def make_check(
+    opts: Options, test_draft: bool, report: Report, model_level: bool = False
+) -> Callable[[str], tuple[bool, str]]:
+    """The check of a written temp file.  ``model_level``: also read it against --model /
+    --draft-model (migrate), and list the checks that ran in ``report.checked``."""
+
     def check(path: str) -> tuple[bool, str]:
         t0 = time.monotonic()
-        sf = open_slot_file(path)
+        sf = open_slot_file(path, **(_expectations(opts) if model_level else {}))
         try:
             errs = sf.errors
             if errs:
                 return False, f"the output still reads with errors: {errs[0].line()}"
+            if model_level:
+                report.checked = ["structure"] + (["model"] if sf.expect or sf.draft_expect else [])
             if opts.model is None:
                 return True, ""
             res = _test_load(sf, path, opts, test_draft, report)
@@ -33,6 +40,19 @@ def make_check(opts: Options, test_draft: bool, report: Report) -> Callable[[str
         return _judge(res, report)
 
     return check
+
+
+def _expectations(opts: Options) -> dict[str, Any]:
+    from ..expect import expect_from_model
+    from ..model import ModelError, load_model_info
+
+    try:
+        return {
+            "expect": expect_from_model(load_model_info(opts.model)) if opts.model else None,
+            "draft_expect": expect_from_model(load_model_info(opts.draft_model)) if opts.draft_model else None,
+        }
+    except ModelError as e:
+        raise Operational(str(e)) from None
 
 
 def _test_load(sf: SlotFile, path: str, opts: Options, test_draft: bool, report: Report) -> Any:
@@ -49,14 +69,15 @@ def _test_load(sf: SlotFile, path: str, opts: Options, test_draft: bool, report:
             n_gpu_layers=opts.n_gpu_layers,
             threads=1 if tiny else None,
         ) as pool:
-            have = pool.state_seq_version
+            # the hook for a llama.cpp of the file's own version: the pool's library decides
+            have = pool.info.get("session_version") if sf.format == "GGSN" else pool.state_seq_version
             if have is not None and sf.version is not None and sf.version != have:
                 report.test_load = {
                     "ok": None,
-                    "message": f"skipped: the file has state version "
+                    "message": f"the file has {'session' if sf.format == 'GGSN' else 'state'} version "
                     f"{sf.version}, the installed llama.cpp loads version {have} only",
                 }
-                report.notes.append(report.test_load["message"])
+                report.notes.append(f"test-load skipped: {report.test_load['message']}")
                 return None
             return pool.load(path, settings_for(sf, n_gpu_layers=opts.n_gpu_layers), timeout=opts.timeout, sf=sf)
     except LoaderError as e:
