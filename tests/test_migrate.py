@@ -192,7 +192,9 @@ def test_cli_migrate(tmp_path: Path):
     r = slotfile_cli("migrate", SLOTS / "llama_q8_0_fa.slot", "-o", out, "--to", "4", "--json")
     assert r.exit_code == 4 and not out.exists()
     assert "give --model" in json.loads(r.stdout)["reason"]
-    r = slotfile_cli("migrate", SLOTS / "llama_q8_0_fa.slot", "-o", out, "--to", "4", "-m", FIXTURES / "models" / "llama.gguf")
+    r = slotfile_cli(
+        "migrate", SLOTS / "llama_q8_0_fa.slot", "-o", out, "--to", "4", "-m", FIXTURES / "models" / "llama.gguf"
+    )
     assert r.exit_code == 0, r.stdout + r.stderr
     assert "header: version 3 -> 4" in r.stdout and "checked: structure, model" in r.stdout
     assert open_slot_file(out).version == 4
@@ -218,21 +220,35 @@ print(ret)
 
 
 @pytest.mark.llama
-@pytest.mark.skipif(_v4_lib() is None, reason="no version-4 libllama: set SLOTFILE_LLAMA_LIB to its folder (CI builds it)")
-@pytest.mark.parametrize(("name", "fa", "tk", "tv"), [("llama128_q8_0_fa.slot", "1", "q8_0", "q8_0"),
-                                                      ("llama128_q8_0_k_nofa.slot", "0", "q8_0", "f16")])
+@pytest.mark.skipif(
+    _v4_lib() is None, reason="no version-4 libllama: set SLOTFILE_LLAMA_LIB to its folder (CI builds it)"
+)
+@pytest.mark.parametrize(
+    ("name", "fa", "tk", "tv"),
+    [("llama128_q8_0_fa.slot", "1", "q8_0", "q8_0"), ("llama128_q8_0_k_nofa.slot", "0", "q8_0", "f16")],
+)
 def test_a_migrated_file_loads_through_a_v4_library(tmp_path: Path, name: str, fa: str, tk: str, tv: str):
     model = FIXTURES / "models" / "llama128.gguf"
     out = tmp_path / "m4.slot"
     assert _migrate(TWINS / name, out, 4, model).outcome == Outcome.REPAIRED
     env = {**os.environ, "LLAMA_CPP_LIB_PATH": str(_v4_lib())}
-    res = subprocess.run([sys.executable, "-c", LOAD, str(FIXTURES), str(model), str(out), fa, tk, tv],
-                         env=env, capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [sys.executable, "-c", LOAD, str(FIXTURES), str(model), str(out), fa, tk, tv],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     assert int(res.stdout.split()[-1]) == open_slot_file(out).body.end
     # and a file whose rotation words were zeroed is refused by that library
     zero = tmp_path / "zero.slot"
     _zero_rotation(out, zero)
-    res = subprocess.run([sys.executable, "-c", LOAD, str(FIXTURES), str(model), str(zero), fa, tk, tv],
-                         env=env, capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [sys.executable, "-c", LOAD, str(FIXTURES), str(model), str(zero), fa, tk, tv],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 0 and int(res.stdout.split()[-1]) == 0

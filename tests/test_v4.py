@@ -34,7 +34,9 @@ def _streams(body: Any) -> list[Any]:
 
 
 def test_every_memory_kind_is_covered():
-    kinds = {e["memory"] for e in V4_EXTRA["files"]} | {"iswa" if "gemma3" in e["file"] else "kv" for e in V4_MANIFEST["slots"]}
+    kinds = {e["memory"] for e in V4_EXTRA["files"]} | {
+        "iswa" if "gemma3" in e["file"] else "kv" for e in V4_MANIFEST["slots"]
+    }
     assert kinds >= {"kv", "iswa", "recurrent", "hybrid"}
     assert any(e["arch"] == "deepseek2" for e in V4_EXTRA["files"])  # MLA
     assert any(e["kind"] == "session" for e in V4_EXTRA["files"])  # GGSN 11

@@ -128,12 +128,12 @@ def _with_model(sf: SlotFile, opts: Options) -> SlotFile:
     except ModelError as e:
         raise Operational(str(e)) from None
     read = open_slot_file(sf.path, expect=exp, draft_expect=dexp)
-    for e in (exp, dexp):
-        if e is not None and not e.modelled:
+    for x in (exp, dexp):
+        if x is not None and not x.modelled:
             close(read)
             raise Refused(
-                f"the rotation widths of {e.arch} ({e.memory_class}) are not modelled: "
-                f"{'; '.join(e.notes) or 'unknown layout'}"
+                f"the rotation widths of {x.arch} ({x.memory_class}) are not modelled: "
+                f"{'; '.join(x.notes) or 'unknown layout'}"
             )
     return read
 
@@ -180,9 +180,7 @@ def _stream_widths(
             quantized = [t for t in types if t is not None and is_quantized(t)]
             if quantized or body.memory_class in INDEXER_CLASSES:
                 why = "a quantized KV cache" if quantized else "a lightning-indexer cache (always rotated)"
-                raise Refused(
-                    f"{sec}: {why}: its rotation width depends on the model's head size; give {model_opt}"
-                )
+                raise Refused(f"{sec}: {why}: its rotation width depends on the model's head size; give {model_opt}")
             out.append((sec, st, (0, 0)))
     return out
 
@@ -255,9 +253,7 @@ def _blob_lengths(sf: SlotFile, edits: list[Edit], report: Report) -> list[Edit]
         delta = sum(e.delta for e in edits if start <= e.offset < end)
         if delta:
             out.append(Edit(b.offset, 8, g.blob_length(b.length + delta)))
-            sec = next(
-                (f"sckp.checkpoint[{ck.index}]" for ck in sf.checkpoints if b in (ck.tgt, ck.dft)), "sdft"
-            )
+            sec = next((f"sckp.checkpoint[{ck.index}]" for ck in sf.checkpoints if b in (ck.tgt, ck.dft)), "sdft")
             report.change(sec, f"len_{b.name.removeprefix('data_')}", b.length, b.length + delta)
     return out
 
@@ -283,9 +279,7 @@ def _plan(sf: SlotFile, edits: list[Edit], to: int, report: Report) -> Plan:
 
 
 def _exactness(sf: SlotFile, to: int) -> str:
-    quantized = any(
-        is_quantized(r.type_id) for _, r in sf.value_runs() if r.part in ("K", "V")
-    )
+    quantized = any(is_quantized(r.type_id) for _, r in sf.value_runs() if r.part in ("K", "V"))
     if not quantized:
         return "exact: no KV cache is quantized, so nothing is rotated in either version"
     env = " (LLAMA_ATTN_ROT_DISABLE is set here: widths of 0)" if attn_rot_disabled() else ""
