@@ -36,6 +36,7 @@ from construct import (
     Computed,
     Const,
     Construct,
+    Default,
     ConstructError,
     If,
     IfThenElse,
@@ -578,8 +579,8 @@ def _kv_stream_data(has_v: bool, legacy: bool = False) -> Struct:
         ),
         # GGSQ 4 / GGSN 11 (param ``rot``): the K and V Hadamard rotation widths of the cache,
         # 0 when not rotated (llama_kv_cache::state_write_data, llama.cpp of 2026-10-06)
-        "n_rot_k" / If(_rot, RotWord),
-        "n_rot_v" / If(_rot, RotWord),
+        "n_rot_k" / If(_rot, Default(RotWord, 0)),  # Default: a build object without it (v3) is fine
+        "n_rot_v" / If(_rot, Default(RotWord, 0)),
         "trial_post" / ExtraWords(lambda c: c._params.get("trial_post", 0), "unknown metadata words"),
         "k" / Seq("K", this.n_layer, KVLayer, 12),
     ]

@@ -490,7 +490,7 @@ def _report_trial(sf: SlotFile, det: Detection, start: int, end: int) -> bool:
         "trial-version",
         "body",
         start,
-        f"{sf.format} version {sf.version} is newer than slotfile knows: parsed by trial, {how}; "
+        f"{sf.format} version {sf.version} parsed by trial, {how} (slotfile knows versions up to {newest}); "
         "the meaning of any new fields is unknown",
     )
     return True

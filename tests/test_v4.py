@@ -4,7 +4,10 @@ make_v4_fixtures.py) read by the grammar, checked against the model, and repaire
 from __future__ import annotations
 
 import json
+import os
 import struct
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -143,10 +146,25 @@ def test_dump_and_inspect_name_the_rotation_words():
     assert s0["n_rot_v"] == {"offset": st.rot_offset + 4, "value": 64}
     text = slotfile_cli("dump", path).stdout
     assert f"{st.rot_offset}  body.blocks[0].streams[0].n_rot_k" in text
-    out = slotfile_cli("inspect", path).stdout
+    out = _inspect(path)
     assert "K rotated, width 128; V rotated, width 64" in out
-    assert "no rotation" in slotfile_cli("inspect", V4 / "llama_f16_fa.slot").stdout
-    assert "rotation" not in slotfile_cli("inspect", SLOTS / "llama_f16_fa.slot").stdout
+    assert "K rotated, width 128; V not rotated" in _inspect(V4 / "llama128_q8_0_k_nofa.slot")
+    assert "no rotation" in _inspect(V4 / "llama_f16_fa.slot")
+    assert "rotation" not in _inspect(SLOTS / "llama_f16_fa.slot")
+
+
+def _inspect(path: Path) -> str:
+    """``slotfile inspect`` in its own process (its rich console writes to the real stdout)."""
+    r = subprocess.run(
+        [sys.executable, "-m", "slotfile", "inspect", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "200"},
+        cwd=FIXTURES.parent,
+    )
+    assert r.returncode == 0, r.stderr
+    return r.stdout
 
 
 def test_a_v3_body_labelled_4_is_told_apart():

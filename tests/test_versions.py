@@ -32,7 +32,8 @@ def test_version_5_with_a_v4_body_parses_by_trial():
     sf = parse_buffer(_with_version(data, 5))
     assert not sf.errors
     assert [p.code for p in sf.problems] == ["trial-version"]
-    assert "GGSQ version 5 is newer than slotfile knows" in sf.problems[0].message
+    assert "GGSQ version 5 parsed by trial" in sf.problems[0].message
+    assert "slotfile knows versions up to 4" in sf.problems[0].message
     assert "exactly like version 4" in sf.problems[0].message
 
 
