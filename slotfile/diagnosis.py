@@ -75,9 +75,7 @@ CAUSE_SHORT = {
 NOT_SLOT_FILE_CODES = frozenset({"not-slot-file"})
 UNSUPPORTED_CODES = frozenset({"unsupported-layout"})
 # verify's own "could not check" codes (a missing draft model, a type the scan cannot read)
-VERIFY_CANNOT_CHECK = frozenset(
-    {"not-checked", "draft-not-checked", "draft-not-loaded", "unscanned-type"}
-)
+VERIFY_CANNOT_CHECK = frozenset({"not-checked", "draft-not-checked", "draft-not-loaded", "unscanned-type"})
 # a library named with --llama-lib that cannot load the file's state version: the file does not
 # match what the user asked to load it with (a version the loader found by itself is a skip)
 LOADER_MISMATCH_CODES = frozenset({"version-mismatch"})

@@ -69,6 +69,9 @@ def block_json(b: MemoryBlock, ext: int) -> dict[str, Any]:
                 sd["cells"] = _cells(st.cells, ext)
                 sd["v_trans"] = _f(sc.data.v_trans_offset, st.v_trans)
                 sd["n_layer"] = _f(sc.data.v_trans_offset + 4, st.n_layer)
+                if st.rot_offset is not None:  # state version 4 / session 11
+                    sd["n_rot_k"] = _f(st.rot_offset, st.n_rot_k)
+                    sd["n_rot_v"] = _f(st.rot_offset + 4, st.n_rot_v)
                 sd["k"] = [_run(r) for r in st.k]
                 sd["v"] = [_run(r) for r in st.v]
             streams.append(sd)

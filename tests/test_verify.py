@@ -359,14 +359,14 @@ def test_cli_directory_with_no_slot_files_fails(tmp_path):
 
 
 def test_cli_shows_warnings_in_the_table(tmp_path):
-    """A version-4 file with a version-3 body reads by trial: a structure warning, shown in the
+    """A version-5 file with a version-3 body reads by trial: a structure warning, shown in the
     table (verdict and first-problem column), not only by inspect."""
     data = (SLOTS / "gemma3_iswa_fa.slot").read_bytes()
-    p = tmp_path / "v4.slot"
-    p.write_bytes(data[:4] + struct.pack("<I", 4) + data[8:])
+    p = tmp_path / "v5.slot"
+    p.write_bytes(data[:4] + struct.pack("<I", 5) + data[8:])
     r = cli(p)
     assert r.exit_code == 0, r.stdout + r.stderr
-    assert "pass, 1 warning" in r.stdout and "warning: structure: body at offset 244: GGSQ version 4" in r.stdout
+    assert "pass, 1 warning" in r.stdout and "warning: structure: body at offset 244: GGSQ version 5" in r.stdout
     assert "exactly like version 3" in r.stdout  # the row may fold: the message goes on
     plain = cli(SLOTS / "gemma3_iswa_fa.slot").stdout
     assert "warning" not in plain

@@ -331,6 +331,60 @@ def completion(shell: str = typer.Argument(..., help="bash, zsh or fish.")) -> N
     raise typer.Exit(run_completion(shell))
 
 
+@app.command(
+    "migrate",
+    context_settings=HELP,
+    epilog=_examples(
+        "slotfile migrate slot0.bin -o slot0.v4.bin --to 4             # float caches: no model needed",
+        "slotfile migrate slot0.bin -o slot0.v4.bin --to 4 -m model.gguf",
+        "slotfile migrate slot0.v4.bin -o slot0.bin --to 3 -m model.gguf",
+    ),
+)
+def migrate(
+    file: Path = typer.Argument(..., help="Slot (GGSQ 3/4) or session (GGSN 10/11) file (opened read-only)."),
+    output: Path | None = _OUT,
+    to: int = typer.Option(..., "--to", help="Target state version: 3 or 4 (a session file: 10 or 11, or 3/4)."),
+    model: Path | None = typer.Option(
+        None,
+        "--model",
+        "-m",
+        help="GGUF model: the rotation widths of a quantized cache; checks and test-loads the result.",
+    ),
+    draft_model: Path | None = typer.Option(
+        None, "--draft-model", help="Draft GGUF: the widths of a quantized draft cache."
+    ),
+    force: bool = _FORCE,
+    in_place: bool = _IN_PLACE,
+    backup: Path | None = _BACKUP,
+    dry_run: bool = _DRY,
+    json_out: bool = _JSON,
+    timeout: float = _TIMEOUT,
+    llama_lib: Path | None = _LLAMA_LIB,
+) -> None:
+    """Convert between state versions 3 and 4 (llama.cpp before / from 2026-10-05): add or
+    remove the K/V rotation words.  With --llama-lib DIR (a build of the target version) the
+    output is test-loaded through it before it lands."""
+    from .repair_cmd import run_repair
+
+    raise typer.Exit(
+        run_repair(
+            "migrate",
+            file,
+            output,
+            force=force,
+            in_place=in_place,
+            backup=backup,
+            dry_run=dry_run,
+            json_out=json_out,
+            model=model,
+            draft_model=draft_model,
+            to_version=to,
+            timeout=timeout,
+            llama_lib=llama_lib,
+        )
+    )
+
+
 def main() -> None:
     from .completion_cmd import enable_if_completing
 

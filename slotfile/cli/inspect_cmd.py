@@ -96,8 +96,35 @@ def _memory(t: Table, sf: SlotFile) -> None:
     for b in body.blocks:
         _kv(t, f"  {b.role}", _block_line(b))
     _kv(t, "flash attention", flash_attn_of(sf) + " (from v_trans)")
+    rot = rotation_words(body)
+    if rot:
+        _kv(t, "rotation", rot)
     if sf.n_tokens:
         _kv(t, "bytes per token", f"{body.size / sf.n_tokens:.0f}")
+
+
+def _rot_words(k: int, v: int) -> str:
+    """n_rot_k / n_rot_v of a version-4 stream in words."""
+    if not k and not v:
+        return "no rotation"
+    parts = [f"K rotated, width {k}" if k else "K not rotated", f"V rotated, width {v}" if v else "V not rotated"]
+    return "; ".join(parts)
+
+
+def rotation_words(body: object) -> str:
+    """The rotation words of every KV block with cells (state version 4 / session 11), in words;
+    one phrase when all agree, else per block (and stream)."""
+    found: list[tuple[str, str]] = []
+    for b in getattr(body, "blocks", []):
+        for st in b.active_streams() if b.kind == "KV" else []:
+            if st.rot_offset is not None:
+                name = b.role if len(b.active_streams()) == 1 else f"{b.role} stream {st.index}"
+                found.append((name, _rot_words(int(st.n_rot_k or 0), int(st.n_rot_v or 0))))
+    if not found:
+        return ""
+    if len({w for _, w in found}) == 1:
+        return found[0][1]
+    return ", ".join(f"{name}: {w}" for name, w in found)
 
 
 def _block_line(b: MemoryBlock) -> str:
