@@ -351,10 +351,14 @@ def _known_arity(flag: str) -> int | None:
     return None
 
 
+def _words(text: str) -> frozenset[str]:
+    return frozenset(text.split())
+
+
 # Every other flag llama-server accepts (common/arg.cpp, options for LLAMA_EXAMPLE_SERVER), by
 # how many values follow it.  Generated from the vendored arg.cpp (handler_void/bool: none,
 # handler_int/string: one, handler_str_str: two).
-NO_VALUE = frozenset(
+NO_VALUE = _words(
     """
     --agent --backend-sampling --cache-idle-slots --cache-list --cache-prompt --check-tensors --completion-bash
     --cont-batching --context-shift --cors-credentials --cpu-moe --cpu-moe-draft --embd-gemma-default --embedding
@@ -372,9 +376,9 @@ NO_VALUE = frozenset(
     --spm-infill --swa-full --ui --ui-mcp-proxy --verbose --version --vision-gemma-12b-default
     --vision-gemma-4b-default --warmup --webui --webui-mcp-proxy -ag -bs -cb -cl -cmoe -cmoed -e -kvo -kvu -nkvo
     -no-ag -no-kvu -nocb -nr -sp -v
-    """.split()
+    """
 )
-ONE_VALUE = frozenset(
+ONE_VALUE = _words(
     """
     --adaptive-decay --adaptive-target --alias --api-key --api-key-file --api-prefix --batch-size --cache-ram
     --cache-reuse --cache-type-k --cache-type-k-draft --cache-type-v --cache-type-v-draft --chat-template
@@ -413,10 +417,10 @@ ONE_VALUE = frozenset(
     --yarn-beta-slow --yarn-ext-factor --yarn-orig-ctx -C -Cb -Cbd -Cd -Cr -Crb -Crd -a -b -c -cms -cram -ctk -ctkd
     -ctv -ctvd -ctxcp -dev -devd -dt -fa -fit -fitc -fitt -hfd -hfrd -j -jf -l -lcd -lcs -lm -lv -lzm -md -mg -mm
     -mmdev -mmu -n -ncffn -ncmoe -ncmoed -ngl -ngld -np -ot -otd -r -rea -s -sm -sps -t -tb -tbd -td -to -ts -ub
-    """.split()
+    """
 )
-TWO_VALUES = frozenset(
+TWO_VALUES = _words(
     """
     --control-vector-layer-range
-    """.split()
+    """
 )
