@@ -5,7 +5,8 @@ Rules, each an upper bound; a file goes when any rule wants it gone:
 * ``damaged``: every damaged file (it cannot restore), listed first;
 * ``older_than``: every file last modified longer ago than this;
 * ``keep``: at most this many files, the newest kept;
-* ``max_total``: then the oldest files until the slot files left take at most this many bytes.
+* ``max_total``: then the oldest files until what is left takes at most this many bytes
+  (temp files and files being written count towards it, and are never removed).
 
 Never touched: temp files and files modified within the last ``settle`` seconds (a server
 may be writing them: llama-server writes in place), symlinks, anything outside DIR.  A
@@ -88,7 +89,8 @@ def plan_prune(
         for e in left[: max(0, len(left) - keep)]:
             gone[e.path] = f"beyond the {keep} newest file(s)"
     if max_total is not None:
-        total = sum(e.size for e in files if e.path not in gone)
+        # the quota is the directory's: temp files and files being written count, never go
+        total = sum(e.size for e in files if e.path not in gone) + plan.untouchable
         for e in files:
             if total <= max_total:
                 break
@@ -145,8 +147,10 @@ def _remove(root: str, e: Entry, settle: float) -> None:
             raise _Changed("modified within the last seconds")
         os.unlink(parts[-1], dir_fd=fd)
     except OSError as err:
-        if err.errno == errno.ELOOP:
-            raise OSError(errno.ELOOP, "a directory on its path became a symlink: not followed") from None
+        if err.errno in (errno.ELOOP, errno.ENOTDIR):  # O_NOFOLLOW | O_DIRECTORY on a symlink
+            raise OSError(
+                err.errno, "a directory on its path is no longer a directory (a symlink?): not followed"
+            ) from None
         raise
     finally:
         os.close(fd)

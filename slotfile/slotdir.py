@@ -100,9 +100,9 @@ def _classify(out: DirScan, top: str, d: str, name: str, settle: float, now: flo
         return
     if not stat.S_ISREG(st.st_mode):
         return
-    e = Entry(p, os.path.relpath(p, top), st.st_size, st.st_mtime)
+    entry = Entry(p, os.path.relpath(p, top), st.st_size, st.st_mtime)
     if is_temp_name(name):
-        out.temps.append(e)
+        out.temps.append(entry)
         return
     if Path(name).suffix.lower() not in SLOT_SUFFIXES:
         magic = _has_magic(p)
@@ -112,9 +112,9 @@ def _classify(out: DirScan, top: str, d: str, name: str, settle: float, now: flo
         if not magic:
             return
     if now - st.st_mtime < settle:
-        out.busy.append(e)
+        out.busy.append(entry)
         return
-    out.slots.append(e)
+    out.slots.append(entry)
 
 
 # ---------------------------------------------------------------------------------------

@@ -51,8 +51,8 @@ def run_ls(
 
             try:
                 side = model_side(model_path)
-            except ModelError as e:
-                fail(str(e), "ls")
+            except ModelError as why:
+                fail(str(why), "ls")
                 return OPERATIONAL
     if not root.is_dir():
         fail(f"{root}: not a directory", "ls")
@@ -97,7 +97,7 @@ def _sorted(rows: list[FileSummary], sort: str, now: float) -> list[FileSummary]
         "age": lambda s: -s.age(now),  # oldest first
         "tokens": lambda s: -(s.n_tokens or 0),
     }[sort]
-    return sorted(rows, key=key)  # type: ignore[arg-type]
+    return sorted(rows, key=key)
 
 
 def document(

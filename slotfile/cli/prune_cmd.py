@@ -42,8 +42,8 @@ def run_prune(
     try:
         size = parse_size(max_total) if max_total is not None else None
         age = parse_age(older_than) if older_than is not None else None
-    except ValueError as e:
-        fail(str(e), "prune")
+    except ValueError as why:
+        fail(str(why), "prune")
         return USAGE
     if keep is not None and keep < 0:
         fail("--keep cannot be negative", "prune")
@@ -60,16 +60,16 @@ def run_prune(
     summaries: dict[str, FileSummary] | None = None
     if damaged:
         summaries = {}
-        for e in scan.slots:
-            s = summarize(e)
+        for entry in scan.slots:
+            s = summarize(entry)
             if s.error:
                 errors.append(s.error)
-            summaries[e.path] = s
+            summaries[entry.path] = s
     plan = plan_prune(scan, summaries, now=now, max_total=size, older_than=age, keep=keep, damaged=damaged)
     if delete:
         carry_out(plan, str(root), settle)
-    for e in errors:
-        fail(e, "prune")
+    for line in errors:
+        fail(line, "prune")
     failed = [r for r in plan.remove if r.error]
     for r in failed:
         fail(f"{r.entry.path}: not removed: {r.error}", "prune")

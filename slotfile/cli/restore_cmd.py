@@ -160,8 +160,8 @@ def run_restore_check(
         loader = dict(checker.pool.info) if checker.pool is not None else {}
     finally:
         checker.close()
-    for e in errors:
-        fail(e, "verify")
+    for line in errors:
+        fail(line, "verify")
     for s, _ in results:
         if s.error:
             fail(s.error, "verify")
@@ -288,7 +288,7 @@ def run_resave_dir(
     if os.path.lexists(outdir) and (os.path.islink(outdir) or not os.path.isdir(outdir)):
         fail(f"{outdir} exists and is not a directory", "re-save")
         return USAGE
-    from slotfile.repair.batch import convert_one, outputs_in_the_way
+    from slotfile.repair.batch import FileResult, convert_one, outputs_in_the_way
     from slotfile.slotdir import scan_dir
 
     t0 = time.monotonic()
@@ -302,7 +302,7 @@ def run_resave_dir(
     checker = _start(server, model_path, 1, 0, timeout, "re-save")
     if isinstance(checker, int):
         return checker
-    results = []
+    results: list[FileResult] = []
     errors = list(scan.errors)
     try:
         with _progress(len(scan.slots), "converting") as progress:
@@ -318,18 +318,18 @@ def run_resave_dir(
                 progress.update(task, advance=1, description=f"{escape_text(e.rel, 40)}")
     finally:
         checker.close()
-    for e in errors:
-        fail(e, "re-save")
-    if errors or any(r.action == "error" for r in results):
+    for line in errors:
+        fail(line, "re-save")
+    if errors or any(x.action == "error" for x in results):
         rc = OPERATIONAL
-    elif any(r.action in ("skipped", "failed") for r in results):
+    elif any(x.action in ("skipped", "failed") for x in results):
         rc = PROBLEMS
     else:
         rc = OK
     elapsed = time.monotonic() - t0
     counts: dict[str, int] = {}
-    for r in results:
-        counts[r.action] = counts.get(r.action, 0) + 1
+    for x in results:
+        counts[x.action] = counts.get(x.action, 0) + 1
     if json_out:
         from slotfile.repair.batch import SCHEMA as BATCH_SCHEMA
 
@@ -350,9 +350,9 @@ def run_resave_dir(
         return rc
     from .common import out
 
-    for r in results:
-        tail = f" -> {r.output}" if r.output and r.action in ("copied", "converted") else ""
-        out.print(escape_text(f"{r.action:13} {r.rel}: {r.fate}: {r.reason}{tail}"), soft_wrap=True)
+    for x in results:
+        tail = f" -> {x.output}" if x.output and x.action in ("copied", "converted") else ""
+        out.print(escape_text(f"{x.action:13} {x.rel}: {x.fate}: {x.reason}{tail}"), soft_wrap=True)
     summary = ", ".join(f"{n} {k}" for k, n in counts.items()) or "nothing to do"
     left = (
         f"; left out: {len(scan.temps)} temp file(s), {len(scan.busy)} being written" if scan.temps or scan.busy else ""
