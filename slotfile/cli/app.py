@@ -199,7 +199,7 @@ _SETTLE = typer.Option(5.0, "--settle", help="Seconds since the last write befor
 @app.command("re-save", context_settings=HELP, epilog=_examples(
     "slotfile re-save slot0.bin -m model.gguf --flash-attn on -o fa.bin",
     "slotfile re-save slot0.bin -m model.gguf --tokens plain -o plain.bin",
-    "slotfile re-save slots/ -o slots-new/ --server-args 'llama-server -m model.gguf -np 4 -fa on' --dry-run",
+    "slotfile re-save slots/ -o new/ --server-args 'llama-server -m m.gguf -np 4'",
 ))
 def re_save(
     file: Path = typer.Argument(..., help="Slot file (opened read-only), or a directory (with --server-args)."),
@@ -245,7 +245,7 @@ def _resave_dir(root: Path, output: Path | None, server_args: str | None, model:
 
 @app.command("ls", context_settings=HELP, epilog=_examples(
     "slotfile ls /var/lib/llama/slots --sort size",
-    "slotfile ls slots/ --server-args 'llama-server -m model.gguf -np 4 -fa on'",
+    "slotfile ls slots/ --server-args 'llama-server -m m.gguf -np 4 -fa on'",
     "slotfile ls slots/ --json | jq .totals",
 ))
 def ls(

@@ -24,11 +24,11 @@ from slotfile.exitcodes import OK, OPERATIONAL, PROBLEMS, USAGE
 from slotfile.slotdir import DirScan, FileSummary, human_age, scan_dir, summarize
 
 from .common import fail
+from .server_common import server_dict, wide_console
 from .terminal import escape_text, human_size
 
 SCHEMA = "slotfile.ls/1"
 SORTS = ("path", "size", "age", "tokens")
-TABLE_WIDTH = 220
 
 
 def run_ls(
@@ -39,7 +39,7 @@ def run_ls(
         return USAGE
     server, side = None, None
     if server_args is not None:
-        from .restore_cmd import server_and_model
+        from .server_common import server_and_model
 
         got = server_and_model(server_args, model, "ls", need_model=False)
         if isinstance(got, int):
@@ -128,28 +128,6 @@ def document(
         "files_per_second": round(len(rows) / elapsed, 1) if elapsed > 0 else None,
         "exit_code": rc,
     }
-
-
-def server_dict(server: Any) -> dict[str, Any]:
-    from dataclasses import asdict
-
-    d = asdict(server)
-    d["n_stream"] = server.n_stream
-    d["describe"] = server.describe()
-    return d
-
-
-def wide_console() -> Any:
-    """stdout; on a pipe or a file wide enough for one line per file (as verify's table)."""
-    import os
-
-    from rich.console import Console
-
-    from .common import out
-
-    if out.is_terminal or os.environ.get("COLUMNS"):
-        return out
-    return Console(highlight=False, markup=False, soft_wrap=False, width=TABLE_WIDTH)
 
 
 def _streams(s: FileSummary) -> str:

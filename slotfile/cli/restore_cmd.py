@@ -32,9 +32,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from slotfile.exitcodes import OK, OPERATIONAL, PROBLEMS, USAGE
-from slotfile.serverargs import ServerArgsError, ServerSettings, parse_server_args
+from slotfile.serverargs import ServerSettings
 
 from .common import fail
+from .server_common import server_and_model, server_dict, wide_console
 from .terminal import escape_text, human_size
 
 if TYPE_CHECKING:
@@ -48,28 +49,6 @@ _SHORT = {
     "needs re-save, lossy": "lossy",
     "cannot": "cannot",
 }
-
-
-def server_and_model(
-    server_args: str, model: Path | None, command: str, need_model: bool = True
-) -> tuple[ServerSettings, str | None] | int:
-    """The parsed flags and the model to use (``--model`` over the server's ``-m``), or an exit code."""
-    try:
-        server = parse_server_args(server_args)
-    except ServerArgsError as e:
-        fail(f"--server-args: {e}", command)
-        return USAGE
-    for p in server.problems():
-        fail(f"--server-args: {p}", command)
-        return USAGE
-    path = str(model) if model is not None else server.model
-    if path is None and need_model:
-        fail("--server-args has no -m MODEL and no --model was given: a test-load needs the model", command)
-        return USAGE
-    if path is not None and not os.path.isfile(path) and (need_model or model is not None):
-        fail(f"model not found: {path}", command)
-        return OPERATIONAL
-    return server, path if path is not None and os.path.isfile(path) else None
 
 
 def _start(
@@ -188,8 +167,6 @@ def restore_document(
     elapsed: float,
     rc: int,
 ) -> dict[str, Any]:
-    from .ls_cmd import server_dict
-
     files = []
     counts = dict.fromkeys(("as_is", "exact", "lossy", "cannot", "error"), 0)
     for s, r in results:
@@ -239,8 +216,6 @@ def _render_restore(
                 escape_text(r.reason if r is not None else s.error or ""),
             )
         if results:
-            from .ls_cmd import wide_console
-
             wide_console().print(table)
     else:
         for s, r in results:
@@ -333,15 +308,13 @@ def run_resave_dir(
     if json_out:
         from slotfile.repair.batch import SCHEMA as BATCH_SCHEMA
 
-        from .ls_cmd import server_dict
-
         doc = {
             "schema": BATCH_SCHEMA,
             "root": str(root),
             "output": str(outdir),
             "server": server_dict(server),
             "dry_run": dry_run,
-            "files": [r.to_dict() for r in results],
+            "files": [x.to_dict() for x in results],
             "errors": errors,
             "summary": {**counts, "seconds": round(elapsed, 3)},
             "exit_code": rc,

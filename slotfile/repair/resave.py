@@ -245,8 +245,8 @@ class _Job:
         self.report.rebuild(
             "body",
             size - self.words_end,
-            f"recomputed: prefilled {sf.n_tokens} tokens with flash attention {self._fa()}{self._types()} (a "
-            "context with other settings cannot take the old state directly); values may differ slightly "
+            f"recomputed: prefilled {sf.n_tokens} tokens with flash attention {self._fa()}{self._types()} (a context "
+            "with the other setting cannot take the old state directly); values may differ slightly "
             "from the original's",
             tokens=sf.n_tokens,
             offset=self.words_end,
