@@ -166,7 +166,7 @@ def test_version_message_is_plain():
     assert version_message(sf, 3, "x") is None
     sf.version = 4
     msg = version_message(sf, 3, "llama-cpp-python 0.3.36")
-    assert "state version 4" in msg and "only loads version 3" in msg and "October 2026" in msg
+    assert "state version 4" in msg and "only loads version 3" in msg and "2026-10-05" in msg
     sf.version = 2
     assert "2025" in version_message(sf, 3, "llama-cpp-python 0.3.36")
 
