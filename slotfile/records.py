@@ -365,6 +365,16 @@ class SlotFile:
     def __post_init__(self) -> None:
         self.format = FileFormat(self.format)  # a caller may still pass the plain string
 
+    def close(self) -> None:
+        """Release the mapping (where no numpy view of it is still alive: then it goes with them)."""
+        buf, self.buffer = self.buffer, None
+        closer = getattr(buf, "close", None)
+        if closer is not None:
+            try:
+                closer()
+            except BufferError:  # numpy views still alive: the mapping goes with them
+                pass
+
     @property
     def errors(self) -> list[Problem]:
         return [p for p in self.problems if p.severity == Severity.ERROR]

@@ -274,6 +274,4 @@ class Checker:
                 r = prove(r, sf, path, self.server, self.side, self.pool, self.n_gpu_layers, self.timeout)
             return s, r
         finally:
-            from .slotdir import _close
-
-            _close(sf)
+            sf.close()

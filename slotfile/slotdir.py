@@ -189,7 +189,7 @@ def summarize(entry: Entry) -> FileSummary:
     try:
         fill_summary(s, sf)
     finally:
-        _close(sf)
+        sf.close()
     return s
 
 
@@ -224,17 +224,6 @@ def _kv_facts(s: FileSummary, body: Any) -> None:
             if s.type_v is None and st.v:
                 s.type_v = type_name(st.v[0].type_id)
                 s.v_trans = st.v_trans
-
-
-def _close(sf: Any) -> None:
-    buf = getattr(sf, "buffer", None)
-    sf.buffer = None
-    closer = getattr(buf, "close", None)
-    if closer is not None:
-        try:
-            closer()
-        except BufferError:  # numpy views still alive: the mapping goes with them
-            pass
 
 
 # ---------------------------------------------------------------------------------------

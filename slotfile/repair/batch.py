@@ -64,7 +64,6 @@ def server_check(checker: Checker, rel: str) -> Callable[[str], tuple[bool, str]
 
     def check(path: str) -> tuple[bool, str]:
         from ..reader import open_slot_file
-        from ..slotdir import _close
 
         sf = open_slot_file(path)
         try:
@@ -75,7 +74,7 @@ def server_check(checker: Checker, rel: str) -> Callable[[str], tuple[bool, str]
             s = checker.server.load_settings(checker.side.n_ctx_train, need_cells(sf), checker.n_gpu_layers)
             res = checker.pool.load(path, s, timeout=checker.timeout, sf=sf)
         finally:
-            _close(sf)
+            sf.close()
         if not res.ok:
             return False, f"the output does not load under the server's settings: {res.message}"
         bad = [f"checkpoint {i}: {m}" for i, (ok, m) in enumerate(res.checkpoints) if not ok]
@@ -132,7 +131,6 @@ def convert_one(
 
 def _streams_temp(path: str, n_stream: int, workdir: str, temps: list[str]) -> str:
     from ..reader import open_slot_file
-    from ..slotdir import _close
     from .streams import plan_streams
 
     sf = open_slot_file(path)
@@ -146,7 +144,7 @@ def _streams_temp(path: str, n_stream: int, workdir: str, temps: list[str]) -> s
         finally:
             os.close(fd)
     finally:
-        _close(sf)
+        sf.close()
     return tmp
 
 

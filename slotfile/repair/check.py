@@ -10,7 +10,7 @@ from typing import Any
 
 from ..reader import open_slot_file
 from ..records import SlotFile
-from .common import Operational, Options, close
+from .common import Operational, Options
 from .report import Report
 
 
@@ -36,7 +36,7 @@ def make_check(
             if res is None:
                 return True, ""
         finally:
-            close(sf)
+            sf.close()
         report.timings["test-load"] = time.monotonic() - t0
         verdict = _judge(res, report)
         if report.test_load is not None:

@@ -111,17 +111,6 @@ def tokens_of(sf: SlotFile) -> list[int]:
     return [int(x) for x in sf.tokens.tokens]
 
 
-def close(sf: SlotFile) -> None:
-    buf = sf.buffer
-    sf.buffer = None
-    closer = getattr(buf, "close", None)
-    if closer is not None:
-        try:
-            closer()
-        except BufferError:  # numpy views still alive: the mapping goes with them
-            pass
-
-
 def worker_ok(res: Any, what: str) -> None:
     """A llama.cpp worker result: a crash is operational, a refusal refuses the repair."""
     if res.ok:

@@ -30,7 +30,7 @@ from ..compare import rotation_message, stream_types
 from ..expect import attn_rot_disabled, is_quantized, rotation_widths
 from ..records import Body, CacheExpect, FileFormat, KVStream, MemoryKind, ModelExpect, SlotFile
 from ..safewrite import Plan
-from .common import Operational, Options, Planned, Refused, Retry, close, start
+from .common import Operational, Options, Planned, Refused, Retry, start
 from .report import Report
 
 # the versions migrate converts between, per format: (without rotation words, with them)
@@ -101,7 +101,7 @@ def migrate(
         edits = _edits(checked, to > sf.version, report)
     finally:
         if checked is not sf:
-            close(checked)
+            checked.close()
     out.plan = _plan(sf, edits, to, report)
     out.test_draft = bool(opts.draft_model)
     out.model_check = True
@@ -130,7 +130,7 @@ def _with_model(sf: SlotFile, opts: Options) -> SlotFile:
     read = open_slot_file(sf.path, expect=exp, draft_expect=dexp)
     for x in (exp, dexp):
         if x is not None and not x.modelled:
-            close(read)
+            read.close()
             raise Refused(
                 f"the rotation widths of {x.arch} ({x.memory_class}) are not modelled: "
                 f"{'; '.join(x.notes) or 'unknown layout'}"

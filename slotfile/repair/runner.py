@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from ..reader import open_slot_file
 from ..safewrite import CheckFailed, Target, WriteRefused, describe_plan, unlink_quiet
 from .check import make_check
-from .common import Operational, Options, Planned, Refused, Retry, close
+from .common import Operational, Options, Planned, Refused, Retry
 from .migrate import migrate
 from .plan import commit_plan, has_transposed, plan_equals
 from .report import Outcome, Report
@@ -136,7 +136,7 @@ def _plan(r: _Run, workdir: str) -> Planned:
         raise
     r.report = _carry(r.report, planned.report, r.retries, first=True)
     if not r.dry_run:
-        close(sf)
+        sf.close()
     return planned
 
 

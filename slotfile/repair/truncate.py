@@ -20,7 +20,6 @@ from .common import (
     Refused,
     Retry,
     body_ok,
-    close,
     header_tokens_ok,
     start,
     tokens_of,
@@ -281,7 +280,7 @@ def _same_geometry(sf: SlotFile, view: memoryview, rebuilt: str, retry: Retry) -
                     f"rebuilt state, {want[key]} in the file (is this the model that wrote it?)"
                 )
     finally:
-        close(new)
+        new.close()
 
 
 def _same_blocks(old: Body, new: Body) -> None:
