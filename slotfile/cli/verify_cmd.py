@@ -54,9 +54,8 @@ from rich.text import Text
 
 from slotfile.exitcodes import OK, OPERATIONAL, PROBLEMS, USAGE
 from slotfile.verify import (
+    DEEP_JUDGMENT,
     LEVELS,
-    LOGITS_TOLERANCE,
-    ROW_TOLERANCE,
     SCHEMA,
     FileReport,
     Options,
@@ -89,13 +88,29 @@ def run_verify(
     pool: LoaderPool | None = None,
     quiet: bool = False,
     llama_lib: Path | None = None,
+    n_batch: int = 0,
+    n_ubatch: int = 0,
 ) -> int:
     """``pool``: loader workers already started for ``model`` (they load it meanwhile).
     ``quiet``: no table, only the failing files and the summary (JSON is unchanged).
     ``llama_lib``: the folder holding the libllama.so the workers load (--llama-lib)."""
     try:
         return _run_verify(
-            paths, model, draft_model, deep, n_gpu_layers, jobs, json_out, junit, timeout, scan, pool, quiet, llama_lib
+            paths,
+            model,
+            draft_model,
+            deep,
+            n_gpu_layers,
+            jobs,
+            json_out,
+            junit,
+            timeout,
+            scan,
+            pool,
+            quiet,
+            llama_lib,
+            n_batch,
+            n_ubatch,
         )
     finally:
         if pool is not None:
@@ -116,6 +131,8 @@ def _run_verify(
     pool: LoaderPool | None,
     quiet: bool,
     llama_lib: Path | None = None,
+    n_batch: int = 0,
+    n_ubatch: int = 0,
 ) -> int:
     if deep and model is None:
         fail("--deep needs --model (the recompute runs the model)")
@@ -139,6 +156,8 @@ def _run_verify(
         timeout=timeout,
         scan=scan,
         llama_lib=str(llama_lib) if llama_lib is not None else None,
+        n_batch=n_batch,
+        n_ubatch=n_ubatch,
     )
     try:
         verifier = Verifier(opts, pool)
@@ -206,7 +225,7 @@ def document(
         "model": opts.model,
         "draft_model": opts.draft_model,
         "deep": opts.deep,
-        "tolerances": {"row": ROW_TOLERANCE, "logits": LOGITS_TOLERANCE},
+        "tolerances": DEEP_JUDGMENT,
         "files": [r.to_dict() for r in reports],
         "errors": errors,
         "summary": {"files": len(reports), **counts, "seconds": round(elapsed, 3)},
