@@ -90,6 +90,10 @@ class DeepResult:
     logits: dict[str, Any] | None = None
     recomputed: str | None = None
     restored_pos_max: int | None = None
+    floor: str | None = None  # the state with the last ``tail`` tokens decoded one per call
+    n_batch: int = 0
+    n_ubatch: int = 0
+    tail: int = 0  # cells recomputed one by one for the noise floor (0: none)
 
 
 class LoaderError(Exception):
@@ -705,10 +709,16 @@ class LoaderPool:
         settings: LoadSettings | None = None,
         timeout: float = 300,
         batch: int = 0,
+        *,
+        n_ubatch: int = 0,
+        tail: int = 0,
+        out_floor: str | None = None,
     ) -> DeepResult:
         """Restore ``path`` and recompute ``tokens`` from scratch with the same settings; the
-        recomputed state is written to ``out`` (a GGSQ file with no tokens).  ``batch``: tokens
-        per llama_decode call of the prefill (0: the worker's default, 512)."""
+        recomputed state is written to ``out`` (a GGSQ file with no tokens).  ``batch``: the
+        prefill's n_batch (tokens per llama_decode call), ``n_ubatch`` its micro-batch (0: the
+        server's defaults, 2048 and 512).  With ``tail`` and ``out_floor``: the last ``tail``
+        tokens decoded again one per call, that state written to ``out_floor`` (the noise floor)."""
         if settings is None:
             from .reader import open_slot_file
 
@@ -720,7 +730,10 @@ class LoaderPool:
             "tokens": [int(t) for t in tokens],
             "probe": int(probe),
             "out": str(out),
-            "batch": int(batch),
+            "n_batch": int(batch),
+            "n_ubatch": int(n_ubatch),
+            "tail": int(tail),
+            "out_floor": str(out_floor) if out_floor else None,
         }
         resp, died, log = self._call(req, timeout)
         if resp is None:
@@ -738,6 +751,10 @@ class LoaderPool:
             logits=resp.get("logits"),
             recomputed=str(out) if resp.get("ok") else None,
             restored_pos_max=resp.get("restored_pos_max"),
+            floor=str(out_floor) if resp.get("ok") and resp.get("tail") else None,
+            n_batch=int(resp.get("n_batch") or 0),
+            n_ubatch=int(resp.get("n_ubatch") or 0),
+            tail=int(resp.get("tail") or 0),
         )
 
     def close(self) -> None:

@@ -72,7 +72,7 @@ def test_intact_fixtures_pass_every_level(verifiers, file, model, draft, deep):
     assert r.level_reached == (4 if deep else 3), {k: (v.status, v.reason) for k, v in r.levels.items()}
     if deep:
         rows = r.levels["deep"].details["layers"]
-        assert rows and all(row["worst_cell_rel"] <= row["tolerance"] for row in rows)
+        assert rows and all(row["ratio"] <= row["limit"] for row in rows)
 
 
 @pytest.mark.llama
@@ -127,7 +127,11 @@ def test_damage_in_detail(verifiers, corpus):
     # one zeroed V row: that row, 100 % off
     deep = v.verify(corpus["v-row-zeroed"]).levels["deep"]
     (p,) = [p for p in deep.problems if p["code"] == "deep-mismatch"]
-    assert "V layer 1" in p["message"] and "cell 10 (position 10)" in p["message"] and "by 100%" in p["message"]
+    assert (
+        "V layer 1" in p["message"]
+        and "cell 10 (position 10)" in p["message"]
+        and "relative difference 100%" in p["message"]
+    )
     # a changed token: the KV from that position on no longer matches, and the logits differ
     deep = v.verify(corpus["token-changed"]).levels["deep"]
     assert any("cell 20 (position 20)" in p["message"] for p in deep.problems)

@@ -147,6 +147,12 @@ def verify(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No table: the failing files and the summary line only."),
     llama_lib: Path | None = typer.Option(None, "--llama-lib", help=_LLAMA_LIB_HELP),
     server_args: str | None = _SERVER_ARGS,
+    n_batch: int = typer.Option(
+        2048, "--n-batch", min=1, help="--deep: the recompute's n_batch (match the server's -b; default 2048)."
+    ),
+    n_ubatch: int = typer.Option(
+        512, "--n-ubatch", min=1, help="--deep: the recompute's n_ubatch (match the server's -ub; default 512)."
+    ),
 ) -> None:
     """Structure, model metadata, a real test-load and (--deep) a recompute, each reported per file."""
     if server_args is not None:
@@ -194,6 +200,8 @@ def verify(
             pool=pool,
             quiet=quiet,
             llama_lib=llama_lib,
+            n_batch=n_batch,
+            n_ubatch=n_ubatch,
         )
     )
 

@@ -9,8 +9,8 @@ JSON (``--json``), schema ``slotfile.verify/1``; keys are only ever added::
      "loaders": [same as "loader", one per library used: the run's own first, then the
                  llama-server's when its version matched files the first could not load],
      "model": str | null, "draft_model": str | null, "deep": bool,
-     "tolerances": {"row": {"float": .05, "8-bit": .08, "low-bit": .25},
-                    "logits": {"float": .05, "8-bit": .10, "low-bit": .10}},
+     "tolerances": {"limit": 4.0, "min_floor": {"float"|"8-bit"|"low-bit": {"angle", "lnorm", "median"}},
+                    "logits_min_floor": {...}, "tail": 32},
      "files": [{
         "path": str, "size": int | null, "n_tokens": int | null, "format": "GGSQ"|"GGSN"|"unknown"|null,
         "version": int | null,
@@ -29,10 +29,13 @@ JSON (``--json``), schema ``slotfile.verify/1``; keys are only ever added::
 
 ``details``: structure {format, version, layout, checkpoints, draft}; model {arch, n_vocab,
 n_ctx_train, memory_class}; load {library, settings, body_bytes, crashed, message, checkpoints,
-checkpoint_drafts, draft, log}; deep {layers: [{section, part, layer, type, cells, max_abs,
-mean_abs, rel, worst_cell_rel, worst_cell, worst_pos, tolerance}], logits {max_abs, mean_abs,
-rel, scale, top5_restored, top5_recomputed, all_finite, tolerance}, probe_token,
-row_tolerance, logits_tolerance}.
+checkpoint_drafts, draft, log}; deep {layers: [{section, block, part, layer, type, cells, max_abs, rel,
+worst_cell_rel, angle, lnorm, median_angle, floor {angle, lnorm, median}, ratios {angle, lnorm,
+median}, ratio, by, worst_cell, worst_pos, limit}], logits {max_abs, mean_abs, rel, floor_rel,
+floor, ratio, scale, top5_restored, top5_recomputed, all_finite}, probe_token, n_batch, n_ubatch,
+tail, limit, margin, worst {section, part, layer, ratio, by, worst_pos}, rotation {stored,
+recompute, matches, median_angle_as_recomputed, median_angle_other_setting, layers} | null,
+min_floor}.
 """
 
 from __future__ import annotations
@@ -54,9 +57,8 @@ from rich.text import Text
 from slotfile.diagnosis import CAUSE_SHORT, Cause
 from slotfile.exitcodes import OK, OPERATIONAL, PROBLEMS, USAGE
 from slotfile.verify import (
+    DEEP_JUDGMENT,
     LEVELS,
-    LOGITS_TOLERANCE,
-    ROW_TOLERANCE,
     SCHEMA,
     FileReport,
     Options,
@@ -88,13 +90,29 @@ def run_verify(
     pool: LoaderPool | None = None,
     quiet: bool = False,
     llama_lib: Path | None = None,
+    n_batch: int = 0,
+    n_ubatch: int = 0,
 ) -> int:
     """``pool``: loader workers already started for ``model`` (they load it meanwhile).
     ``quiet``: no table, only the failing files and the summary (JSON is unchanged).
     ``llama_lib``: the folder holding the libllama.so the workers load (--llama-lib)."""
     try:
         return _run_verify(
-            paths, model, draft_model, deep, n_gpu_layers, jobs, json_out, junit, timeout, scan, pool, quiet, llama_lib
+            paths,
+            model,
+            draft_model,
+            deep,
+            n_gpu_layers,
+            jobs,
+            json_out,
+            junit,
+            timeout,
+            scan,
+            pool,
+            quiet,
+            llama_lib,
+            n_batch,
+            n_ubatch,
         )
     finally:
         if pool is not None:
@@ -115,6 +133,8 @@ def _run_verify(
     pool: LoaderPool | None,
     quiet: bool,
     llama_lib: Path | None = None,
+    n_batch: int = 0,
+    n_ubatch: int = 0,
 ) -> int:
     if deep and model is None:
         fail("--deep needs --model (the recompute runs the model)")
@@ -138,6 +158,8 @@ def _run_verify(
         timeout=timeout,
         scan=scan,
         llama_lib=str(llama_lib) if llama_lib is not None else None,
+        n_batch=n_batch,
+        n_ubatch=n_ubatch,
     )
     try:
         verifier = Verifier(opts, pool)
@@ -206,7 +228,7 @@ def document(
         "model": opts.model,
         "draft_model": opts.draft_model,
         "deep": opts.deep,
-        "tolerances": {"row": ROW_TOLERANCE, "logits": LOGITS_TOLERANCE},
+        "tolerances": DEEP_JUDGMENT,
         "files": [r.to_dict() for r in reports],
         "errors": errors,
         "summary": {"files": len(reports), **counts, "seconds": round(elapsed, 3)},

@@ -27,8 +27,9 @@ Requests (``op``); every context comes from :func:`context_params`:
   ``data_dft`` (and each checkpoint's ``data_dft``) into a draft context.  GGSN files go
   through ``llama_state_load_file``.
 * ``deep``: restore the file and decode a probe token (logits A); then prefill the given
-  tokens in a cleared context with the same settings, save the recomputed state as a GGSQ
-  file for the parent to compare, and decode the same probe (logits B).
+  tokens in a cleared context with the same settings and the server's batch sizes, save the
+  recomputed state as a GGSQ file for the parent to compare, and decode the same probe
+  (logits B); then the last ``tail`` tokens again one per call, the noise floor (logits C).
 * ``prefill``: decode the stored tokens into a fresh context with the file's settings (what a
   damaged file no longer shows is completed from the model or refused), taking PARTIAL_ONLY
   checkpoint blobs at the requested n_tokens on the way (and draft blobs with a draft model),
@@ -56,6 +57,7 @@ from typing import Any
 from .settings import LoadSettings, pad_ctx
 
 BATCH = 512  # tokens per llama_decode call (n_batch = n_ubatch) unless a request says otherwise
+DEEP_N_BATCH, DEEP_N_UBATCH = 2048, 512  # the deep recompute: llama-server's defaults (common/common.h)
 TINY_MODEL = 64 << 20  # below this ggml's spinning threads only cost: one thread
 F16_NAME = "f16"  # what an attention-free model's (unused) cache types default to
 
@@ -133,12 +135,12 @@ def model_params(n_gpu_layers: int) -> Any:
     return p
 
 
-def context_params(s: LoadSettings, threads: int, n_batch: int) -> Any:
-    """The one place settings become a llama_context_params."""
+def context_params(s: LoadSettings, threads: int, n_batch: int, n_ubatch: int = 0) -> Any:
+    """The one place settings become a llama_context_params (``n_ubatch`` 0: ``n_batch``)."""
     p = L.llama_context_default_params()
     p.n_ctx = pad_ctx(s.n_ctx) if s.n_ctx > 0 else 0
     p.n_batch = n_batch
-    p.n_ubatch = n_batch
+    p.n_ubatch = min(n_ubatch or n_batch, n_batch)
     p.n_seq_max = s.n_seq_max
     p.kv_unified = s.kv_unified
     p.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED if s.flash_attn else L.LLAMA_FLASH_ATTN_TYPE_DISABLED
@@ -191,15 +193,15 @@ class Model:
             "needs_checkpoints": self.needs_checkpoints,
         }
 
-    def context(self, s: LoadSettings, n_batch: int = BATCH) -> Any:
+    def context(self, s: LoadSettings, n_batch: int = BATCH, n_ubatch: int = 0) -> Any:
         """A context with these settings, memory cleared (cached: creating one is not free)."""
-        key = (s.n_ctx, s.n_seq_max, s.kv_unified, s.flash_attn, s.type_k, s.type_v, n_batch)
+        key = (s.n_ctx, s.n_seq_max, s.kv_unified, s.flash_attn, s.type_k, s.type_v, n_batch, n_ubatch)
         ctx = self.contexts.get(key)
         if ctx is None:
             while len(self.contexts) >= 2:
                 _, old = self.contexts.popitem()
                 L.llama_free(old)
-            ctx = L.llama_init_from_model(self.ptr, context_params(s, self.threads, n_batch))
+            ctx = L.llama_init_from_model(self.ptr, context_params(s, self.threads, n_batch, n_ubatch))
             if not ctx:
                 raise ContextError(
                     f"llama.cpp could not create a context with n_ctx {s.n_ctx}, n_seq_max {s.n_seq_max}, "
@@ -530,14 +532,25 @@ class Worker:
         return np.ctypeslib.as_array(p, shape=(self.model.n_vocab,)).astype(np.float32, copy=True)
 
     def deep(self, req: dict[str, Any]) -> dict[str, Any]:
+        """Restore the file and decode the probe (logits A); recompute the tokens in the same
+        context, cleared, with the server's batch sizes (``n_batch``/``n_ubatch``, default
+        2048/512 as common/common.h), write that state to ``out`` and decode the probe (logits
+        B).  With ``tail`` > 0 and ``out_floor``: drop the last ``tail`` cells, decode those
+        tokens again one per llama_decode call (the path the server's generated tokens take),
+        write that state to ``out_floor`` and decode the probe (logits C): the parent's noise
+        floor, at the cost of ``tail`` single-token decodes."""
         import numpy as np
 
         path, s, tokens = req["path"], _settings(req["settings"]), [int(t) for t in req["tokens"]]
         probe = int(req["probe"])
+        n_batch = int(req.get("n_batch") or DEEP_N_BATCH)
+        n_ubatch = int(req.get("n_ubatch") or DEEP_N_UBATCH)
+        n = len(tokens)
+        tail = min(int(req.get("tail") or 0), n // 2) if req.get("out_floor") else 0
         seq = s.seq_id
         out: dict[str, Any] = {"ok": False, "message": ""}
         try:
-            ctx = self.model.context(s)
+            ctx = self.model.context(s, n_batch, n_ubatch)
         except ContextError as e:
             out["message"] = str(e)
             return out
@@ -553,15 +566,19 @@ class Worker:
             after_restore = self._logits(ctx)
             # recompute from the tokens in the same context, cleared
             L.llama_memory_clear(mem, True)
-            _decode(ctx, tokens, 0, seq, False, int(req.get("batch") or 0))
-            blob = _get_blob(ctx, seq, 0)
-            from slotfile.grammar import GGSQ_MAGIC, file_header  # lazily: start-up stays cheap
-
-            with open(req["out"], "wb") as f:  # a GGSQ file with no tokens: header + body
-                f.write(file_header(GGSQ_MAGIC, self._state_version(), 0))
-                f.write(blob[8:])
-            _decode(ctx, [probe], len(tokens), seq, True)
+            _decode(ctx, tokens, 0, seq, False, n_batch)
+            self._write_state(ctx, seq, req["out"])
+            _decode(ctx, [probe], n, seq, True)
             recomputed = self._logits(ctx)
+            floor = None
+            # a recurrent state cannot drop its last cells (llama_memory_seq_rm says no): no floor
+            if tail > 0 and not (self.model.recurrent or self.model.hybrid):
+                if not L.llama_memory_seq_rm(mem, seq, n - tail, -1):
+                    raise Failed(f"llama_memory_seq_rm refused to drop positions {n - tail}..{n - 1}")
+                _decode(ctx, tokens[n - tail :], n - tail, seq, False, 1)
+                self._write_state(ctx, seq, req["out_floor"])
+                _decode(ctx, [probe], n, seq, True)
+                floor = self._logits(ctx)
         except Failed as e:
             out["message"] = str(e)
             return out
@@ -571,20 +588,30 @@ class Worker:
         norm = float(np.linalg.norm(recomputed.astype(np.float64)))
         top_r = np.argsort(-after_restore)[:5].tolist()
         top_c = np.argsort(-recomputed)[:5].tolist()
-        out.update(
-            ok=True,
-            message="recomputed",
-            logits={
-                "max_abs": float(np.max(np.abs(d))) if d.size else 0.0,
-                "mean_abs": float(np.mean(np.abs(d))) if d.size else 0.0,
-                "rel": float(np.linalg.norm(d) / norm) if norm > 0 else float(np.linalg.norm(d)),
-                "scale": float(np.std(recomputed)) if recomputed.size else 0.0,
-                "top5_restored": top_r,
-                "top5_recomputed": top_c,
-                "all_finite": bool(np.all(np.isfinite(after_restore))),
-            },
-        )
+        lg: dict[str, Any] = {
+            "max_abs": float(np.max(np.abs(d))) if d.size else 0.0,
+            "mean_abs": float(np.mean(np.abs(d))) if d.size else 0.0,
+            "rel": float(np.linalg.norm(d) / norm) if norm > 0 else float(np.linalg.norm(d)),
+            "scale": float(np.std(recomputed)) if recomputed.size else 0.0,
+            "top5_restored": top_r,
+            "top5_recomputed": top_c,
+            "all_finite": bool(np.all(np.isfinite(after_restore))),
+        }
+        if floor is not None:
+            fd = floor.astype(np.float64) - recomputed.astype(np.float64)
+            lg["floor_rel"] = float(np.linalg.norm(fd) / norm) if norm > 0 else float(np.linalg.norm(fd))
+        tail = tail if floor is not None else 0
+        out.update(ok=True, message="recomputed", logits=lg, n_batch=n_batch, n_ubatch=n_ubatch, tail=tail)
         return out
+
+    def _write_state(self, ctx: Any, seq: int, path: str) -> None:
+        """The sequence's state as a GGSQ file with no tokens: header + body."""
+        blob = _get_blob(ctx, seq, 0)
+        from slotfile.grammar import GGSQ_MAGIC, file_header  # lazily: start-up stays cheap
+
+        with open(path, "wb") as f:
+            f.write(file_header(GGSQ_MAGIC, self._state_version(), 0))
+            f.write(blob[8:])
 
     # ---------------------------------------------------------------- prefill
 

