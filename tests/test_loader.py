@@ -326,6 +326,35 @@ def test_hello_reports_the_start_up_phases():
 
 
 @pytest.mark.llama
+def test_verify_dir_reads_the_model_once(tmp_path, monkeypatch):
+    """``verify DIR --model``: the GGUF metadata is read once per run and the model loaded once
+    per worker, however many files (a real model's vocabulary costs seconds in llama.cpp)."""
+    import shutil
+
+    import slotfile.verify as verify_mod
+
+    reads: list[str] = []
+    real = verify_mod.load_model_info
+
+    def counted(path, **kw):
+        reads.append(str(path))
+        return real(path, **kw)
+
+    monkeypatch.setattr(verify_mod, "load_model_info", counted)
+    files = []
+    for i in range(12):
+        dst = tmp_path / f"slot{i:02d}.slot"
+        shutil.copyfile(SLOTS / "llama_f16_fa.slot", dst)
+        files.append(dst)
+    with verify_mod.Verifier(verify_mod.Options(model=str(MODELS / "llama.gguf"))) as v:
+        reports = v.run(files)
+        pids = {w.proc.pid for w in v.pool._all}
+        restarts = v.pool.restarts
+    assert [r.verdict for r in reports] == ["pass"] * 12
+    assert reads == [str(MODELS / "llama.gguf")] and len(pids) == 1 and restarts == 0
+
+
+@pytest.mark.llama
 def test_pool_refuses_work_after_close():
     pool = LoaderPool(str(MODELS / "draft.gguf"))
     pool.close()
