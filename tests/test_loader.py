@@ -355,6 +355,24 @@ def test_verify_dir_reads_the_model_once(tmp_path, monkeypatch):
 
 
 @pytest.mark.llama
+def test_verify_leaves_unused_modules_unimported():
+    """``verify SLOT --model`` (its CPU competes with the worker's model load on a busy machine)
+    imports no progress bar when stderr is not a terminal, no XML without --junit and no thread
+    pool without --jobs."""
+    code = (
+        "import sys\n"
+        "sys.argv = ['slotfile', 'verify', sys.argv[1], '--model', sys.argv[2]]\n"
+        "from slotfile.cli.app import app\n"
+        "try:\n    app()\nexcept SystemExit as e:\n    rc = e.code\n"
+        "unused = ('rich.progress', 'xml.etree.ElementTree', 'concurrent.futures')\n"
+        "print(rc, [m for m in unused if m in sys.modules])\n"
+    )
+    argv = [sys.executable, "-c", code, str(SLOTS / "llama_f16_fa.slot"), str(MODELS / "llama.gguf")]
+    r = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.stdout.strip().splitlines()[-1] == "0 []", r.stdout + r.stderr
+
+
+@pytest.mark.llama
 def test_pool_refuses_work_after_close():
     pool = LoaderPool(str(MODELS / "draft.gguf"))
     pool.close()

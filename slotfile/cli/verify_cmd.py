@@ -42,13 +42,11 @@ import os
 import platform
 import sys
 import time
-import xml.etree.ElementTree as ET
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
@@ -148,21 +146,7 @@ def _run_verify(
     show = not quiet and err.is_terminal and (any(p.is_dir() for p in paths) or model is not None or len(files) > 1)
     reports: list[FileReport] = []
     try:
-        with Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=err,
-            transient=True,
-            disable=not show,
-        ) as progress:
-            task = progress.add_task("verifying", total=len(files))
-
-            def done(r: FileReport) -> None:
-                progress.update(task, advance=1, description=f"verified {escape_text(Path(r.path).name, 40)}")
-
-            reports = verifier.run(files, done)
+        reports = _run_with_progress(verifier, files) if show else verifier.run(files)
         loaders = verifier.loaders()
     except VerifyError as e:
         fail(str(e))
@@ -193,6 +177,26 @@ def _run_verify(
     elif reports:  # nothing verified: the error lines on stderr say why, stdout stays empty
         render(reports, loaders, elapsed, structure_only=opts.model is None, quiet=quiet)
     return rc
+
+
+def _run_with_progress(verifier: Verifier, files: list[Path]) -> list[FileReport]:
+    """The run with a progress bar on stderr (a terminal); rich.progress is imported only here."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+    ) as progress:
+        task = progress.add_task("verifying", total=len(files))
+
+        def done(r: FileReport) -> None:
+            progress.update(task, advance=1, description=f"verified {escape_text(Path(r.path).name, 40)}")
+
+        return verifier.run(files, done)
 
 
 def document(
@@ -314,6 +318,8 @@ def _x(s: Any) -> str:
 
 def write_junit(path: Path, reports: list[FileReport], errors: list[str], opts: Options, elapsed: float) -> None:
     """JUnit XML: one testcase per file (and one per missing path)."""
+    import xml.etree.ElementTree as ET  # only for --junit
+
     failures = sum(1 for r in reports if r.verdict == "fail")
     errs = sum(1 for r in reports if r.verdict == "error") + len(errors)
     total = len(reports) + len(errors)
