@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from .expect import describe_blocks
+from .expect import attn_rot_disabled, describe_blocks, rotation_widths
 from .ggml_types import TYPES, TypeId, type_name
 from .layout import MemoryKind
 from .records import BlockExpect, Body, CacheExpect, KVStream, LayerRun, MemoryBlock, ModelExpect, RecExpect
@@ -111,7 +111,51 @@ def _compare_kv_stream(sec: str, st: KVStream, exp: CacheExpect, raw: Any) -> li
         out.append(Mismatch(sec, n_layer_off, f"no V section; the model's {exp.role} cache has V for every layer"))
     elif exp.has_v:
         out += _check_rows(sec, "V", st.v, exp.layers, exp.n_embd_v, "n_embd_v_gqa")
-    return out
+    return out + _compare_rotation(sec, st, exp)
+
+
+def stream_types(st: KVStream) -> tuple[int, int | None] | None:
+    """The K and V cache types of a stream (one type per cache); None when unknown ids."""
+    if not st.k:
+        return None
+    tk, tv = st.k[0].type_id, (st.v[0].type_id if st.v else None)
+    if tk not in TYPES or (tv is not None and tv not in TYPES):
+        return None
+    return tk, tv
+
+
+def rotation_message(i: int, got: int, want: int, type_id: int | None) -> str:
+    """Why stored rotation word ``i`` (0: K, 1: V) of ``got`` disagrees with the ``want`` a
+    llama.cpp of state version 4 computes (llama_kv_cache::state_read_data refuses it)."""
+    what, part = ("key", "K") if i == 0 else ("value", "V")
+    cache = f"a {type_name(type_id)} {part} cache" if type_id is not None else f"no {part} cache"
+    msg = (
+        f"incompatible {what} rotation (stored {got}, this model and {cache} give {want}): "
+        f'llama.cpp would refuse the load ("incompatible {what} rotation")'
+    )
+    if got == 0 and want:
+        msg += (
+            "; a writer run with LLAMA_ATTN_ROT_DISABLE=1 stores 0, and such a file loads only into a "
+            "llama.cpp run with that variable too (set it for slotfile to check against that)"
+        )
+    elif want == 0 and got and attn_rot_disabled():
+        msg += "; LLAMA_ATTN_ROT_DISABLE is set here, which turns the rotation off"
+    return msg
+
+
+def _compare_rotation(sec: str, st: KVStream, exp: CacheExpect) -> list[Mismatch]:
+    """n_rot_k / n_rot_v of a version-4 stream against what the model and the stream's own cache
+    types give (the types are the file's: they may be any --cache-type-k/v)."""
+    types = stream_types(st)
+    if st.rot_offset is None or types is None:
+        return []
+    want = rotation_widths(exp, types[0], types[1])
+    got = (int(st.n_rot_k or 0), int(st.n_rot_v or 0))
+    return [
+        Mismatch(sec, st.rot_offset + 4 * i, rotation_message(i, got[i], want[i], types[i]))
+        for i in range(2)
+        if got[i] != want[i]
+    ]
 
 
 def _compare_kv(sec: str, blk: MemoryBlock, exp: CacheExpect) -> list[Mismatch]:

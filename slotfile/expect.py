@@ -20,10 +20,13 @@ class, no blocks and a note.  Nothing is guessed silently.
 
 from __future__ import annotations
 
+import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .ggml_types import TYPES
 from .layout import BlockSpec, Layout, MemoryKind
 from .model import ModelInfo
 from .records import BlockExpect, CacheExpect, ModelExpect, RecExpect
@@ -39,6 +42,7 @@ __all__ = [
     "describe_blocks",
     "expect_from_model",
     "layout_of",
+    "rotation_widths",
 ]
 
 MEMORY_CLASSES = (
@@ -160,11 +164,17 @@ class _HParams:
     def is_mla(self) -> bool:
         return self.head_k_mla != 0 and self.head_v_mla != 0
 
+    def head_k(self, il: int) -> int:  # llama_hparams::n_embd_head_k(il)
+        return self.head_k_swa if self.is_swa[il] else self.head_k_full
+
+    def head_v(self, il: int) -> int:
+        return self.head_v_swa if self.is_swa[il] else self.head_v_full
+
     def n_embd_k_gqa(self, il: int) -> int:  # n_embd_head_k(il) * n_head_kv(il)
-        return (self.head_k_swa if self.is_swa[il] else self.head_k_full) * self.n_head_kv[il]
+        return self.head_k(il) * self.n_head_kv[il]
 
     def n_embd_v_gqa(self, il: int) -> int:
-        return (self.head_v_swa if self.is_swa[il] else self.head_v_full) * self.n_head_kv[il]
+        return self.head_v(il) * self.n_head_kv[il]
 
     def has_kv(self, il: int) -> bool:
         return self.n_layer_kv_from_start < 0 or il < self.n_layer_kv_from_start
@@ -618,7 +628,72 @@ def _kv(hp: _HParams, role: str, keep: Callable[[int], bool]) -> CacheExpect:
     layers = tuple(il for il in range(hp.n_layer_all) if hp.has_kv(il) and keep(il))
     k = tuple(hp.n_embd_k_gqa(il) for il in layers)
     v = () if hp.is_mla() else tuple(hp.n_embd_v_gqa(il) for il in layers)
-    return CacheExpect(role, layers, k, v)
+    return CacheExpect(
+        role,
+        layers,
+        k,
+        v,
+        head_k=_head_all([hp.head_k(il) for il in layers]),
+        head_v=0 if hp.is_mla() else _head_all([hp.head_v(il) for il in layers]),
+        head_k_first=hp.head_k(0),
+        head_v_first=hp.head_v(0),
+    )
+
+
+def _head_all(heads: list[int]) -> int:
+    """``n_embd_head_k_all`` / ``_v_all`` of the llama_kv_cache ctor: the head size every layer of
+    the cache shares, -1 when they differ, 0 when the cache has no layer."""
+    if not heads:
+        return 0
+    return heads[0] if all(h == heads[0] for h in heads) else -1
+
+
+# llama_kv_cache ctor (llama.cpp 2026-10-06): the archs whose DeepSeek/GLM lightning indexer
+# cache (n_embd_head_k_full == indexer_head_size) is always rotated, whatever its type.  Their
+# memory classes (DSA, DSV4, DSA-iSWA) are not modelled here, so no CacheExpect sets it yet.
+ROT_K_ALWAYS_ARCHS = frozenset({"deepseek32", "deepseek4", "glm-dsa", "dots3note"})
+ROT_MIN = 64  # the smallest Hadamard rotation llama.cpp applies
+
+
+def attn_rot_disabled() -> bool:
+    """``LLAMA_ATTN_ROT_DISABLE`` as llama.cpp reads it (``atoi(getenv(...))``): a llama.cpp run
+    with it set writes, and expects, 0 for every rotation width but the indexers'."""
+    raw = os.environ.get("LLAMA_ATTN_ROT_DISABLE")
+    if raw is None:
+        return False
+    m = re.match(r"\s*([+-]?\d+)", raw)
+    return bool(m and int(m.group(1)))
+
+
+def is_quantized(type_id: int) -> bool:
+    """``ggml_is_quantized``: every type of more than one element per block."""
+    t = TYPES.get(type_id)
+    return t is not None and t.blck_size > 1
+
+
+def rotation_widths(
+    cache: CacheExpect, type_k: int, type_v: int | None, *, disabled: bool | None = None
+) -> tuple[int, int]:
+    """``(n_rot_k, n_rot_v)`` a llama.cpp of state version 4 computes for ``cache`` with these K/V
+    cache types (the llama_kv_cache constructor; version 3 rotates with the same rule, it only
+    does not record it).  ``disabled``: LLAMA_ATTN_ROT_DISABLE (default: this process's)."""
+    off = attn_rot_disabled() if disabled is None else disabled
+    rot_k = not off and cache.head_k > 0 and is_quantized(type_k) and cache.head_k_first % ROT_MIN == 0
+    rot_k = rot_k or cache.rot_k_always
+    rot_v = (
+        not off
+        and cache.head_v > 0
+        and type_v is not None
+        and is_quantized(type_v)
+        and cache.head_v_first % ROT_MIN == 0
+    )
+    n_rot_k = 0
+    if rot_k:
+        n_rot_k = ROT_MIN
+        # `n_embd_head_k_all % (2*n_rot_k)` is an int modulo an unsigned: -1 (mixed heads) stops at 64
+        while cache.head_k > 0 and cache.head_k % (2 * n_rot_k) == 0:
+            n_rot_k *= 2
+    return n_rot_k, ROT_MIN if rot_v else 0
 
 
 def _rec(hp: _HParams, keep: Callable[[int], bool]) -> RecExpect:

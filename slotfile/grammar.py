@@ -10,6 +10,8 @@ Grammars are parameterised through construct's context parameters:
 * ``ext``     per-cell ext size of KV metadata (0, 8 or 12 bytes; ``has_cell_ext``);
 * ``whole``   True for the ``seq_id = -1`` variant (GGSN session files), where a cell
               carries a variable number of seq ids;
+* ``rot``     True for state version 4 / session version 11: every KV stream's data section
+              carries ``n_rot_k``, ``n_rot_v`` after ``n_layer``;
 * KV blocks take ``has_v`` and REC blocks ``n_rec`` / ``has_p`` as arguments, because
   those differ between the blocks of one body.
 
@@ -35,6 +37,7 @@ from construct import (
     Const,
     Construct,
     ConstructError,
+    Default,
     If,
     IfThenElse,
     Int8ul,
@@ -65,6 +68,10 @@ SERVER_TOKENS_VERSION = 1
 SCKP_VERSION = 1  # SLOT_CKPT_VERSION (PR #26004)
 SDFT_VERSION = 1
 MTMD_SERIALIZATION_VERSION = 2
+
+# The first versions whose KV streams carry the rotation words (llama.cpp of 2026-10-05 on).
+ROT_STATE_VERSION = 4  # LLAMA_STATE_SEQ_VERSION
+ROT_SESSION_VERSION = 11  # LLAMA_SESSION_VERSION
 
 MAX_STREAMS = 256  # LLAMA_MAX_SEQ
 MAX_LAYERS = 4096
@@ -235,7 +242,7 @@ class NumpyArray(Construct):
 
 
 class ExtraWords(NumpyArray):
-    """Optional u32 words (v4 trial parses); absent from a build object means zeros."""
+    """Optional u32 words (trial parses of unknown versions); absent from a build object means zeros."""
 
     def __init__(self, count: Any, what: str) -> None:
         super().__init__("<u4", count, what)
@@ -537,6 +544,20 @@ KVLayerT = Struct(
 )
 
 
+# One rotation width (n_rot_k or n_rot_v) of a version-4 KV stream.
+RotWord = Int32ul
+
+# Both rotation words, as a version-4 writer puts them after n_layer (what migrate inserts).
+RotWords = Struct(
+    "n_rot_k" / RotWord,
+    "n_rot_v" / RotWord,
+)
+
+
+def _rot(c: Any) -> bool:
+    return bool(c._params.get("rot", False))
+
+
 def _kv_stream_data(has_v: bool, legacy: bool = False) -> Struct:
     v_plain = Seq("V", this.n_layer, KVLayer, 12)
     v_trans = Seq("V", this.n_layer, KVLayerT, 12)
@@ -544,9 +565,9 @@ def _kv_stream_data(has_v: bool, legacy: bool = False) -> Struct:
         "cell_count" / Computed(this._.cell_count),
         # a legacy single-sequence cell is (pos, n_seq_id = 0) like a recurrent one
         "meta" / Named("cells", CellMeta(this._.cell_count, rec=legacy)),
-        # GGSQ v4 adds K/V rotation metadata at a position not yet public: trial parses
-        # allow a few u32 words before v_trans and after n_layer (params v4_pre / v4_post)
-        "v4_pre" / ExtraWords(lambda c: c._params.get("v4_pre", 0), "v4 metadata words"),
+        # a state version newer than slotfile knows is parsed by trial: a few unknown u32
+        # words before v_trans and after the rotation words (params trial_pre / trial_post)
+        "trial_pre" / ExtraWords(lambda c: c._params.get("trial_pre", 0), "unknown metadata words"),
         "v_trans_offset" / Tell,
         "v_trans" / VTransWord,
         Ensure(lambda c: c.v_trans in (0, 1), lambda c: f"v_trans {c.v_trans} (must be 0 or 1)"),
@@ -556,7 +577,11 @@ def _kv_stream_data(has_v: bool, legacy: bool = False) -> Struct:
             lambda c: f"n_layer {c.n_layer} over the cap {MAX_LAYERS}",
             code="over-cap",
         ),
-        "v4_post" / ExtraWords(lambda c: c._params.get("v4_post", 0), "v4 metadata words"),
+        # GGSQ 4 / GGSN 11 (param ``rot``): the K and V Hadamard rotation widths of the cache,
+        # 0 when not rotated (llama_kv_cache::state_write_data, llama.cpp of 2026-10-06)
+        "n_rot_k" / If(_rot, Default(RotWord, 0)),  # Default: a build object without it (v3) is fine
+        "n_rot_v" / If(_rot, Default(RotWord, 0)),
+        "trial_post" / ExtraWords(lambda c: c._params.get("trial_post", 0), "unknown metadata words"),
         "k" / Seq("K", this.n_layer, KVLayer, 12),
     ]
     if has_v:
@@ -939,6 +964,11 @@ def blob_length(n: int) -> bytes:
 
 def sdft_header(version: int = SDFT_VERSION) -> bytes:
     return build(SdftHeader, {"version": version})
+
+
+def rot_words(n_rot_k: int, n_rot_v: int) -> bytes:
+    """The two rotation words of a version-4 KV stream (migrate inserts them)."""
+    return build(RotWords, {"n_rot_k": n_rot_k, "n_rot_v": n_rot_v})
 
 
 def v_trans_word(v_trans: int) -> bytes:

@@ -67,8 +67,9 @@ class BlockSpec:
 class Layout:
     blocks: tuple[BlockSpec, ...]
     ext: int = 0
-    extra: tuple[int, int] = (0, 0)  # v4 trial: u32 words before v_trans / after n_layer
+    extra: tuple[int, int] = (0, 0)  # trial of an unknown version: u32 words before v_trans / after n_layer
     legacy: bool = False  # KV blocks without n_stream (grammar.kv_block_legacy)
+    rot: bool = False  # KV streams carry n_rot_k, n_rot_v (state version 4, session version 11)
 
     @property
     def kinds(self) -> Kinds:
@@ -98,7 +99,7 @@ class Layout:
             return "empty body"
         ext = f", cell ext {self.ext} B" if self.ext else ""
         if self.extra != (0, 0):
-            ext += f", {self.extra[0]}+{self.extra[1]} unknown v4 words per stream"
+            ext += f", {self.extra[0]}+{self.extra[1]} unknown words per stream"
         if self.legacy:
             ext += ", without n_stream (llama.cpp before mid-2025)"
         return " + ".join(b.describe() for b in self.blocks) + ext
@@ -244,14 +245,15 @@ def _parse_kv(
     label: str,
     extra: tuple[int, int] = (0, 0),
     legacy: bool = False,
+    rot: bool = False,
 ) -> Any | None:
-    key = ("KV", off, end, ext, has_v, extra, legacy)
+    key = ("KV", off, end, ext, has_v, extra, legacy, rot)
     if key in deep.memo:
         return deep.memo[key]
     s = ViewStream(view, off, end)
     try:
         grammar = kv_block_legacy(has_v) if legacy else kv_block(has_v)
-        blk = grammar.parse_stream(s, ext=ext, whole=whole, v4_pre=extra[0], v4_post=extra[1])
+        blk = grammar.parse_stream(s, ext=ext, whole=whole, rot=rot, trial_pre=extra[0], trial_post=extra[1])
     except (ConstructError, ValueError, OverflowError) as e:
         deep.note(e, s, label)
         blk = None
@@ -337,6 +339,7 @@ def _walk(
     parsed: tuple[Any, ...] = (),
     extra: tuple[int, int] = (0, 0),
     legacy: bool = False,
+    rot: bool = False,
 ) -> Iterator[tuple[tuple[BlockSpec, ...], tuple[Any, ...], int]]:
     """Every complete parse of ``kinds`` starting at ``off``: (specs, blocks, end offset)."""
     if not kinds:
@@ -344,7 +347,7 @@ def _walk(
         return
     label = Layout((*specs, BlockSpec(MemoryKind(kinds[0]))), ext, legacy=legacy).describe()
     if kinds[0] == KV:
-        blk = _parse_kv(view, off, end, ext, whole, has_v[0], deep, label, extra, legacy)
+        blk = _parse_kv(view, off, end, ext, whole, has_v[0], deep, label, extra, legacy, rot)
         if blk is not None:
             yield from _walk(
                 view,
@@ -359,6 +362,7 @@ def _walk(
                 (*parsed, blk),
                 extra,
                 legacy,
+                rot,
             )
         return
     tried_p = 0
@@ -381,6 +385,7 @@ def _walk(
                 (*specs, BlockSpec(REC, True, n_rec, has_p)),
                 (*parsed, blk),
                 extra,
+                rot=rot,
             )
             if not has_p:
                 return  # the fullest plain split that parses wins; P rows only when none does
@@ -419,6 +424,7 @@ def detect(
     fixed: Layout | None = None,
     extras: Iterable[tuple[int, int]] = ((0, 0),),
     legacy: bool = False,
+    rot: bool = False,
 ) -> Detection:
     """Find the layout of the body in ``view[start:end]``.
 
@@ -427,6 +433,8 @@ def detect(
     ``fixed``: the layout is known (from the model); parse only that.
     ``legacy``: also try KV blocks without ``n_stream`` (files of state version 2 / session 9,
     which llama.cpp wrote both ways), after every current layout.
+    ``rot``: every KV stream carries the rotation words (state version 4, session version 11);
+    a property of the file's version, so it applies to ``fixed`` too.
     """
     deep = _Deepest()
     if start == end or (not exact and appendix_at(view, start, end)):
@@ -450,8 +458,8 @@ def detect(
     for kinds, hv, ext, x, old in plans:
         if (ext or x != (0, 0)) and KV not in kinds:
             continue
-        for specs, blocks, e in _walk(view, start, end, kinds, hv, ext, whole, deep, extra=x, legacy=old):
-            lay = Layout(specs, ext, x, old)
+        for specs, blocks, e in _walk(view, start, end, kinds, hv, ext, whole, deep, extra=x, legacy=old, rot=rot):
+            lay = Layout(specs, ext, x, old, rot)
             if fixed is not None and not _same_rec(fixed, lay):
                 continue
             (accepted if ends_well(e) else partial).append((lay, blocks, e))

@@ -32,7 +32,18 @@ import numpy as np
 from .compare import compare, not_modelled_message
 from .records import Body, FileFormat, ModelExpect, Problem, Severity, SlotFile, TokenForm, TokenPayload
 
-__all__ = ["check_against_model", "null_token_allowed"]
+__all__ = ["CANNOT_CHECK_CODES", "MISMATCH_CODES", "check_against_model", "null_token_allowed"]
+
+# The classes of this module's problem codes, for callers that must tell a healthy file checked
+# against another model (a "mismatch": another arch, layout, vocabulary or context) from damaged
+# bytes (slotfile.diagnosis): they go by these codes, never by the messages.
+WRONG_ARCH = "wrong-arch"
+MODEL_MISMATCH = "model-mismatch"
+TOKEN_OUT_OF_VOCAB = "token-out-of-vocab"
+POSITION_BEYOND_CONTEXT = "position-beyond-context"
+NOT_MODELLED = "not-modelled"
+MISMATCH_CODES = frozenset({WRONG_ARCH, MODEL_MISMATCH, TOKEN_OUT_OF_VOCAB, POSITION_BEYOND_CONTEXT})
+CANNOT_CHECK_CODES = frozenset({NOT_MODELLED})  # the model's layout is not modelled: nothing compared
 
 LLAMA_TOKEN_NULL = -1
 MTMD_INPUT_CHUNK_TYPE_TEXT = 0
@@ -75,7 +86,7 @@ def _arch_problems(sf: SlotFile, exp: ModelExpect) -> list[Problem]:
     return [
         Problem(
             Severity.ERROR,
-            "wrong-arch",
+            WRONG_ARCH,
             "arch",
             12 + 4 * (sf.n_token_count or 0),
             f"the session was written by a {sf.arch!r} model; --model is {exp.arch!r}",
@@ -85,9 +96,9 @@ def _arch_problems(sf: SlotFile, exp: ModelExpect) -> list[Problem]:
 
 def _layout_problems(exp: ModelExpect, body: Body, partial: bool, section: str) -> list[Problem]:
     if not exp.modelled:
-        return [Problem(Severity.WARNING, "not-modelled", section, body.offset, not_modelled_message(exp))]
+        return [Problem(Severity.WARNING, NOT_MODELLED, section, body.offset, not_modelled_message(exp))]
     return [
-        Problem(Severity.ERROR, "model-mismatch", m.section, m.offset, m.message)
+        Problem(Severity.ERROR, MODEL_MISMATCH, m.section, m.offset, m.message)
         for m in compare(exp, body, partial=partial, prefix=section)
     ]
 
@@ -127,9 +138,7 @@ def _token_problems(tp: TokenPayload, n_vocab: int) -> list[Problem]:
         else f"id {t}, outside the model's vocabulary [0, {n_vocab})"
     )
     more = f" ({where.size} such tokens)" if where.size > 1 else ""
-    return [
-        Problem(Severity.ERROR, "token-out-of-vocab", "tokens", tp.ids_offset + 4 * i, f"token {i} is {what}{more}")
-    ]
+    return [Problem(Severity.ERROR, TOKEN_OUT_OF_VOCAB, "tokens", tp.ids_offset + 4 * i, f"token {i} is {what}{more}")]
 
 
 def _position_problems(body: Body, n_ctx_train: int) -> list[Problem]:
@@ -140,7 +149,7 @@ def _position_problems(body: Body, n_ctx_train: int) -> list[Problem]:
             out.append(
                 Problem(
                     Severity.WARNING,
-                    "position-beyond-context",
+                    POSITION_BEYOND_CONTEXT,
                     f"body.{blk.role}",
                     blk.offset,
                     f"highest position {int(pos.max())} is beyond the model's training context "

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -80,14 +81,17 @@ GGSQ_VERSIONS = {
     2: "llama.cpp builds of mid-2024 to 2025 (KV blocks without n_stream until mid-2025; no cell ext, "
     "no io_magic blob prefix)",
     3: "llama.cpp of 2026 up to about October (llama-cpp-python 0.3.36 vendors this)",
-    4: "llama.cpp from about October 2026 (adds K/V rotation metadata; layout not yet public)",
+    4: "llama.cpp from 2026-10-05 on (every KV stream records its K/V rotation widths n_rot_k, n_rot_v)",
 }
 GGSN_VERSIONS = {
     9: "llama.cpp builds of 2025 (session body with output ids, logits, embeddings; KV blocks without n_stream "
     "until mid-2025)",
     10: "llama.cpp of 2026 up to about October (llama-cpp-python 0.3.36)",
-    11: "llama.cpp v0.6.0 and later (layout not yet public)",
+    11: "llama.cpp from 2026-10-05 on (as state version 4: every KV stream records n_rot_k, n_rot_v)",
 }
+# How far past the newest known version a file is still read by trial (as the newest layout
+# with a few unknown words per KV stream, with a warning); anything further is refused.
+TRIAL_AHEAD = 2
 
 
 # ---------------------------------------------------------------------------------------
@@ -145,10 +149,69 @@ def _expectation(model: ModelInfo | None, given: ModelExpect | None) -> ModelExp
     return expect_from_model(model)
 
 
+NOT_SLOT_FILE = "not-slot-file"  # the problem code of a recognised wrong input (a model, an archive, text)
+
+# Files people pass by mistake, recognised by their first bytes: (magic, what it is, what to do).
+FOREIGN_MAGICS: tuple[tuple[bytes, str, str], ...] = (
+    (b"GGUF", "a GGUF model", "pass it with --model, and the slot file as the argument"),
+    (b"\x1f\x8b", "a gzip-compressed file", "decompress it first (gunzip -k {file}) and pass the result"),
+    (b"\x28\xb5\x2f\xfd", "a zstd-compressed file", "decompress it first (zstd -d {file}) and pass the result"),
+    (b"\xfd7zXZ\x00", "an xz-compressed file", "decompress it first (xz -dk {file}) and pass the result"),
+    (b"BZh", "a bzip2-compressed file", "decompress it first (bunzip2 -k {file}) and pass the result"),
+    (b"PK\x03\x04", "a zip archive", "extract the slot file from it first (unzip {file})"),
+    (b"\x7fELF", "an executable (ELF)", "pass the file llama-server wrote under --slot-save-path"),
+)
+TEXT_SAMPLE = 4096  # bytes looked at to call a file text
+
+
+def recognise_foreign(head: bytes, size: int, path: str = "FILE") -> str | None:
+    """A one-line description of a file that is clearly not a slot or session file (a GGUF
+    model, a compressed file, text), with what to pass instead; None when it is not one of
+    these (then a wrong magic means damage).  An empty file is not one of them: it is a slot
+    file cut at 0 (a save that failed before writing), reported as truncated."""
+    for magic, what, todo in FOREIGN_MAGICS:
+        if head.startswith(magic):
+            return f"this is {what}, not a slot file: {todo.format(file=shlex.quote(path))}"
+    if _is_text(head):
+        start = head[:40].decode("utf-8", "replace").split("\n")[0]
+        return (
+            f"this is a text file (it starts {start!r}), not a slot file: slot files are binary, "
+            "written by llama-server's POST /slots/{id}?action=save"
+        )
+    return None
+
+
+def _is_text(head: bytes) -> bool:
+    """Mostly printable: no NUL, and at least 95 % printable ASCII, whitespace or UTF-8 text
+    (a slot file starts with a binary magic and little-endian integers full of zero bytes)."""
+    sample = head[:TEXT_SAMPLE]
+    if not sample or b"\x00" in sample:
+        return False
+    text = sample.decode("utf-8", "replace")
+    printable = sum(1 for ch in text if ch.isprintable() or ch in "\n\r\t")
+    return printable >= 0.95 * len(text)
+
+
 def _parse_file(sf: SlotFile, view: memoryview) -> None:
     size = len(view)
+    magic = bytes(view[:4])
+    slot_magics = (g.GGSQ_MAGIC.to_bytes(4, "little"), g.GGSN_MAGIC.to_bytes(4, "little"))
+    if size and not any(m.startswith(magic) for m in slot_magics):  # a cut magic ("qs") is a cut slot file
+        foreign = recognise_foreign(bytes(view[:TEXT_SAMPLE]), size, sf.path)
+        if foreign is not None:
+            sf.problem("error", NOT_SLOT_FILE, "header", 0, foreign)
+            return
+    if size == 0:
+        sf.problem(
+            "error",
+            "truncated",
+            "header",
+            0,
+            "empty file (0 bytes): nothing was saved in it (a save that "
+            "failed before writing, or a file created empty); there is nothing to recover",
+        )
+        return
     if size < 12:
-        magic = bytes(view[:4])
         sf.problem("error", "truncated", "header", size, f"file of {size} bytes: a header needs 12")
         if magic in (b"qsgg", b"nsgg"):
             sf.format = FileFormat.GGSQ if magic == b"qsgg" else FileFormat.GGSN
@@ -163,15 +226,20 @@ def _parse_file(sf: SlotFile, view: memoryview) -> None:
         sf.format = FileFormat.GGSN
         known = GGSN_VERSIONS
     else:
+        zeros = (
+            " (all its first bytes are zero: the data was never written, or was wiped)"
+            if not any(view[:TEXT_SAMPLE])
+            else ""
+        )
         sf.problem(
             "error",
             "bad-magic",
             "header",
             0,
-            f"magic 0x{hdr.magic:08x} is neither GGSQ (slot file) nor GGSN (session file)",
+            f"magic 0x{hdr.magic:08x} is neither GGSQ (slot file) nor GGSN (session file){zeros}",
         )
         return
-    if hdr.version not in known:
+    if hdr.version not in known and not _trial_version(sf):
         sf.problem(
             "error",
             "bad-version",
@@ -280,21 +348,33 @@ def _parse_body(sf: SlotFile, view: memoryview, start: int) -> None:
         sf.problem("error", "unsupported-layout", "body", start, "DeepSeek-V4 (DSV4) state frame: not supported yet")
         sf.body = Body(start, end, None, Confidence.NONE)
         return
-    extras = V4_EXTRAS if _is_v4(sf) else ((0, 0),)
-    det = _detect_with_model(
-        sf,
-        view,
-        start,
-        end,
-        sf.expect,
-        False,
-        "body",
-        whole=whole,
-        exact=whole,
-        sequences=_sequences_for(sf),
-        extras=extras,
-        legacy=_may_be_legacy(sf),
-    )
+    extras = TRIAL_EXTRAS if _trial_version(sf) else ((0, 0),)
+
+    def attempt(rot: bool) -> Detection:
+        return _detect_with_model(
+            sf,
+            view,
+            start,
+            end,
+            sf.expect,
+            False,
+            "body",
+            whole=whole,
+            exact=whole,
+            sequences=_sequences_for(sf),
+            extras=extras,
+            legacy=_may_be_legacy(sf),
+            rot=rot,
+        )
+
+    det = attempt(has_rot(sf))
+    if (det.layout is None or det.confidence == Confidence.TRAILING) and _rot_matters(sf):
+        # the version word and the body disagree: read the body the other way to describe it
+        other = attempt(not has_rot(sf))
+        if other.layout is not None and other.confidence != Confidence.TRAILING:
+            det = other
+            if not _trial_version(sf):
+                _report_version_layout(sf, other.layout.rot)
     sf.body = _body_from(det, start)
     if det.layout is not None and det.layout.legacy:
         sf.problem(
@@ -306,32 +386,8 @@ def _parse_body(sf: SlotFile, view: memoryview, start: int) -> None:
             "n_stream, single-sequence cells without seq id); current llama.cpp cannot load it"
             + ("; the model comparison covers current layouts only" if sf.expect is not None else ""),
         )
-    if det.layout is None and _is_v4(sf):
-        f = det.failure
-        sf.problem(
-            "error",
-            "unsupported-version",
-            "body",
-            f.offset if f else start,
-            "GGSQ version 4: the position of its K/V rotation metadata is not public and no "
-            "trial layout fits this body; refused" + (f" (deepest parse: {f.message})" if f else ""),
-        )
-        sf.sections.append(Section("body", start, end - start, "version 4, unreadable"))
+    if _trial_version(sf) and not _report_trial(sf, det, start, end):
         return
-    if det.layout is not None and _is_v4(sf):
-        how = (
-            f"with {det.layout.extra[0]} unknown u32 word(s) before v_trans and {det.layout.extra[1]} "
-            "after n_layer in each stream"
-            if det.layout.extra != (0, 0)
-            else "exactly like version 3"
-        )
-        sf.problem(
-            "warning",
-            "trial-version",
-            "body",
-            start,
-            f"GGSQ version 4 parsed by trial, {how}; the meaning of the new fields is unknown",
-        )
     if det.layout is None:
         f = det.failure
         if f is None:
@@ -390,7 +446,7 @@ def _detect_with_model(
     from .expect import layout_of
 
     want = layout_of(exp, partial=partial)
-    fixed = detect(view, start, end, fixed=want, **{k: v for k, v in kw.items() if k == "whole" or k == "exact"})
+    fixed = detect(view, start, end, fixed=want, **{k: v for k, v in kw.items() if k in ("whole", "exact", "rot")})
     if fixed.layout is not None and fixed.confidence != Confidence.TRAILING:
         return fixed
     free = detect(view, start, end, **kw)
@@ -399,8 +455,9 @@ def _detect_with_model(
     return fixed  # its failure says where the model's layout stops fitting
 
 
-# GGSQ v4 trial shapes: (u32 words before v_trans, after n_layer) in each KV stream
-V4_EXTRAS = ((0, 0), (1, 0), (2, 0), (0, 1), (0, 2), (1, 1), (2, 2))
+# Trial shapes for a version newer than slotfile knows: (unknown u32 words before v_trans,
+# after the rotation words) in each KV stream, on top of the newest known layout.
+TRIAL_EXTRAS = ((0, 0), (1, 0), (2, 0), (0, 1), (0, 2), (1, 1), (2, 2))
 
 
 def _is_dsv4(view: memoryview, start: int, end: int) -> bool:
@@ -414,8 +471,94 @@ def _may_be_legacy(sf: SlotFile) -> bool:
     return (sf.format, sf.version) in ((FileFormat.GGSQ, 2), (FileFormat.GGSN, 9))
 
 
-def _is_v4(sf: SlotFile) -> bool:
-    return sf.format == FileFormat.GGSQ and sf.version == 4
+def _newest(sf: SlotFile) -> int:
+    return max(GGSN_VERSIONS if sf.format == FileFormat.GGSN else GGSQ_VERSIONS)
+
+
+def has_rot(sf: SlotFile) -> bool:
+    """Whether the file's KV streams carry n_rot_k / n_rot_v: state version 4 and session version
+    11 on (llama_kv_cache::state_write_data of llama.cpp 2026-10-06); a version read by trial is
+    read as the newest known layout, so it has them too."""
+    if sf.version is None:
+        return False
+    first = g.ROT_SESSION_VERSION if sf.format == FileFormat.GGSN else g.ROT_STATE_VERSION
+    return sf.format in (FileFormat.GGSQ, FileFormat.GGSN) and sf.version >= first
+
+
+def _body_rot(sf: SlotFile) -> bool:
+    """Whether blobs carry the rotation words: as the body was read (their version is the
+    file's), or as the version says when there is no readable body."""
+    if sf.body is not None and sf.body.layout is not None and sf.body.blocks:
+        return sf.body.layout.rot
+    return has_rot(sf)
+
+
+def _rot_matters(sf: SlotFile) -> bool:
+    """Versions around the rotation words' arrival (state 3/4, session 10/11, and trial ones),
+    where a body with the other layout is told apart rather than called damaged."""
+    if sf.version is None or sf.format not in (FileFormat.GGSQ, FileFormat.GGSN):
+        return False
+    first = g.ROT_SESSION_VERSION if sf.format == FileFormat.GGSN else g.ROT_STATE_VERSION
+    return sf.version >= first - 1
+
+
+def _report_version_layout(sf: SlotFile, body_rot: bool) -> None:
+    first = g.ROT_SESSION_VERSION if sf.format == FileFormat.GGSN else g.ROT_STATE_VERSION
+    what = (
+        f"every KV stream carries the rotation words of version {first}"
+        if body_rot
+        else f"no KV stream carries the rotation words version {sf.version} has"
+    )
+    sf.problem(
+        "error",
+        "version-layout",
+        "header",
+        4,
+        f"the header says {sf.format} version {sf.version}, but {what}: the version word was changed "
+        f"without converting the body, and a llama.cpp of version {sf.version} would misread it "
+        "(slotfile migrate converts between versions)",
+    )
+
+
+def _trial_version(sf: SlotFile) -> bool:
+    """A version a little newer than the newest slotfile knows: read by trial, with a warning."""
+    if sf.format not in (FileFormat.GGSQ, FileFormat.GGSN) or sf.version is None:
+        return False
+    return _newest(sf) < sf.version <= _newest(sf) + TRIAL_AHEAD
+
+
+def _report_trial(sf: SlotFile, det: Detection, start: int, end: int) -> bool:
+    """The warning (or, when nothing fits, the error) of a trial-read body; False: unreadable."""
+    newest = _newest(sf)
+    if det.layout is None:
+        f = det.failure
+        sf.problem(
+            "error",
+            "unsupported-version",
+            "body",
+            f.offset if f else start,
+            f"{sf.format} version {sf.version} is newer than slotfile knows (up to {newest}) and no trial "
+            f"layout fits this body; refused" + (f" (deepest parse: {f.message})" if f else ""),
+        )
+        sf.sections.append(Section("body", start, end - start, f"version {sf.version}, unreadable"))
+        return False
+    x = det.layout.extra
+    like = newest if det.layout.rot else newest - 1  # without the rotation words: the layout before them
+    after = "after the rotation words" if det.layout.rot else "after n_layer"
+    how = (
+        f"like version {like} with {x[0]} unknown u32 word(s) before v_trans and {x[1]} {after} in each stream"
+        if x != (0, 0)
+        else f"exactly like version {like}"
+    )
+    sf.problem(
+        "warning",
+        "trial-version",
+        "body",
+        start,
+        f"{sf.format} version {sf.version} parsed by trial, {how} (slotfile knows versions up to {newest}); "
+        "the meaning of any new fields is unknown",
+    )
+    return True
 
 
 def _sequences_for(sf: SlotFile) -> list[Kinds]:
@@ -439,6 +582,8 @@ def _kv_from(role: str, c: Any, has_v: bool) -> MemoryBlock:
         d = sc.data
         if d is not None:
             st.cells, st.v_trans, st.n_layer = d.meta, d.v_trans, d.n_layer
+            if d.n_rot_k is not None:
+                st.n_rot_k, st.n_rot_v, st.rot_offset = d.n_rot_k, d.n_rot_v, int(d.v_trans_offset) + 8
             st.k = [LayerRun("K", j, L.offset, L.type, L.row_size, sc.cell_count, L.data) for j, L in enumerate(d.k)]
             for j, L in enumerate(d.v):
                 if d.v_trans:
@@ -691,7 +836,8 @@ def _parse_seq_blob(
         section,
         exact=True,
         sequences=seqs,
-        extras=V4_EXTRAS if _is_v4(sf) else ((0, 0),),
+        extras=TRIAL_EXTRAS if _trial_version(sf) else ((0, 0),),
+        rot=_body_rot(sf),
     )
     blob.body = _body_from(det, start + 8)
     if exp is not None and blob.body.layout is not None:
@@ -760,6 +906,7 @@ def _check_block(sf: SlotFile, blk: MemoryBlock, sec: str) -> None:
                 f"{len(active)} non-empty streams in a single-sequence save (at most 1)",
             )
         for st in active:
+            _check_rotation(sf, st, f"{sec}.stream[{st.index}]")
             ct = st.cells
             if ct is None:
                 continue
@@ -784,6 +931,28 @@ def _check_block(sf: SlotFile, blk: MemoryBlock, sec: str) -> None:
                 run.offset,
                 f"{run.part} layer {run.index}: ggml type id {run.type_id} is not known to this "
                 "build (newer llama.cpp or a fork)",
+            )
+
+
+MAX_ROT = 1 << 16  # far above any head size: a Hadamard matrix of this width would be 16 GiB of f32
+
+
+def _check_rotation(sf: SlotFile, st: KVStream, sec: str) -> None:
+    """n_rot_k / n_rot_v of a version-4 stream: 0 (not rotated) or a power of two from 64 (the
+    llama_kv_cache constructor starts at 64 and doubles); anything else is damage, and a
+    llama.cpp would refuse the load ("incompatible key/value rotation")."""
+    if st.rot_offset is None:
+        return
+    for i, (name, value) in enumerate((("n_rot_k", st.n_rot_k), ("n_rot_v", st.n_rot_v))):
+        v = int(value or 0)
+        if v and not (64 <= v <= MAX_ROT and v & (v - 1) == 0):
+            sf.problem(
+                "error",
+                "bad-rotation",
+                sec,
+                st.rot_offset + 4 * i,
+                f"{name} {v} is not a rotation width (0, or a power of two from 64); "
+                f"llama.cpp would refuse the load (incompatible {'key' if i == 0 else 'value'} rotation)",
             )
 
 

@@ -137,6 +137,10 @@ class KVStream:
     cells: g.CellTable | None = None
     v_trans: int | None = None
     n_layer: int = 0
+    # state version 4 / session 11 only (None before): the K and V rotation widths, 0 = none
+    n_rot_k: int | None = None
+    n_rot_v: int | None = None
+    rot_offset: int | None = None  # file offset of n_rot_k (n_rot_v follows)
     k: list[LayerRun] = field(default_factory=list)
     v: list[LayerRun] = field(default_factory=list)
 
@@ -279,6 +283,12 @@ class CacheExpect:
     layers: tuple[int, ...]  # model layer indices in this cache, ascending
     n_embd_k: tuple[int, ...]  # per cache layer: n_embd_k_gqa(il)
     n_embd_v: tuple[int, ...]  # per cache layer: n_embd_v_gqa(il); () when the cache has no V
+    # what the rotation widths of state version 4 derive from (llama_kv_cache ctor, slotfile.expect)
+    head_k: int = 0  # n_embd_head_k_all: the head size all cache layers share; -1 mixed, 0 no layer
+    head_v: int = 0  # n_embd_head_v_all (0 for an MLA cache)
+    head_k_first: int = 0  # hparams.n_embd_head_k() / _v(): layer 0's head size, whatever the cache
+    head_v_first: int = 0
+    rot_k_always: bool = False  # a DeepSeek/GLM lightning indexer: K rotated whatever its type
 
     @property
     def kind(self) -> MemoryKind:

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from .diagnosis import facts_of, file_cause, next_step, problem_class, refs_of
 from .ggml_types import type_name
 from .layout import MemoryKind
 from .reader import GGSN_VERSIONS, GGSQ_VERSIONS
@@ -68,6 +69,9 @@ def block_json(b: MemoryBlock, ext: int) -> dict[str, Any]:
                 sd["cells"] = _cells(st.cells, ext)
                 sd["v_trans"] = _f(sc.data.v_trans_offset, st.v_trans)
                 sd["n_layer"] = _f(sc.data.v_trans_offset + 4, st.n_layer)
+                if st.rot_offset is not None:  # state version 4 / session 11
+                    sd["n_rot_k"] = _f(st.rot_offset, st.n_rot_k)
+                    sd["n_rot_v"] = _f(st.rot_offset + 4, st.n_rot_v)
                 sd["k"] = [_run(r) for r in st.k]
                 sd["v"] = [_run(r) for r in st.v]
             streams.append(sd)
@@ -167,7 +171,17 @@ def tokens_json(sf: SlotFile, with_ids: bool) -> dict[str, Any] | None:
     return d
 
 
-def to_json(sf: SlotFile, *, with_tokens: bool = False, text: str | None = None) -> dict[str, Any]:
+def to_json(
+    sf: SlotFile, *, with_tokens: bool = False, text: str | None = None, model_path: str | None = None
+) -> dict[str, Any]:
+    """The ``slotfile.dump/1`` document.  Beyond ``verdict`` (ok | ok with warnings | damaged:
+    does the file have errors), ``cause`` says why it fails (damaged, mismatch, not-a-slot-file,
+    unsupported; null without errors), ``next_step`` / ``repair_command`` what to do about it,
+    and each problem its ``class`` (slotfile.diagnosis).  ``model_path``: the --model, for the
+    repair command."""
+    refs = refs_of(sf)
+    cause = file_cause(refs)
+    step = next_step(cause, refs, facts_of(sf, model_path))
     known = GGSQ_VERSIONS if sf.format == FileFormat.GGSQ else GGSN_VERSIONS
     d: dict[str, Any] = {
         "schema": SCHEMA,
@@ -184,8 +198,11 @@ def to_json(sf: SlotFile, *, with_tokens: bool = False, text: str | None = None)
         "sdft": appendix_json(sf.draft, sf),
         "trailing": {"offset": sf.trailing[0], "size": sf.trailing[1]} if sf.trailing else None,
         "sections": [{"name": s.name, "offset": s.offset, "size": s.size, "note": s.note} for s in sf.sections],
-        "problems": [p.to_dict() for p in sf.problems],
+        "problems": [{**p.to_dict(), "class": problem_class(p.code, p.severity)} for p in sf.problems],
         "verdict": sf.verdict,
+        "cause": cause,
+        "next_step": step.text if step else None,
+        "repair_command": step.command if step else None,
     }
     if sf.version is not None:
         d["header"] = {

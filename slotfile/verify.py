@@ -40,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from .diagnosis import Cause, Facts, NextStep, ProblemRef, facts_of, file_cause, next_step, problem_class
 from .expect import expect_from_model
 from .ggml_types import TypeId
 from .loader import (
@@ -98,6 +99,16 @@ class Status(StrEnum):
     SKIPPED = "skipped"
 
 
+class SkipKind(StrEnum):
+    """Why a level was skipped: not asked for (no --model, no --deep), cannot be checked here (a
+    state version the installed loader does not load, tokens that cannot be recomputed), or an
+    earlier level failed.  None of them is a failure."""
+
+    NOT_REQUESTED = "not-requested"
+    CANNOT_CHECK = "cannot-check"
+    BLOCKED = "blocked"
+
+
 class Verdict(StrEnum):
     """A file's outcome: every level that ran passed, one failed, or the file could not be read."""
 
@@ -111,12 +122,20 @@ class Level:
     status: Status = Status.SKIPPED
     problems: list[dict[str, Any]] = field(default_factory=list)
     reason: str = ""  # why it was skipped
+    skip_kind: SkipKind | None = None
     details: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
 
     def add(self, severity: Severity, code: str, section: str, offset: int | None, message: str) -> None:
         self.problems.append(
-            {"severity": severity, "code": code, "section": section, "offset": offset, "message": message}
+            {
+                "severity": severity,
+                "code": code,
+                "section": section,
+                "offset": offset,
+                "message": message,
+                "class": problem_class(code, severity),
+            }
         )
 
     def error(self, code: str, section: str, offset: int | None, message: str) -> None:
@@ -129,14 +148,16 @@ class Level:
         self.status = Status.FAIL if any(p["severity"] == Severity.ERROR for p in self.problems) else Status.PASS
         return self
 
-    def skip(self, reason: str) -> Level:
-        self.status, self.reason = Status.SKIPPED, reason
+    def skip(self, reason: str, kind: SkipKind = SkipKind.NOT_REQUESTED) -> Level:
+        self.status, self.reason, self.skip_kind = Status.SKIPPED, reason, kind
         return self
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"status": self.status, "problems": self.problems}
         if self.reason:
             d["reason"] = self.reason
+        if self.skip_kind is not None:
+            d["skip_kind"] = self.skip_kind
         if self.details:
             d["details"] = self.details
         d["seconds"] = round(self.seconds, 4)
@@ -153,6 +174,7 @@ class FileReport:
     levels: dict[str, Level] = field(default_factory=lambda: {k: Level() for k in LEVELS})
     error: str | None = None  # operational: the file could not be read at all
     seconds: float = 0.0
+    facts: Facts | None = None  # what the next step depends on (set once the file is read)
 
     @property
     def verdict(self) -> Verdict:
@@ -180,7 +202,32 @@ class FileReport:
                     return f"{name}: {_where(p)}{p['message']}"
         return None
 
+    def problem_refs(self) -> list[ProblemRef]:
+        return [
+            ProblemRef(name, p["severity"], p["code"], p["section"] or "", p["message"])
+            for name in LEVELS
+            for p in self.levels[name].problems
+        ]
+
+    @property
+    def cause(self) -> Cause | None:
+        """Why the file fails (damaged, mismatch, not-a-slot-file, unsupported); None when it
+        passes or could not be read."""
+        return None if self.error is not None else file_cause(self.problem_refs())
+
+    @property
+    def next_step(self) -> NextStep | None:
+        if self.error is not None or self.facts is None:
+            return None
+        return next_step(self.cause, self.problem_refs(), self.facts)
+
+    @property
+    def unchecked(self) -> list[str]:
+        """Levels that could not be checked here (skipped, not failed), with the reason."""
+        return [f"{name}: {lv.reason}" for name, lv in self.levels.items() if lv.skip_kind == SkipKind.CANNOT_CHECK]
+
     def to_dict(self) -> dict[str, Any]:
+        step = self.next_step
         return {
             "path": self.path,
             "size": self.size,
@@ -191,6 +238,10 @@ class FileReport:
             "level_reached": self.level_reached,
             "verdict": self.verdict,
             "first_problem": self.first_problem,
+            "cause": self.cause,
+            "next_step": step.text if step else None,
+            "repair_command": step.command if step else None,
+            "unchecked": self.unchecked,
             "error": self.error,
             "seconds": round(self.seconds, 4),
         }
@@ -234,6 +285,14 @@ def _has_magic(path: Path) -> bool:
         return True  # unreadable: report it rather than hide it
 
 
+def _what_is_there(d: Path) -> str:
+    """For a directory without slot files: a hint when it holds models instead."""
+    models = sum(1 for _ in d.rglob("*.gguf"))
+    if models:
+        return f" (it holds {models} GGUF model(s): give one with --model and the slot files as arguments)"
+    return ""
+
+
 def collect(args: list[Path]) -> tuple[list[Path], list[str]]:
     """Files to verify, and operational errors for paths that do not exist and for directories
     with no slot file under them (a run that checks nothing must not pass).
@@ -255,7 +314,7 @@ def collect(args: list[Path]) -> tuple[list[Path], list[str]]:
                     if p.suffix.lower() in SLOT_SUFFIXES or _has_magic(p):
                         found.append(p)
             if not found:
-                errors.append(f"no slot files found under {a}")
+                errors.append(f"no slot files found under {a}{_what_is_there(a)}")
             files += sorted(found)
         elif a.exists():
             files.append(a)
@@ -428,8 +487,14 @@ def level_load(
         "log": res.log,
     }
     if not res.ok:
+        # The loader slotfile found by itself cannot judge a file of another version: skipped,
+        # not failed.  A library the user named (--llama-lib, $SLOTFILE_LLAMA_LIB) that cannot
+        # load the file is the run's failure: the user asked for exactly that load.
+        explicit = info.get("library_source") in ("--llama-lib", LIB_ENV)
+        if vmsg and not res.crashed and not explicit:
+            return lv.skip(vmsg, SkipKind.CANNOT_CHECK)
         if vmsg and not res.crashed:
-            lv.error("version-mismatch", "header", 4, vmsg)
+            lv.error("version-mismatch", "header", 4, f"{vmsg} (llama.cpp: {res.message})")
         else:
             lv.error(
                 "crashed" if res.crashed else "load-failed",
@@ -703,11 +768,13 @@ def level_deep(
         return lv.skip("no --deep")
     if pool is None:
         return lv.skip("no --model")
+    if load.status == Status.SKIPPED:
+        return lv.skip("the file could not be test-loaded here", SkipKind.CANNOT_CHECK)
     if load.status != Status.PASS:
-        return lv.skip("the file does not load")
+        return lv.skip("the file does not load", SkipKind.BLOCKED)
     why = _deep_preconditions(sf, int(pool.info.get("n_vocab") or 0))
     if why:
-        return lv.skip(why)
+        return lv.skip(why, SkipKind.CANNOT_CHECK)
     tokens = [int(t) for t in sf.tokens.tokens]  # type: ignore[union-attr]
     fd, out = tempfile.mkstemp(prefix="slotfile-deep-", suffix=".slot")
     os.close(fd)
@@ -856,12 +923,18 @@ class Verifier:
             rep.error = f"{path}: {e.strerror or e}"
             return rep
         rep.size, rep.n_tokens, rep.format, rep.version = sf.size, sf.n_tokens, sf.format, sf.version
+        rep.facts = facts_of(sf, self.opts.model)
         lv = rep.levels
         t = time.monotonic()
         lv["structure"] = level_structure(sf)
         if self.opts.scan:
             scan_into(lv["structure"], sf, max(2, self.opts.jobs))
         lv["structure"].seconds = time.monotonic() - t
+        if any(p["class"] == Cause.NOT_SLOT_FILE for p in lv["structure"].problems):
+            for name in LEVELS[1:]:  # nothing for a model or a loader to judge
+                lv[name].skip("not a slot file", SkipKind.BLOCKED)
+            rep.seconds = time.monotonic() - t0
+            return rep
         t = time.monotonic()
         lv["model"] = level_model(sf, self.side, self.dside)
         lv["model"].seconds = time.monotonic() - t

@@ -100,7 +100,15 @@ def truncate_body(data: bytes, tmp: Path) -> bytes:
 
 
 def version_4(data: bytes, tmp: Path) -> bytes:
-    return data[:4] + struct.pack("<I", 4) + data[8:]
+    """The same state as version 4 (the rotation words inserted by slotfile migrate)."""
+    from slotfile.repair import Options, run
+    from slotfile.safewrite import resolve_target
+
+    src, out = tmp / "v3-in.slot", tmp / "v4-out.slot"
+    src.write_bytes(data)
+    out.unlink(missing_ok=True)
+    run("migrate", str(src), resolve_target(src, out), Options(to_version=4))
+    return out.read_bytes()
 
 
 def recurrent_two_cells(data: bytes, tmp: Path) -> bytes:
@@ -144,7 +152,8 @@ CORPUS: tuple[Damage, ...] = (
     Damage("sckp-count-corrupt", corrupt_sckp_count, "fail", "structure", 0, codes=("over-cap",)),
     Damage("checkpoint-len-plus-one", ckpt_blob_plus_one, "fail", "structure", 0),
     Damage("body-truncated", truncate_body, "fail", "structure", 0, codes=("truncated",)),
-    Damage("version-4", version_4, "fail", "load", 2, codes=("version-mismatch",)),
+    # another state version than the installed loader's: the load cannot be checked here (skipped, not failed)
+    Damage("version-4", version_4, "pass", None, 2),
     Damage(
         "recurrent-two-cells",
         recurrent_two_cells,

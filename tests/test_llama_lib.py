@@ -129,12 +129,32 @@ def test_verify_a_v4_file_with_llama_lib_deep_included(v4_slot, llama_v4_lib):
 
 
 def test_verify_a_v4_file_without_a_v4_library_says_what_to_pass(v4_slot, tmp_path):
+    """No library of the file's version at hand: the load level cannot be checked here --
+    skipped with the reason and what to pass, not failed (exit 0, "not fully checkable")."""
     env = dict(NO_LIB_ENV, PATH=str(tmp_path))  # no llama-server on PATH
-    r = slotfile_cli("verify", v4_slot, "--model", MODEL, "-q", env=env)
+    r = slotfile_cli("verify", v4_slot, "--model", MODEL, "--json", env=env)
+    assert r.exit_code == 0, r.stdout + r.stderr
+    load = json.loads(r.stdout)["files"][0]["levels"]["load"]
+    assert load["status"] == "skipped" and load["skip_kind"] == "cannot-check"
+    why = load["reason"]
+    assert "state version 4" in why and "only loads version 3" in why and "no llama-server on PATH" in why
+    assert "pass --llama-lib DIR with a version 4 build" in why and "Traceback" not in r.stderr
+    table = slotfile_cli("verify", v4_slot, "--model", MODEL, env=env)
+    assert table.exit_code == 0 and "not fully checkable here" in table.stdout
+
+
+def test_a_named_library_of_another_version_fails_the_load(v4_slot, tmp_path):
+    """--llama-lib names a version-3 library for a version-4 file: the user asked for exactly
+    that load, so it fails (exit 4) with the same one-line reason."""
+    import llama_cpp
+
+    v3_dir = Path(llama_cpp.__file__).parent / "lib"
+    env = dict(NO_LIB_ENV, PATH=str(tmp_path))
+    r = slotfile_cli("verify", v4_slot, "--model", MODEL, "--llama-lib", v3_dir, "--json", env=env)
     assert r.exit_code == 4, r.stdout + r.stderr
-    line = next(ln for ln in r.stdout.splitlines() if ln.startswith(str(v4_slot)))
-    assert "state version 4" in line and "only loads version 3" in line and "no llama-server on PATH" in line
-    assert "pass --llama-lib DIR with a version 4 build" in line and "Traceback" not in r.stderr
+    load = json.loads(r.stdout)["files"][0]["levels"]["load"]
+    assert load["status"] == "fail"
+    assert "state version 4" in load["problems"][0]["message"]
 
 
 def test_a_llama_server_on_path_lends_its_library(v4_slot, llama_v4_lib, tmp_path):

@@ -1,4 +1,4 @@
-"""State versions 2-4 and the older 8-byte cell ext."""
+"""State versions 2-5 (5 by trial), session versions 9-12, and the older 8-byte cell ext."""
 
 from __future__ import annotations
 
@@ -22,32 +22,52 @@ def test_version_2_parses_like_3():
     assert sf.version == 2 and sf.problems == []
 
 
-def test_version_4_with_a_v3_body_parses_by_trial():
-    data = (SLOTS / "gemma3_iswa_fa.slot").read_bytes()
-    sf = parse_buffer(_with_version(data, 4))
+def test_version_4_is_read_by_the_grammar_not_by_trial():
+    sf = open_slot_file(SLOTS / "v4" / "gemma3_iswa_fa.slot")
+    assert sf.version == 4 and sf.problems == [] and sf.body.layout.rot
+
+
+def test_version_5_with_a_v4_body_parses_by_trial():
+    data = (SLOTS / "v4" / "gemma3_iswa_fa.slot").read_bytes()
+    sf = parse_buffer(_with_version(data, 5))
     assert not sf.errors
-    assert any(p.code == "trial-version" and "exactly like version 3" in p.message for p in sf.problems)
+    assert [p.code for p in sf.problems] == ["trial-version"]
+    assert "GGSQ version 5 parsed by trial" in sf.problems[0].message
+    assert "slotfile knows versions up to 4" in sf.problems[0].message
+    assert "exactly like version 4" in sf.problems[0].message
 
 
-def test_version_4_with_extra_words_parses_by_trial():
-    src = open_slot_file(SLOTS / "llama_f16_fa.slot")
-    data = bytearray((SLOTS / "llama_f16_fa.slot").read_bytes()[: src.body.end])
+def test_version_5_with_a_v3_body_parses_by_trial():
+    data = (SLOTS / "gemma3_iswa_fa.slot").read_bytes()
+    sf = parse_buffer(_with_version(data, 5))
+    assert not sf.errors and "exactly like version 3" in sf.problems[0].message
+
+
+def test_version_5_with_extra_words_parses_by_trial():
+    src = open_slot_file(SLOTS / "v4" / "llama_f16_fa.slot")
+    data = bytearray((SLOTS / "v4" / "llama_f16_fa.slot").read_bytes()[: src.body.end])
     vt = src.body.blocks[0].raw.streams[0].data.v_trans_offset
-    data[vt:vt] = struct.pack("<I", 32)  # a made-up n_rot word before v_trans
-    sf = parse_buffer(_with_version(bytes(data), 4))
+    data[vt:vt] = struct.pack("<I", 32)  # a made-up word before v_trans
+    sf = parse_buffer(_with_version(bytes(data), 5))
     assert not sf.errors, [p.line() for p in sf.errors]
     assert sf.body.layout.extra == (1, 0)
     assert any("1 unknown u32 word(s) before v_trans" in p.message for p in sf.problems)
 
 
-def test_version_4_that_no_trial_fits_is_refused_in_one_line():
+def test_version_5_that_no_trial_fits_is_refused_in_one_line():
     src = open_slot_file(SLOTS / "llama_f16_fa.slot")
     data = bytearray((SLOTS / "llama_f16_fa.slot").read_bytes()[: src.body.end])
     vt = src.body.blocks[0].raw.streams[0].data.v_trans_offset
     data[vt:vt] = bytes(range(1, 41))  # 40 unknown bytes: more than any trial allows
-    sf = parse_buffer(_with_version(bytes(data), 4))
+    sf = parse_buffer(_with_version(bytes(data), 5))
     (err,) = sf.errors
-    assert err.code == "unsupported-version" and "version 4" in err.message and "\n" not in err.message
+    assert err.code == "unsupported-version" and "version 5" in err.message and "\n" not in err.message
+
+
+def test_session_version_12_parses_by_trial():
+    data = (SLOTS / "v4" / "extra-llama.session").read_bytes()
+    sf = parse_buffer(_with_version(data, 12))
+    assert not sf.errors and [p.code for p in sf.problems] == ["trial-version"]
 
 
 def test_unknown_version_is_refused():

@@ -89,6 +89,36 @@ def dump(
     raise typer.Exit(run_dump(file, json_out, tokens, model))
 
 
+_SERVER_ARGS = typer.Option(
+    None,
+    "--server-args",
+    help="A llama-server command line (quoted): say per file whether it restores under those flags "
+    "(-m, -c, -np, -kvu, -fa, -ctk, -ctv, --swa-full, ...).",
+)
+
+
+def _verify_for_server(
+    paths: list[Path],
+    server_args: str,
+    model: Path | None,
+    json_out: bool,
+    jobs: int,
+    n_gpu_layers: int,
+    timeout: float,
+    quiet: bool,
+    **others: object,
+) -> int:
+    """verify --server-args: the restore verdict per file (slotfile.restore/1)."""
+    from .common import fail
+    from .restore_cmd import run_restore_check
+
+    used = [f"--{k.replace('_', '-')}" for k, v in others.items() if v]
+    if used:
+        fail(f"--server-args does not combine with {', '.join(used)}", "verify")
+        return 2
+    return run_restore_check(paths, server_args, model, json_out, jobs, n_gpu_layers, timeout, quiet)
+
+
 @app.command(
     context_settings=HELP,
     epilog=_examples(
@@ -116,8 +146,26 @@ def verify(
     ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No table: the failing files and the summary line only."),
     llama_lib: Path | None = typer.Option(None, "--llama-lib", help=_LLAMA_LIB_HELP),
+    server_args: str | None = _SERVER_ARGS,
 ) -> None:
     """Structure, model metadata, a real test-load and (--deep) a recompute, each reported per file."""
+    if server_args is not None:
+        raise typer.Exit(
+            _verify_for_server(
+                paths,
+                server_args,
+                model,
+                json_out,
+                jobs,
+                n_gpu_layers,
+                timeout,
+                quiet,
+                deep=deep,
+                junit=junit,
+                scan=scan,
+                draft_model=draft_model,
+            )
+        )
     pool = None
     if model is not None and jobs >= 1 and model.is_file() and (draft_model is None or draft_model.is_file()):
         # the llama.cpp workers load the model while this process imports and parses
@@ -266,16 +314,28 @@ def strip_draft(
     )
 
 
+_RESAVE_CTK = typer.Option(None, "--cache-type-k", help="Recompute the state with this K cache type (lossy).")
+_RESAVE_CTV = typer.Option(None, "--cache-type-v", help="Recompute the state with this V cache type (lossy).")
+_RESAVE_SERVER_ARGS = typer.Option(
+    None, "--server-args", help="With a directory: the llama-server command line to convert every file for."
+)
+_LS_SERVER_ARGS = typer.Option(
+    None, "--server-args", help="A restore verdict per file for this llama-server command line (structure only)."
+)
+_SETTLE = typer.Option(5.0, "--settle", help="Seconds since the last write before a file counts as complete.")
+
+
 @app.command(
     "re-save",
     context_settings=HELP,
     epilog=_examples(
         "slotfile re-save slot0.bin -m model.gguf --flash-attn on -o fa.bin",
         "slotfile re-save slot0.bin -m model.gguf --tokens plain -o plain.bin",
+        "slotfile re-save slots/ -o new/ --server-args 'llama-server -m m.gguf -np 4'",
     ),
 )
 def re_save(
-    file: Path = typer.Argument(..., help="Slot file (opened read-only)."),
+    file: Path = typer.Argument(..., help="Slot file (opened read-only), or a directory (with --server-args)."),
     output: Path | None = _OUT,
     model: Path | None = typer.Option(None, "--model", "-m", help="GGUF model (required)."),
     draft_model: Path | None = _DRAFT,
@@ -284,6 +344,9 @@ def re_save(
     recompute: bool = typer.Option(
         False, "--recompute", help="With --flash-attn: prefill the tokens again instead of rewriting V."
     ),
+    cache_type_k: str | None = _RESAVE_CTK,
+    cache_type_v: str | None = _RESAVE_CTV,
+    server_args: str | None = _RESAVE_SERVER_ARGS,
     force: bool = _FORCE,
     in_place: bool = _IN_PLACE,
     backup: Path | None = _BACKUP,
@@ -293,6 +356,20 @@ def re_save(
     llama_lib: Path | None = _LLAMA_LIB,
 ) -> None:
     """Load the body through llama.cpp and write it again, keeping the checkpoints and draft state."""
+    if file.is_dir() or server_args is not None:
+        raise typer.Exit(
+            _resave_dir(
+                file,
+                output,
+                server_args,
+                model,
+                dry_run=dry_run,
+                force=force,
+                json_out=json_out,
+                timeout=timeout,
+                in_place=in_place,
+            )
+        )
     from .repair_cmd import run_repair
 
     raise typer.Exit(
@@ -311,6 +388,153 @@ def re_save(
             tokens=tokens,
             recompute=recompute,
             timeout=timeout,
+            cache_type_k=cache_type_k,
+            cache_type_v=cache_type_v,
+            llama_lib=llama_lib,
+        )
+    )
+
+
+def _resave_dir(
+    root: Path,
+    output: Path | None,
+    server_args: str | None,
+    model: Path | None,
+    *,
+    dry_run: bool,
+    force: bool,
+    json_out: bool,
+    timeout: float,
+    in_place: bool,
+) -> int:
+    """re-save DIR -o OUTDIR --server-args ARGS."""
+    from .common import fail
+    from .restore_cmd import run_resave_dir
+
+    if not root.is_dir():
+        fail("--server-args goes with a directory: re-save DIR -o OUTDIR --server-args ARGS", "re-save")
+        return 2
+    if in_place:
+        fail("a directory is never converted in place: give -o OUTDIR", "re-save")
+        return 2
+    return run_resave_dir(
+        root, output, server_args, model, dry_run=dry_run, force=force, json_out=json_out, timeout=timeout
+    )
+
+
+@app.command(
+    "ls",
+    context_settings=HELP,
+    epilog=_examples(
+        "slotfile ls /var/lib/llama/slots --sort size",
+        "slotfile ls slots/ --server-args 'llama-server -m m.gguf -np 4 -fa on'",
+        "slotfile ls slots/ --json | jq .totals",
+    ),
+)
+def ls(
+    directory: Path = typer.Argument(..., help="A --slot-save-path directory (searched recursively)."),
+    json_out: bool = typer.Option(False, "--json", help="JSON on stdout (schema slotfile.ls/1)."),
+    sort: str = typer.Option("path", "--sort", help="path|size|age|tokens (largest / oldest first)."),
+    server_args: str | None = _LS_SERVER_ARGS,
+    model: Path | None = typer.Option(None, "--model", "-m", help="GGUF model (default: the server's -m)."),
+    settle: float = _SETTLE,
+) -> None:
+    """One row per slot file (size, tokens, version, memory, streams, K/V types, flash attention, checkpoints,
+    draft, age) and totals."""
+    from .ls_cmd import run_ls
+
+    raise typer.Exit(run_ls(directory, json_out, sort, server_args, model, settle))
+
+
+@app.command(
+    "prune",
+    context_settings=HELP,
+    epilog=_examples(
+        "slotfile prune slots/ --max-total 10G                 # print the plan",
+        "slotfile prune slots/ --older-than 7d --damaged --delete",
+        "slotfile prune slots/ --keep 100 --max-total 500M --delete",
+    ),
+)
+def prune(
+    directory: Path = typer.Argument(..., help="A --slot-save-path directory (recursive; symlinks not followed)."),
+    max_total: str | None = typer.Option(None, "--max-total", help="Oldest first until the rest fits (10G, 500M)."),
+    older_than: str | None = typer.Option(None, "--older-than", help="Files last modified longer ago (7d, 12h)."),
+    keep: int | None = typer.Option(None, "--keep", help="Keep at most this many files (the newest)."),
+    damaged: bool = typer.Option(False, "--damaged", help="Remove damaged files (first)."),
+    delete: bool = typer.Option(False, "--delete", help="Remove the planned files (without it: print the plan only)."),
+    json_out: bool = typer.Option(False, "--json", help="JSON on stdout (schema slotfile.prune/1)."),
+    settle: float = _SETTLE,
+) -> None:
+    """Plan which slot files to remove to meet a quota (oldest first); remove them only with --delete."""
+    from .prune_cmd import run_prune
+
+    raise typer.Exit(run_prune(directory, max_total, older_than, keep, damaged, delete, json_out, settle))
+
+
+@app.command(
+    context_settings=HELP,
+    epilog=_examples(
+        "slotfile completion bash > ~/.local/share/bash-completion/completions/slotfile",
+        "echo 'source <(slotfile completion zsh)' >> ~/.zshrc",
+        "slotfile completion fish > ~/.config/fish/completions/slotfile.fish",
+    ),
+)
+def completion(shell: str = typer.Argument(..., help="bash, zsh or fish.")) -> None:
+    """Print the shell completion script (commands, options, file names); nothing is installed."""
+    from .completion_cmd import run_completion
+
+    raise typer.Exit(run_completion(shell))
+
+
+@app.command(
+    "migrate",
+    context_settings=HELP,
+    epilog=_examples(
+        "slotfile migrate slot0.bin -o slot0.v4.bin --to 4             # float caches: no model needed",
+        "slotfile migrate slot0.bin -o slot0.v4.bin --to 4 -m model.gguf",
+        "slotfile migrate slot0.v4.bin -o slot0.bin --to 3 -m model.gguf",
+    ),
+)
+def migrate(
+    file: Path = typer.Argument(..., help="Slot (GGSQ 3/4) or session (GGSN 10/11) file (opened read-only)."),
+    output: Path | None = _OUT,
+    to: int = typer.Option(..., "--to", help="Target state version: 3 or 4 (a session file: 10 or 11, or 3/4)."),
+    model: Path | None = typer.Option(
+        None,
+        "--model",
+        "-m",
+        help="GGUF model: the rotation widths of a quantized cache; checks and test-loads the result.",
+    ),
+    draft_model: Path | None = typer.Option(
+        None, "--draft-model", help="Draft GGUF: the widths of a quantized draft cache."
+    ),
+    force: bool = _FORCE,
+    in_place: bool = _IN_PLACE,
+    backup: Path | None = _BACKUP,
+    dry_run: bool = _DRY,
+    json_out: bool = _JSON,
+    timeout: float = _TIMEOUT,
+    llama_lib: Path | None = _LLAMA_LIB,
+) -> None:
+    """Convert between state versions 3 and 4 (llama.cpp before / from 2026-10-05): add or
+    remove the K/V rotation words.  With --llama-lib DIR (a build of the target version) the
+    output is test-loaded through it before it lands."""
+    from .repair_cmd import run_repair
+
+    raise typer.Exit(
+        run_repair(
+            "migrate",
+            file,
+            output,
+            force=force,
+            in_place=in_place,
+            backup=backup,
+            dry_run=dry_run,
+            json_out=json_out,
+            model=model,
+            draft_model=draft_model,
+            to_version=to,
+            timeout=timeout,
             llama_lib=llama_lib,
         )
     )
@@ -324,6 +548,9 @@ def main() -> None:
     import os
     import sys
 
+    from .completion_cmd import enable_if_completing
+
+    enable_if_completing()
     try:
         app(prog_name="slotfile")
         code: object = 0

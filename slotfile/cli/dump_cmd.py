@@ -23,7 +23,7 @@ def run_dump(path: Path, as_json: bool, with_tokens: bool, model_path: Path | No
     if sf is None:
         return OPERATIONAL
     text = model.detokenize(sf.tokens.tokens) if model is not None and sf.tokens is not None else None
-    doc = to_json(sf, with_tokens=with_tokens, text=text)
+    doc = to_json(sf, with_tokens=with_tokens, text=text, model_path=str(model_path) if model_path else None)
     if as_json:
         json.dump(doc, sys.stdout, indent=1, ensure_ascii=True)
         sys.stdout.write("\n")
@@ -44,6 +44,11 @@ def text_lines(doc: dict[str, Any]) -> Iterator[str]:
             p["offset"], f"problems[{i}]", escape_text(f"{p['severity']} {p['code']}: {p['section']}: {p['message']}")
         )
     yield _line(None, "verdict", escape_text(str(doc["verdict"])))
+    if doc.get("cause"):
+        yield _line(None, "cause", escape_text(str(doc["cause"])))
+    if doc.get("next_step"):
+        step = doc["next_step"] + (f": {doc['repair_command']}" if doc.get("repair_command") else "")
+        yield _line(None, "next_step", escape_text(step))
 
 
 def _line(offset: int | None, name: str, value: str) -> str:

@@ -8,6 +8,7 @@ from pathlib import Path
 from rich.table import Table
 from rich.text import Text
 
+from slotfile.diagnosis import CAUSE_WORDS, Cause, facts_of, file_cause, next_step, refs_of
 from slotfile.exitcodes import OPERATIONAL
 from slotfile.model import ModelInfo
 from slotfile.reader import GGSN_VERSIONS, GGSQ_VERSIONS
@@ -32,7 +33,7 @@ def run_inspect(files: list[Path], model_path: Path | None, layers: bool) -> int
             continue
         if i:
             out.print()
-        render(sf, model, layers)
+        render(sf, model, layers, model_path)
     return exit_code(results)
 
 
@@ -40,7 +41,7 @@ def _kv(table: Table, key: str, value: str | Text) -> None:
     table.add_row(Text(key, style="bold"), value if isinstance(value, Text) else Text(value))
 
 
-def render(sf: SlotFile, model: ModelInfo | None, layers: bool) -> None:
+def render(sf: SlotFile, model: ModelInfo | None, layers: bool, model_path: Path | None = None) -> None:
     out.print(Text(escape_text(sf.path), style="bold underline"))
     summary = Table(show_header=False, box=None, pad_edge=False)
     summary.add_column(no_wrap=True)
@@ -62,7 +63,7 @@ def render(sf: SlotFile, model: ModelInfo | None, layers: bool) -> None:
         _blocks(sf, layers)
     if sf.checkpoints:
         _checkpoints(sf)
-    _verdict(sf)
+    _verdict(sf, model_path)
 
 
 def _tokens(t: Table, sf: SlotFile, model: ModelInfo | None) -> None:
@@ -95,8 +96,35 @@ def _memory(t: Table, sf: SlotFile) -> None:
     for b in body.blocks:
         _kv(t, f"  {b.role}", _block_line(b))
     _kv(t, "flash attention", flash_attn_of(sf) + " (from v_trans)")
+    rot = rotation_words(body)
+    if rot:
+        _kv(t, "rotation", rot)
     if sf.n_tokens:
         _kv(t, "bytes per token", f"{body.size / sf.n_tokens:.0f}")
+
+
+def _rot_words(k: int, v: int) -> str:
+    """n_rot_k / n_rot_v of a version-4 stream in words."""
+    if not k and not v:
+        return "no rotation"
+    parts = [f"K rotated, width {k}" if k else "K not rotated", f"V rotated, width {v}" if v else "V not rotated"]
+    return "; ".join(parts)
+
+
+def rotation_words(body: object) -> str:
+    """The rotation words of every KV block with cells (state version 4 / session 11), in words;
+    one phrase when all agree, else per block (and stream)."""
+    found: list[tuple[str, str]] = []
+    for b in getattr(body, "blocks", []):
+        for st in b.active_streams() if b.kind == "KV" else []:
+            if st.rot_offset is not None:
+                name = b.role if len(b.active_streams()) == 1 else f"{b.role} stream {st.index}"
+                found.append((name, _rot_words(int(st.n_rot_k or 0), int(st.n_rot_v or 0))))
+    if not found:
+        return ""
+    if len({w for _, w in found}) == 1:
+        return found[0][1]
+    return ", ".join(f"{name}: {w}" for name, w in found)
 
 
 def _block_line(b: MemoryBlock) -> str:
@@ -220,10 +248,14 @@ def _blob_line(body: object) -> str:
     return ", ".join(parts) or "empty"
 
 
-def _verdict(sf: SlotFile) -> None:
+def _verdict(sf: SlotFile, model_path: Path | None = None) -> None:
+    """The verdict names the cause (damaged, does not match this model, not a slot file), then
+    every problem, then the next step for a file that fails."""
     style = {"ok": "bold green", "ok with warnings": "bold yellow"}.get(sf.verdict, "bold red")
+    refs = refs_of(sf)
+    cause = file_cause(refs)
     line = Text("verdict: ", style="bold")
-    line.append(sf.verdict, style=style)
+    line.append(CAUSE_WORDS.get(cause, sf.verdict) if cause is not None else sf.verdict, style=style)
     n = len(sf.problems)
     if n:
         line.append(f" ({n} problem{'s' if n > 1 else ''})")
@@ -233,4 +265,10 @@ def _verdict(sf: SlotFile) -> None:
         # one problem, one line, never wrapped: people grep for these
         out.print(
             Text(f"  {mark}: {escape_text(p.line())}", style="red" if mark == "error" else "yellow"), soft_wrap=True
+        )
+    step = next_step(cause, refs, facts_of(sf, str(model_path) if model_path else None))
+    if step is not None and cause != Cause.NOT_SLOT_FILE:  # a wrong input says what to pass in its problem
+        out.print(
+            Text(escape_text(f"next step: {step.text}" + (f": {step.command}" if step.command else "")), style="cyan"),
+            soft_wrap=True,
         )

@@ -1,4 +1,4 @@
-"""``slotfile truncate-recover``, ``strip-draft`` and ``re-save``: the commands that write."""
+"""``slotfile truncate-recover``, ``strip-draft``, ``re-save`` and ``migrate``: the commands that write."""
 
 from __future__ import annotations
 
@@ -81,6 +81,7 @@ def run_repair(
     recompute: bool = False,
     timeout: float = 600.0,
     llama_lib: Path | None = None,
+    to_version: int | None = None,
 ) -> int:
     try:
         opts = Options(
@@ -94,6 +95,7 @@ def run_repair(
             recompute=recompute,
             timeout=timeout,
             llama_lib=str(llama_lib) if llama_lib is not None else None,
+            to_version=to_version,
         )
         if opts.tokens not in (None, "packed", "plain"):
             raise ValueError(f"--tokens takes packed or plain, not {tokens!r}")

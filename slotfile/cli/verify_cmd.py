@@ -41,15 +41,15 @@ import json
 import os
 import platform
 import sys
+import textwrap
 import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 
+from slotfile.diagnosis import CAUSE_SHORT, Cause
 from slotfile.exitcodes import OK, OPERATIONAL, PROBLEMS, USAGE
 from slotfile.verify import (
     LEVELS,
@@ -69,7 +69,6 @@ from .terminal import escape_text, human_size, problem_line
 if TYPE_CHECKING:
     from slotfile.loader import LoaderPool
 
-TABLE_WIDTH = 200  # when stdout is not a terminal: one line per file where possible
 STRUCTURE_ONLY = "(structure only; add --model to test-load)"
 
 
@@ -175,7 +174,8 @@ def _run_verify(
     if json_out:
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
     elif reports:  # nothing verified: the error lines on stderr say why, stdout stays empty
-        render(reports, loaders, elapsed, structure_only=opts.model is None, quiet=quiet)
+        base = paths[0] if len(paths) == 1 and paths[0].is_dir() else None
+        render(reports, loaders, elapsed, structure_only=opts.model is None, quiet=quiet, base=base)
     return rc
 
 
@@ -220,33 +220,57 @@ def document(
 
 _VERDICT_STYLE = {"pass": "bold green", "fail": "bold red", "error": "bold magenta"}
 _STATUS_MARK = {"pass": "ok", "fail": "FAIL", "skipped": "-"}
-
-
-def _reached(r: FileReport) -> str:
-    if r.error:
-        return "-"
-    n = r.level_reached
-    return f"{n} {LEVELS[n - 1]}" if n else "0"
+DETAIL_INDENT = "    "
 
 
 def _warnings(r: FileReport) -> list[str]:
     return [problem_line(name, p) for name in LEVELS for p in r.levels[name].problems if p["severity"] == "warning"]
 
 
-def _verdict_cell(r: FileReport) -> Text:
-    cell = Text(r.verdict, style=_VERDICT_STYLE[r.verdict])
+def _verdict_word(r: FileReport) -> str:
+    """pass | pass, N warnings | damaged | wrong model | not a slot file | unsupported | unreadable."""
+    if r.error:
+        return "unreadable"
+    cause = r.cause
+    if cause is not None:
+        return CAUSE_SHORT.get(cause, "fail")
     n = len(_warnings(r))
-    if n:
-        cell.append(f", {n} warning{'s' if n > 1 else ''}", style="yellow")
-    return cell
+    return f"pass, {n} warning{'s' if n > 1 else ''}" if n else "pass"
 
 
-def _problem_cell(r: FileReport) -> Text:
-    """The first error; for a file that passed, its first warning."""
-    if r.first_problem:
-        return Text(escape_text(r.first_problem))
-    warnings = _warnings(r)
-    return Text(escape_text(f"warning: {warnings[0]}"), style="yellow") if warnings else Text("")
+def _levels(r: FileReport) -> str:
+    if r.error:
+        return "-"
+    return " ".join(f"{name[0].upper()}:{_STATUS_MARK[r.levels[name].status]}" for name in LEVELS)
+
+
+def display_name(path: str, base: Path | None) -> str:
+    """The path relative to the one directory argument (what a person pointed at), else as given."""
+    if base is not None:
+        try:
+            return str(Path(path).relative_to(base))
+        except ValueError:
+            pass
+    return path
+
+
+def _details(r: FileReport) -> list[tuple[str, str]]:
+    """(style, text) lines under a file's row: its first error (or warning), the levels that
+    could not be checked here, and the next step (style "command": a command line, never
+    wrapped).  A file that is not a slot file says what to pass in its problem already."""
+    lines: list[tuple[str, str]] = []
+    if r.first_problem and not r.error:
+        lines.append(("red", r.first_problem))
+    elif not r.error and _warnings(r):
+        lines.append(("yellow", f"warning: {_warnings(r)[0]}"))
+    for u in r.unchecked:
+        lines.append(("yellow", f"not checked here: {u}"))
+    step = r.next_step
+    if step is not None and r.cause != Cause.NOT_SLOT_FILE:
+        lines.append(("cyan", f"next step: {step.text}" + (":" if step.command else "")))
+        if step.command:
+            lines.append(("command", step.command))
+    return lines
 
 
 def render(
@@ -255,17 +279,32 @@ def render(
     elapsed: float,
     structure_only: bool = False,
     quiet: bool = False,
+    base: Path | None = None,
 ) -> None:
     if quiet:  # the failing files, one line each, then the summary (unreadable ones are on stderr already)
         for r in reports:
             if r.verdict == "fail":
                 out.print(escape_text(f"{r.path}: {r.verdict}: {r.first_problem}"), soft_wrap=True)
-    else:
-        _table(reports)
+    elif out.is_terminal or os.environ.get("COLUMNS"):
+        cols = os.environ.get("COLUMNS", "")
+        _listing(reports, base, int(cols) if cols.isdigit() else out.width)
+    else:  # a pipe or a file: one line per file, nothing wrapped
+        for r in reports:
+            _pipe_line(r, base)
+    out.print(summary_line(reports, loaders, elapsed, structure_only), soft_wrap=True)
+
+
+def summary_line(reports: list[FileReport], loaders: list[dict[str, Any]], elapsed: float, structure_only: bool) -> str:
     counts = {v: sum(1 for r in reports if r.verdict == v) for v in ("pass", "fail", "error")}
     line = f"{len(reports)} file(s): {counts['pass']} pass, {counts['fail']} fail"
+    causes = [CAUSE_SHORT.get(c, str(c)) for c in (r.cause for r in reports) if c is not None]
+    if causes:
+        line += " (" + ", ".join(f"{causes.count(c)} {c}" for c in dict.fromkeys(causes)) + ")"
     if counts["error"]:
         line += f", {counts['error']} unreadable"
+    unchecked = sum(1 for r in reports if r.unchecked)
+    if unchecked:
+        line += f", {unchecked} not fully checkable here"
     if structure_only:
         line += f" {STRUCTURE_ONLY}"
     line += f" in {elapsed:.1f} s"
@@ -275,40 +314,60 @@ def render(
             f" llama-cpp-python {ld.get('llama_cpp_python')} with {ld.get('library')} "
             f"(state version {ld.get('state_seq_version')}, session version {ld.get('session_version')})"
         )
-    out.print(line, soft_wrap=True)
+    return line
 
 
-def _table(reports: list[FileReport]) -> None:
-    table = Table(title="slotfile verify", title_justify="left")
-    for col, just in (
-        ("file", "left"),
-        ("size", "right"),
-        ("tokens", "right"),
-        ("levels", "left"),
-        ("level reached", "left"),
-        ("verdict", "left"),
-        ("first problem", "left"),
-    ):
-        table.add_column(col, justify=just, overflow="fold")  # type: ignore[arg-type]
-    for r in reports:
-        levels = (
-            " ".join(f"{name[0].upper()}:{_STATUS_MARK[r.levels[name].status]}" for name in LEVELS)
-            if not r.error
-            else "-"
-        )
-        table.add_row(
-            Text(escape_text(r.path)),
+def _listing(reports: list[FileReport], base: Path | None, width: int) -> None:
+    """One row per file (verdict, levels, size, tokens, then the path, which is never folded),
+    and under a row that has something to say its first problem and next step, wrapped to the
+    terminal at word boundaries."""
+    rows = [
+        (
+            _verdict_word(r),
+            _levels(r),
             human_size(r.size) if r.size is not None else "-",
             str(r.n_tokens) if r.n_tokens is not None else "-",
-            levels,
-            _reached(r),
-            _verdict_cell(r),
-            _problem_cell(r),
+            escape_text(display_name(r.path, base)),
         )
-    if out.is_terminal or os.environ.get("COLUMNS"):
-        out.print(table)
-    else:  # a pipe or a file: wide enough for one line per file
-        Console(highlight=False, markup=False, soft_wrap=False, width=TABLE_WIDTH).print(table)
+        for r in reports
+    ]
+    heads = ("verdict", "levels", "size", "tokens", "file")
+    w = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(heads[:4])]
+    fmt = f"{{:<{w[0]}}}  {{:<{w[1]}}}  {{:>{w[2]}}}  {{:>{w[3]}}}  {{}}"
+    out.print(Text(fmt.format(*heads), style="bold"), soft_wrap=True)
+    for r, row in zip(reports, rows, strict=True):
+        line = Text(fmt.format(*row))
+        line.stylize(
+            _VERDICT_STYLE[r.verdict] if r.verdict != "pass" or not _warnings(r) else "bold yellow", 0, len(row[0])
+        )
+        if len(line) >= width:  # the path would wrap mid-word at the edge: it goes on its own line
+            line = line[: len(line) - len(row[4])]
+            line.rstrip()
+            line.append("\n" + DETAIL_INDENT + row[4])
+        out.print(line, soft_wrap=True)
+        for style, text in _details(r):
+            if style == "command":  # whole, to copy and paste
+                out.print(Text(DETAIL_INDENT + "  " + escape_text(text), style="bold"), soft_wrap=True)
+                continue
+            wrapped = textwrap.wrap(
+                escape_text(text),
+                width=max(40, width - 1),
+                initial_indent=DETAIL_INDENT,
+                subsequent_indent=DETAIL_INDENT + "  ",
+                break_long_words=False,
+                break_on_hyphens=False,
+            )
+            for piece in wrapped:
+                out.print(Text(piece, style=style), soft_wrap=True)
+
+
+def _pipe_line(r: FileReport, base: Path | None) -> None:
+    """``PATH: VERDICT [levels] first problem; next step: ...`` on one line (grep, awk)."""
+    parts = [f"{display_name(r.path, base)}: {_verdict_word(r)} [{_levels(r)}]"]
+    details = [text for _, text in _details(r)]
+    if details:
+        parts.append(" " + "; ".join(details).replace(":; ", ": "))
+    sys.stdout.write(escape_text("".join(parts)) + "\n")
 
 
 def _x(s: Any) -> str:
@@ -355,6 +414,11 @@ def write_junit(path: Path, reports: list[FileReport], errors: list[str], opts: 
             for p in lv.problems:
                 off = f" at offset {p['offset']}" if p.get("offset") is not None else ""
                 lines.append(f"  {p['severity']}: {p['section']}{off}: {p['message']}")
+        step = r.next_step
+        if r.cause is not None:
+            lines.append(f"cause: {r.cause}")
+        if step is not None:
+            lines.append(f"next step: {step.text}" + (f": {step.command}" if step.command else ""))
         body = "\n".join(_x(ln) for ln in lines)
         if r.verdict == "error":
             el = ET.SubElement(tc, "error", message=_x(r.error), type="unreadable")

@@ -14,14 +14,21 @@ from .common import Operational, Options, close
 from .report import Report
 
 
-def make_check(opts: Options, test_draft: bool, report: Report) -> Callable[[str], tuple[bool, str]]:
+def make_check(
+    opts: Options, test_draft: bool, report: Report, model_level: bool = False
+) -> Callable[[str], tuple[bool, str]]:
+    """The check of a written temp file.  ``model_level``: also read it against --model /
+    --draft-model (migrate), and list the checks that ran in ``report.checked``."""
+
     def check(path: str) -> tuple[bool, str]:
         t0 = time.monotonic()
-        sf = open_slot_file(path)
+        sf = open_slot_file(path, **(_expectations(opts) if model_level else {}))
         try:
             errs = sf.errors
             if errs:
                 return False, f"the output still reads with errors: {errs[0].line()}"
+            if model_level:
+                report.checked = ["structure"] + (["model"] if sf.expect or sf.draft_expect else [])
             if opts.model is None:
                 return True, ""
             used: dict[str, Any] = {}  # which library test-loaded it
@@ -37,6 +44,19 @@ def make_check(opts: Options, test_draft: bool, report: Report) -> Callable[[str
         return verdict
 
     return check
+
+
+def _expectations(opts: Options) -> dict[str, Any]:
+    from ..expect import expect_from_model
+    from ..model import ModelError, load_model_info
+
+    try:
+        return {
+            "expect": expect_from_model(load_model_info(opts.model)) if opts.model else None,
+            "draft_expect": expect_from_model(load_model_info(opts.draft_model)) if opts.draft_model else None,
+        }
+    except ModelError as e:
+        raise Operational(str(e)) from None
 
 
 def _test_load(sf: SlotFile, path: str, opts: Options, test_draft: bool, report: Report, used: dict[str, Any]) -> Any:
@@ -59,6 +79,12 @@ def _test_load(sf: SlotFile, path: str, opts: Options, test_draft: bool, report:
             llama_lib=lib,
         )
 
+    kind = "session" if sf.format == "GGSN" else "state"
+
+    def version_of(pool: LoaderPool) -> int | None:
+        """The version of the pool's library that this file's kind needs (session files: GGSN)."""
+        return pool.info.get("session_version") if sf.format == "GGSN" else pool.state_seq_version
+
     def load(pool: LoaderPool) -> Any:
         res = pool.load(path, settings_for(sf, n_gpu_layers=opts.n_gpu_layers), timeout=opts.timeout, sf=sf)
         info = getattr(pool, "info", None)
@@ -77,7 +103,7 @@ def _test_load(sf: SlotFile, path: str, opts: Options, test_draft: bool, report:
 
     try:
         with pool_over(opts.llama_lib) as pool:
-            have = pool.state_seq_version
+            have = version_of(pool)
             if have is None or sf.version is None or sf.version == have:
                 return load(pool)
             tried = ""
@@ -87,12 +113,12 @@ def _test_load(sf: SlotFile, path: str, opts: Options, test_draft: bool, report:
                 tried = f" ({where})"
                 if folder is not None and folder != pool.info.get("library_dir"):
                     with pool_over(Library(folder, "llama-server on PATH")) as alt:
-                        if alt.state_seq_version == sf.version:
+                        if version_of(alt) == sf.version:
                             return load(alt)
-                        tried = f" ({where} loads version {alt.state_seq_version})"
+                        tried = f" ({where} loads version {version_of(alt)})"
             report.test_load = {
                 "ok": None,
-                "message": f"skipped: the file has state version {sf.version}, the "
+                "message": f"skipped: the file has {kind} version {sf.version}, the "
                 f"loader ({library_label(pool.info)}) loads version {have} only{tried}; pass "
                 f"--llama-lib DIR with a version {sf.version} build of llama.cpp to test-load it",
             }

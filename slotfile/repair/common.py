@@ -35,6 +35,7 @@ class Options:
     timeout: float = 600.0
     n_gpu_layers: int = 0
     llama_lib: str | None = None  # a folder holding libllama.so for every worker (--llama-lib)
+    to_version: int | None = None  # migrate: the target state version
 
 
 @dataclass(slots=True)
@@ -59,6 +60,7 @@ class Planned:
     test_draft: bool = False
     ckpt_map: list[int] | None = None  # input checkpoint index of each output checkpoint
     rebuilt_body: bool = False
+    model_check: bool = False  # the output is also read against --model / --draft-model before it lands
 
 
 def start(command: str, sf: SlotFile, dry_run: bool, temps: list[str] | None, sink: list[Report] | None) -> Planned:

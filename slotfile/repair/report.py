@@ -44,6 +44,7 @@ class Report:
     rebuilt: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     test_load: dict[str, Any] | None = None
+    checked: list[str] | None = None  # migrate: the checks the output passed before it landed
     plan: list[dict[str, Any]] | None = None
     timings: dict[str, float] = field(default_factory=dict)
 
@@ -95,9 +96,19 @@ class Report:
             "test_load": self.test_load,
             "timings": {k: round(v, 4) for k, v in self.timings.items()},
         }
+        if self.checked is not None:
+            d["checked"] = self._checked()
         if self.plan is not None:
             d["plan"] = self.plan
         return d
+
+    def _checked(self) -> list[str]:
+        """The checks the output passed: structure, model, and the test-load when it ran."""
+        done = list(self.checked or [])
+        t = self.test_load
+        if t is not None and t.get("ok"):
+            done.append("test-load")
+        return done
 
     def lines(self) -> list[str]:
         """The human-readable report."""
@@ -117,6 +128,8 @@ class Report:
             )
         if self.test_load is not None:
             out.append(self._test_load_line())
+        if self.checked is not None:
+            out.append("  checked: " + ", ".join(self._checked()))
         if self.backup and self.outcome == Outcome.REPAIRED:
             out.append(f"  backup: {self.backup}")
         if self.plan:

@@ -32,7 +32,7 @@ from .kept import BlobWriter, plan_tail
 from .plan import TPlan, write_with_transposed
 from .rebuilt import Rebuilt, plan_recomputed_tail
 from .report import Report
-from .settings import file_flash_attn, worker_settings
+from .settings import file_flash_attn, tid, worker_settings
 from .tail import BlobRef, Tail, analyse_tail
 
 
@@ -182,6 +182,10 @@ class _Job:
             out.report.notes.append("the state holds no V cache: flash attention does not change its bytes")
             settings["flash_attn"] = opts.flash_attn
         method = ("prefill" if opts.recompute else "transpose") if flip else "load+save"
+        new_types = {k: v for k, v in (("type_k", opts.type_k), ("type_v", opts.type_v)) if v is not None}
+        if any(tid(v) != tid(settings[k]) for k, v in new_types.items()):
+            method = "prefill"  # other cache types: only a recompute gives their values
+            settings.update(new_types)
         return cls(sf, opts, out, settings, new_fa, method, new_words, tail)
 
     @property
@@ -193,6 +197,12 @@ class _Job:
     def _fa(self) -> str:
         return "on" if self.new_fa else "off"
 
+    def _types(self) -> str:
+        """The cache types a recompute writes, when the options change them."""
+        if self.opts.type_k is None and self.opts.type_v is None:
+            return ""
+        return f", K {type_name(tid(self.settings['type_k']))}, V {type_name(tid(self.settings['type_v']))}"
+
     def dry(self) -> Planned:
         sf = self.sf
         assert sf.body is not None
@@ -201,7 +211,7 @@ class _Job:
             "load+save": "would load the body with llama_state_seq_load_file and write it again with "
             "llama_state_seq_save_file",
             "transpose": f"would rewrite V as {layout} byte for byte, then load and save it through llama.cpp",
-            "prefill": f"would prefill {sf.n_tokens} tokens with flash attention {self._fa()}",
+            "prefill": f"would prefill {sf.n_tokens} tokens with flash attention {self._fa()}{self._types()}",
         }[self.method]
         self.report.rebuild("body", sf.body.size, how, tokens=sf.n_tokens)
         plan_tail(Plan(), self.report, sf.path, view_of(sf), self.tail, sf.body.end)
@@ -237,7 +247,7 @@ class _Job:
         self.report.rebuild(
             "body",
             size - self.words_end,
-            f"recomputed: prefilled {sf.n_tokens} tokens with flash attention {self._fa()} (a context "
+            f"recomputed: prefilled {sf.n_tokens} tokens with flash attention {self._fa()}{self._types()} (a context "
             "with the other setting cannot take the old state directly); values may differ slightly "
             "from the original's",
             tokens=sf.n_tokens,

@@ -13,6 +13,7 @@ from ..reader import open_slot_file
 from ..safewrite import CheckFailed, Target, WriteRefused, describe_plan, unlink_quiet
 from .check import make_check
 from .common import Operational, Options, Planned, Refused, Retry, close
+from .migrate import migrate
 from .plan import commit_plan, has_transposed, plan_equals
 from .report import Outcome, Report
 from .resave import resave
@@ -23,6 +24,7 @@ OPERATIONS: dict[str, Callable[..., Planned]] = {
     "truncate-recover": truncate_recover,
     "strip-draft": strip_draft,
     "re-save": resave,
+    "migrate": migrate,
 }
 ATTEMPTS = 4
 
@@ -102,7 +104,8 @@ def _attempts(r: _Run) -> Report:
                 return report
             report.notes.append("the output is a byte-identical copy of the input")
         try:
-            done = commit_plan(planned.plan, target, make_check(r.opts, planned.test_draft, report))
+            check = make_check(r.opts, planned.test_draft, report, model_level=planned.model_check)
+            done = commit_plan(planned.plan, target, check)
         except CheckFailed as e:
             why = _retry(r.command, planned, r.retry, report) if attempt < ATTEMPTS - 1 else None
             if why is None:

@@ -8,14 +8,16 @@ from typing import Any
 
 from .. import grammar as g
 from ..ggml_types import BY_NAME, KV_CACHE_TYPES, TRANSPOSABLE, TYPES, type_name
+from ..reader import has_rot
 from ..records import Body, SlotFile
 from .common import Options, Refused
 from .tail import Tail
 
 
-def probe_body(view: memoryview, start: int, end: int) -> dict[str, Any]:
+def probe_body(view: memoryview, start: int, end: int, *, rot: bool = False) -> dict[str, Any]:
     """Read the first KV stream header of a (possibly cut) body: n_stream, seq_id, cell ext,
-    v_trans, K and V types.  Keys are missing where the bytes do not show them."""
+    v_trans, K and V types.  Keys are missing where the bytes do not show them.  ``rot``: the
+    stream carries n_rot_k, n_rot_v after n_layer (state version 4)."""
     out: dict[str, Any] = {}
     n_stream = _u32(view, start, end)
     if n_stream is None or not 1 <= n_stream <= g.MAX_STREAMS:
@@ -28,7 +30,7 @@ def probe_body(view: memoryview, start: int, end: int) -> dict[str, Any]:
         p += 4
         if cc == 0:
             continue
-        _probe_stream(view, p, end, cc, si, n_stream, out)
+        _probe_stream(view, p, end, cc, si, n_stream, out, 8 if rot else 0)
         out.setdefault("n_stream", n_stream)
         return out
     out["n_stream"] = n_stream
@@ -43,7 +45,9 @@ def _single_seq_cells(view: memoryview, p: int, stride: int, n: int) -> bool:
     return all(struct.unpack_from("<I", view, p + k * stride + 4)[0] == 1 for k in range(min(n, 64)))
 
 
-def _probe_stream(view: memoryview, p: int, end: int, cc: int, si: int, n_stream: int, out: dict[str, Any]) -> None:
+def _probe_stream(
+    view: memoryview, p: int, end: int, cc: int, si: int, n_stream: int, out: dict[str, Any], rot: int = 0
+) -> None:
     """The first stream with cells, at ``p`` (its cell table): try each cell ext size."""
     for ext in (0, 12, 8):
         stride = 12 + ext
@@ -66,7 +70,7 @@ def _probe_stream(view: memoryview, p: int, end: int, cc: int, si: int, n_stream
         out["seq_id"] = seq_id if seq_id is not None else struct.unpack_from("<i", view, p + stride - 4)[0]
         out["ext"] = ext
         out["v_trans"] = v_trans
-        _probe_layers(view, meta_end + 8, end, cc, n_layer, out)
+        _probe_layers(view, meta_end + 8 + rot, end, cc, n_layer, out)
         return
 
 
@@ -177,7 +181,7 @@ def _found_settings(sf: SlotFile, view: memoryview, tail: Tail) -> tuple[dict[st
         if new:
             sources.append(name)
 
-    take(probe_body(view, sf.body.offset, len(view)), "the body's first bytes")
+    take(probe_body(view, sf.body.offset, len(view), rot=has_rot(sf)), "the body's first bytes")
     if tail.sckp is not None:
         for e in tail.sckp.good:
             take(kv_settings_of(e.tgt.info.body if e.tgt.info else None), f"checkpoint at {e.n_tokens} tokens")

@@ -110,7 +110,7 @@ def check_blob(sf: SlotFile, view: memoryview, ref: BlobRef, section: str, parti
     """Validate a seq blob the way the reader does (same code), recording ok / reason."""
     from .. import reader as r
 
-    scratch = SlotFile(path=sf.path, size=len(view), format=FileFormat.GGSQ, buffer=sf.buffer)
+    scratch = SlotFile(path=sf.path, size=len(view), format=FileFormat.GGSQ, version=sf.version, buffer=sf.buffer)
     info = BlobInfo(section.rsplit(".", 1)[-1], ref.offset, ref.length, g.Run(ref.data_offset, ref.length, b""))
     try:
         r._parse_seq_blob(scratch, view, info, section, partial)

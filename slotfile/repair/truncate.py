@@ -10,7 +10,7 @@ from typing import Any
 
 from .. import grammar as g
 from ..layout import PARTIAL_OF
-from ..reader import open_slot_file
+from ..reader import has_rot, open_slot_file
 from ..records import Body, SlotFile
 from ..safewrite import Plan, create_temp
 from .common import (
@@ -266,8 +266,8 @@ def _same_geometry(sf: SlotFile, view: memoryview, rebuilt: str, retry: Retry) -
         if retry.force_rebuild and sf.body.layout is not None:
             _same_blocks(sf.body, new.body)
             return
-        got = probe_body(view_of(new), new.body.offset, new.body.end)
-        want = probe_body(view, sf.body.offset, len(view))
+        got = probe_body(view_of(new), new.body.offset, new.body.end, rot=has_rot(new))
+        want = probe_body(view, sf.body.offset, len(view), rot=has_rot(sf))
         if (
             new.body.blocks
             and new.body.blocks[0].kind == "KV"

@@ -116,7 +116,10 @@ def test_dump_text_ends_with_each_problem_and_the_verdict(tmp_path: Path):
     bad.write_bytes((SLOTS / "llama_f16_fa.slot").read_bytes()[:20000])
     r = run("dump", bad)
     assert r.exit_code == 4
-    *_, problem, verdict = r.stdout.splitlines()
+    *_, problem, verdict, cause, step = r.stdout.splitlines()
+    assert cause.split() == ["cause", "damaged"]
+    # the body is whole: keep it and the whole checkpoint, drop the cut one
+    assert step.split()[:1] == ["next_step"] and f"slotfile truncate-recover {bad} -o " in step
     assert problem.split()[:4] == ["19216", "problems[0]", "error", "truncated:"]
     assert problem.endswith(
         "sckp.checkpoint[1].data_tgt: checkpoint 1 of 2: blob needs 8648 bytes, 784 remain "
@@ -150,7 +153,8 @@ def test_not_a_slot_file_exits_4(tmp_path: Path):
     p = tmp_path / "x.slot"
     p.write_bytes(b"GGUF" + bytes(100))
     r = run("inspect", p)
-    assert r.exit_code == 4 and "neither GGSQ" in r.stdout
+    assert r.exit_code == 4 and "verdict: not a slot file" in r.stdout
+    assert "this is a GGUF model, not a slot file: pass it with --model" in r.stdout
 
 
 def test_usage_error_exits_2():
