@@ -986,6 +986,27 @@ def real_model_section(bench: Bench) -> None:
             "detail": f"{c['inspect_model']['median_s']} s vs {c['bare_model_load']['median_s']} s",
         }
     )
+    T.append(
+        {
+            "target": "real model: verify --model --deep vs bare load + prefill of the stored tokens (medians)",
+            "value": res["deep_vs_bare_prefill"],
+            "limit": "<= 2x",
+            "met": res["deep_vs_bare_prefill"] <= 2,
+            "detail": f"{c['verify_deep']['median_s']} s vs {c['bare_prefill']['median_s']} s, "
+            f"exit {c['verify_deep']['rc']}",
+        }
+    )
+    d = res.get("directory") or {}
+    if d:
+        T.append(
+            {
+                "target": f"real model: verify DIR --model over {d['files']} files (files/s; after start-up)",
+                "value": [d["files_per_s"], d["files_per_s_after_start"]],
+                "limit": "reported; model read once per run",
+                "met": True,
+                "detail": f"{d['median_s']} s",
+            }
+        )
     for k, n in (("real_262k", "262k"), ("synthetic_1m", "1M")):
         if "read_median_s" in m.get(k, {}):
             t, rss = m[k]["read_median_s"], m[k]["peak_rss_mib"]

@@ -380,6 +380,7 @@ class _Worker:
             full["LLAMA_CPP_LIB_PATH"] = self.library.path
         # the worker imports this very slotfile, wherever the caller found it
         full["PYTHONPATH"] = os.pathsep.join(x for x in (str(PACKAGE_ROOT), full.get("PYTHONPATH")) if x)
+        self.spawned = time.monotonic()  # the worker's hello["startup"] times are on this clock
         self.proc = subprocess.Popen(
             cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, env=full, close_fds=True
         )
@@ -435,6 +436,11 @@ class _Worker:
             why = resp.get("message") if resp else died
             self.kill()
             raise LoaderError(f"the loader did not start: {why}" + (f"\n{_tail(log)}" if log else ""))
+        # the worker's start-up phases, as seconds since the spawn (both on CLOCK_MONOTONIC)
+        phases = resp.get("startup")
+        phases = phases if isinstance(phases, dict) else {}
+        resp["startup"] = {k: round(float(v) - self.spawned, 4) for k, v in phases.items()}
+        resp["startup"]["hello"] = round(time.monotonic() - self.spawned, 4)
         self.hello = resp
         return resp
 

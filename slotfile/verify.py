@@ -31,7 +31,6 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -1310,9 +1309,10 @@ class Verifier:
                     on_done(r)
             return out
         results: list[FileReport | None] = [None] * len(paths)
+        from concurrent.futures import ThreadPoolExecutor, as_completed  # --jobs > 1 only
+
         with ThreadPoolExecutor(max_workers=self.opts.jobs) as ex:
             futs = {ex.submit(self.verify, p): i for i, p in enumerate(paths)}
-            from concurrent.futures import as_completed
 
             for f in as_completed(futs):
                 r = f.result()

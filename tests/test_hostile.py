@@ -85,3 +85,51 @@ def test_random_bytes_behind_a_valid_header(tail):
     head = (SLOT_FILES[0].read_bytes())[:12]
     check_read_only_paths(head + tail, "random")
     check_read_only_paths(tail, "random-no-header")
+
+
+# ---------------------------------------------------------------------------------------
+# hostile models through the command line: one line, exit 8, at once, no big allocation
+# ---------------------------------------------------------------------------------------
+
+HOSTILE_MODELS = (
+    "array claims more elements than the file holds",
+    "numeric array claims more elements than the file holds",
+    "string length runs past the end",
+    "string length near 2**64 in a long array",
+)
+
+
+LAUNCH = r"""
+import json, resource, subprocess, sys
+r = subprocess.run(sys.argv[1:], capture_output=True, text=True, timeout=60)
+peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # KiB, the largest of the command's tree
+print(json.dumps([r.returncode, r.stdout, r.stderr, peak]))
+"""
+
+
+@pytest.mark.parametrize("command", ["verify", "inspect"])
+@pytest.mark.parametrize("case", HOSTILE_MODELS)
+def test_hostile_model_through_the_cli_is_one_line_exit_8(tmp_path, command, case):
+    """``verify --model BAD.gguf`` (which also starts a llama.cpp worker on it) and ``inspect
+    --model BAD.gguf``: the GGUF's own claim is refused with one line naming the key and its
+    offset, exit 8, in seconds, no process of the command much bigger than Python itself."""
+    import re
+    import subprocess
+    import sys
+
+    from .conftest import ROOT
+    from .test_gguf_meta import HOSTILE
+
+    data, pattern = HOSTILE[case]
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(data)
+    argv = [sys.executable, "-m", "slotfile", command, str(SLOT_FILES[0]), "--model", str(bad)]
+    r = subprocess.run([sys.executable, "-c", LAUNCH, *argv], cwd=ROOT, capture_output=True, text=True, timeout=90)
+    assert r.returncode == 0, r.stderr[-2000:]  # the launcher itself (a timeout of the command lands here)
+    rc, out, err, peak_kib = json.loads(r.stdout)
+    lines = err.strip().splitlines()
+    assert rc == 8 and len(lines) == 1 and str(bad) in lines[0], err
+    assert re.search(pattern, lines[0]), lines[0]
+    assert out == ""
+    assert bad.read_bytes() == data  # input never modified
+    assert peak_kib < 300 * 1024, f"the command peaked at {peak_kib} KiB"

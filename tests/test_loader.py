@@ -276,6 +276,102 @@ def test_worker_is_self_contained():
     }
 
 
+WORKER_IMPORTS = r"""
+import argparse, json, sys
+from slotfile.worker import program as P
+P.L = P.import_bindings()
+P.L.llama_backend_init()
+w = P.Worker(argparse.Namespace(model=sys.argv[1], draft_model=None, n_gpu_layers=0, threads=1))
+heavy = ("numpy", "jinja2", "llama_cpp.llama", "slotfile.appendix")
+out = {"started": [m for m in heavy if m in sys.modules], "version": P.package_version()}
+for path, settings in json.loads(sys.argv[2]):
+    r = w.load({"path": path, "settings": settings, "format": "GGSQ"})
+    out[path] = {"ok": r["ok"], "checkpoints": r["checkpoints"], "imported": [m for m in heavy if m in sys.modules]}
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.llama
+def test_worker_imports_the_bindings_alone_and_the_appendix_reader_on_demand():
+    """The worker runs on llama-cpp-python's ctypes bindings without the package's Llama class
+    (numpy, jinja2: a quarter of a second of every start), and reads an appendix (importing the
+    reader, numpy) only for a file that has one."""
+    import importlib.metadata
+    import json
+
+    plain, with_sckp = SLOTS / "llama_plain_tokens.slot", SLOTS / "llama_q8_0_fa.slot"
+    files = [[str(p), settings_for(open_slot_file(p)).to_dict()] for p in (plain, with_sckp)]
+    r = subprocess.run(
+        [sys.executable, "-c", WORKER_IMPORTS, str(MODELS / "llama.gguf"), json.dumps(files)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout)
+    assert out["started"] == []
+    assert out["version"] == importlib.metadata.version("llama_cpp_python")
+    assert out[str(plain)] == {"ok": True, "checkpoints": [], "imported": []}
+    assert out[str(with_sckp)]["checkpoints"] == [[True, "consumed all 4808 bytes"]]
+    assert "slotfile.appendix" in out[str(with_sckp)]["imported"]
+
+
+@pytest.mark.llama
+def test_hello_reports_the_start_up_phases():
+    with LoaderPool(str(MODELS / "draft.gguf")) as pool:
+        st = pool.info["startup"]
+    assert list(st) == ["python", "library", "model", "versions", "hello"]
+    assert 0 < st["python"] <= st["library"] <= st["model"] <= st["versions"] <= st["hello"]
+
+
+@pytest.mark.llama
+def test_verify_dir_reads_the_model_once(tmp_path, monkeypatch):
+    """``verify DIR --model``: the GGUF metadata is read once per run and the model loaded once
+    per worker, however many files (a real model's vocabulary costs seconds in llama.cpp)."""
+    import shutil
+
+    import slotfile.verify as verify_mod
+
+    reads: list[str] = []
+    real = verify_mod.load_model_info
+
+    def counted(path, **kw):
+        reads.append(str(path))
+        return real(path, **kw)
+
+    monkeypatch.setattr(verify_mod, "load_model_info", counted)
+    files = []
+    for i in range(12):
+        dst = tmp_path / f"slot{i:02d}.slot"
+        shutil.copyfile(SLOTS / "llama_f16_fa.slot", dst)
+        files.append(dst)
+    with verify_mod.Verifier(verify_mod.Options(model=str(MODELS / "llama.gguf"))) as v:
+        reports = v.run(files)
+        pids = {w.proc.pid for w in v.pool._all}
+        restarts = v.pool.restarts
+    assert [r.verdict for r in reports] == ["pass"] * 12
+    assert reads == [str(MODELS / "llama.gguf")] and len(pids) == 1 and restarts == 0
+
+
+@pytest.mark.llama
+def test_verify_leaves_unused_modules_unimported():
+    """``verify SLOT --model`` (its CPU competes with the worker's model load on a busy machine)
+    imports no progress bar when stderr is not a terminal, no XML without --junit and no thread
+    pool without --jobs."""
+    code = (
+        "import sys\n"
+        "sys.argv = ['slotfile', 'verify', sys.argv[1], '--model', sys.argv[2]]\n"
+        "from slotfile.cli.app import app\n"
+        "try:\n    app()\nexcept SystemExit as e:\n    rc = e.code\n"
+        "unused = ('rich.progress', 'xml.etree.ElementTree', 'concurrent.futures')\n"
+        "print(rc, [m for m in unused if m in sys.modules])\n"
+    )
+    argv = [sys.executable, "-c", code, str(SLOTS / "llama_f16_fa.slot"), str(MODELS / "llama.gguf")]
+    r = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.stdout.strip().splitlines()[-1] == "0 []", r.stdout + r.stderr
+
+
 @pytest.mark.llama
 def test_pool_refuses_work_after_close():
     pool = LoaderPool(str(MODELS / "draft.gguf"))

@@ -46,12 +46,10 @@ import platform
 import sys
 import textwrap
 import time
-import xml.etree.ElementTree as ET
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
 from slotfile.diagnosis import CAUSE_SHORT, Cause
@@ -169,21 +167,7 @@ def _run_verify(
     show = not quiet and err.is_terminal and (any(p.is_dir() for p in paths) or model is not None or len(files) > 1)
     reports: list[FileReport] = []
     try:
-        with Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=err,
-            transient=True,
-            disable=not show,
-        ) as progress:
-            task = progress.add_task("verifying", total=len(files))
-
-            def done(r: FileReport) -> None:
-                progress.update(task, advance=1, description=f"verified {escape_text(Path(r.path).name, 40)}")
-
-            reports = verifier.run(files, done)
+        reports = _run_with_progress(verifier, files) if show else verifier.run(files)
         loaders = verifier.loaders()
     except VerifyError as e:
         fail(str(e))
@@ -215,6 +199,26 @@ def _run_verify(
         base = paths[0] if len(paths) == 1 and paths[0].is_dir() else None
         render(reports, loaders, elapsed, structure_only=opts.model is None, quiet=quiet, base=base)
     return rc
+
+
+def _run_with_progress(verifier: Verifier, files: list[Path]) -> list[FileReport]:
+    """The run with a progress bar on stderr (a terminal); rich.progress is imported only here."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+    ) as progress:
+        task = progress.add_task("verifying", total=len(files))
+
+        def done(r: FileReport) -> None:
+            progress.update(task, advance=1, description=f"verified {escape_text(Path(r.path).name, 40)}")
+
+        return verifier.run(files, done)
 
 
 def document(
@@ -395,6 +399,8 @@ def _x(s: Any) -> str:
 
 def write_junit(path: Path, reports: list[FileReport], errors: list[str], opts: Options, elapsed: float) -> None:
     """JUnit XML: one testcase per file (and one per missing path)."""
+    import xml.etree.ElementTree as ET  # only for --junit
+
     failures = sum(1 for r in reports if r.verdict == "fail")
     errs = sum(1 for r in reports if r.verdict == "error") + len(errors)
     total = len(reports) + len(errors)

@@ -9,9 +9,11 @@ errors) is written to fd 2 as it happens, so it survives an abort: the parent re
 from the file it gave the worker as stderr.  The parent ends the worker with SIGKILL: freeing
 the model and contexts costs time and leaves nothing behind that the kernel would not reclaim.
 
-It imports llama_cpp, :mod:`slotfile.worker.settings` and the standard library (numpy only
-for ``deep``): an abort or a segfault inside llama.cpp kills this process and nothing else,
-and its start-up overlaps the parent's own imports.
+It imports llama-cpp-python's ctypes bindings alone (:func:`import_bindings`, not the package's
+``Llama`` class), :mod:`slotfile.worker.settings` and the standard library (the appendix reader
+only for a file with an appendix, numpy only for ``deep``): an abort or a segfault inside
+llama.cpp kills this process and nothing else, and its start-up overlaps the parent's own
+imports.  The hello's ``startup`` gives the time each start-up phase ended.
 
 Which llama.cpp: llama-cpp-python opens ``$LLAMA_CPP_LIB_PATH/libllama.so`` when the parent sets
 that variable (``--llama-lib``), else its own build.  A library that does not load is one
@@ -62,6 +64,7 @@ TINY_MODEL = 64 << 20  # below this ggml's spinning threads only cost: one threa
 F16_NAME = "f16"  # what an attention-free model's (unused) cache types default to
 
 _proto: Any = None
+_T: dict[str, float] = {"python": time.monotonic()}  # start-up phases (CLOCK_MONOTONIC, the parent's clock too)
 L: Any = None  # llama_cpp, imported in main()
 _last_level = 0
 _recent: list[str] = []  # the latest error lines, for messages about one call
@@ -353,6 +356,52 @@ GGSQ_MAGIC_WORD = 0x67677371  # 'ggsq' (LLAMA_STATE_SEQ_MAGIC)
 GGSN_MAGIC_WORD = 0x6767736E  # 'ggsn' (LLAMA_SESSION_MAGIC)
 
 
+def import_bindings() -> Any:
+    """llama-cpp-python's ctypes bindings, ``llama_cpp.llama_cpp``, without running the package's
+    ``__init__``: that also imports the high-level ``Llama`` class and with it numpy, jinja2 and
+    the chat formats (a quarter of a second of CPU on every start), and the worker calls the C API
+    only.  The package is entered as a bare namespace with the installed package's path; a
+    llama-cpp-python laid out otherwise gets the plain ``import llama_cpp``.  A library that does
+    not load raises here either way (llama_cpp.llama_cpp opens it on import)."""
+    import importlib.util
+    import types
+
+    spec = importlib.util.find_spec("llama_cpp")
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError("No module named 'llama_cpp' (pip install llama-cpp-python)")
+    pkg = types.ModuleType("llama_cpp")
+    pkg.__path__ = list(spec.submodule_search_locations)
+    pkg.__file__ = spec.origin
+    pkg.__package__ = "llama_cpp"
+    sys.modules["llama_cpp"] = pkg
+    try:
+        import llama_cpp.llama_cpp as bindings
+    except ImportError:  # not the layout this expects: the whole package, the usual way
+        for name in [m for m in sys.modules if m == "llama_cpp" or m.startswith("llama_cpp.")]:
+            del sys.modules[name]
+        import llama_cpp
+
+        return llama_cpp
+    return bindings
+
+
+def package_version() -> str:
+    """llama-cpp-python's ``__version__`` as its ``__init__`` spells it (which
+    :func:`import_bindings` does not run), read from the file: importlib.metadata costs more."""
+    import re
+
+    mod = sys.modules.get("llama_cpp")
+    ver = getattr(mod, "__version__", None)
+    if ver:
+        return str(ver)
+    try:
+        with open(getattr(mod, "__file__", None) or "", encoding="utf-8") as f:
+            m = re.search(r"""^__version__\s*=\s*["']([^"']+)["']""", f.read(), re.M)
+    except OSError:
+        return "?"
+    return m.group(1) if m else "?"
+
+
 def library_path() -> str:
     """The libllama the bindings actually opened (LLAMA_CPP_LIB_PATH or the package's own)."""
     import llama_cpp.llama_cpp as bindings
@@ -413,15 +462,15 @@ class Worker:
     def __init__(self, args: argparse.Namespace) -> None:
         self.model = Model(args.model, args.n_gpu_layers, args.threads)
         self.draft = Model(args.draft_model, args.n_gpu_layers, args.threads) if args.draft_model else None
+        _T["model"] = time.monotonic()
         self.versions = detect_versions(self.model)
+        _T["versions"] = time.monotonic()
 
     def hello(self) -> dict[str, Any]:
-        import llama_cpp
-
         return {
             "ok": True,
             "pid": os.getpid(),
-            "llama_cpp_python": getattr(llama_cpp, "__version__", "?"),
+            "llama_cpp_python": package_version(),
             # what the library itself writes (detect_versions), not the Python package's constants
             "state_seq_version": self.versions.get("state_seq_version"),
             "session_version": self.versions.get("session_version"),
@@ -434,6 +483,7 @@ class Worker:
             "n_ctx_train": self.model.n_ctx_train,
             "draft_n_vocab": self.draft.n_vocab if self.draft else None,
             "model": self.model.info(),
+            "startup": dict(_T),
         }
 
     def _state_version(self) -> int:
@@ -492,8 +542,10 @@ class Worker:
             return out
         with open(path, "rb") as f:  # only what follows the body, mapped, never read whole
             size = os.fstat(f.fileno()).st_size
-            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else None
-        data = memoryview(mm)[ret:] if mm is not None else memoryview(b"")
+            if size <= ret:  # no appendix: the reader (numpy, construct) stays unimported
+                return out
+            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        data = memoryview(mm)[ret:]
         # imported here, not at start-up: the worker must reach the model load cheaply
         from slotfile.appendix import server_read
 
@@ -741,15 +793,16 @@ def main() -> int:
 
     lib_dir = os.environ.get("LLAMA_CPP_LIB_PATH")
     try:
-        import llama_cpp
+        bindings = import_bindings()
     except Exception as e:  # a missing, broken or incompatible library: one line for the parent
         where = f"the llama.cpp library in {lib_dir}" if lib_dir else "llama-cpp-python's own llama.cpp library"
         why = " ".join(str(e).split()) or type(e).__name__
         _send({"ok": False, "library_error": True, "message": f"{where} cannot be loaded: {why}"})
         return 1
     _mark("library loaded")
+    _T["library"] = time.monotonic()
 
-    L = llama_cpp
+    L = bindings
     _log_callback = L.llama_log_callback(_log_cb)
     L.llama_log_set(_log_callback, ctypes.c_void_p(0))
     L.llama_backend_init()
