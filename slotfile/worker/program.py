@@ -338,6 +338,20 @@ def _decode(ctx: Any, tokens: list[int], pos0: int, seq: int, outputs: bool, bat
             raise Failed(f"llama_decode returned {rc} at token {pos0 + start}")
 
 
+def _decode_one_thread(ctx: Any, tokens: list[int], pos0: int, seq: int, outputs: bool = False) -> None:
+    """Decode ``tokens`` one per llama_decode call on a single thread.  A one-token graph is too
+    small to share: with two threads each of its few hundred ops ends at a barrier, and on a
+    busy machine every barrier waits for the other thread to be scheduled (Gemma 3 270M with
+    other processes running: 32 such decodes took 55.7 s on two threads, 2.7 s on one).  The
+    thread count does not change the values (1 and 2 threads give bit-identical states)."""
+    n_threads, n_batch_threads = int(L.llama_n_threads(ctx)), int(L.llama_n_threads_batch(ctx))
+    L.llama_set_n_threads(ctx, 1, 1)
+    try:
+        _decode(ctx, tokens, pos0, seq, outputs, 1)
+    finally:
+        L.llama_set_n_threads(ctx, n_threads, n_batch_threads)
+
+
 def _pos_range(ctx: Any, seq: int) -> tuple[int, int]:
     mem = L.llama_get_memory(ctx)
     return int(L.llama_memory_seq_pos_min(mem, seq)), int(L.llama_memory_seq_pos_max(mem, seq))
@@ -614,22 +628,22 @@ class Worker:
         pos_next = int(L.llama_memory_seq_pos_max(mem, seq)) + 1
         out["restored_pos_max"] = pos_next - 1
         try:
-            _decode(ctx, [probe], pos_next, seq, True)
+            _decode_one_thread(ctx, [probe], pos_next, seq, True)
             after_restore = self._logits(ctx)
             # recompute from the tokens in the same context, cleared
             L.llama_memory_clear(mem, True)
             _decode(ctx, tokens, 0, seq, False, n_batch)
             self._write_state(ctx, seq, req["out"])
-            _decode(ctx, [probe], n, seq, True)
+            _decode_one_thread(ctx, [probe], n, seq, True)
             recomputed = self._logits(ctx)
             floor = None
             # a recurrent state cannot drop its last cells (llama_memory_seq_rm says no): no floor
             if tail > 0 and not (self.model.recurrent or self.model.hybrid):
                 if not L.llama_memory_seq_rm(mem, seq, n - tail, -1):
                     raise Failed(f"llama_memory_seq_rm refused to drop positions {n - tail}..{n - 1}")
-                _decode(ctx, tokens[n - tail :], n - tail, seq, False, 1)
+                _decode_one_thread(ctx, tokens[n - tail :], n - tail, seq)
                 self._write_state(ctx, seq, req["out_floor"])
-                _decode(ctx, [probe], n, seq, True)
+                _decode_one_thread(ctx, [probe], n, seq, True)
                 floor = self._logits(ctx)
         except Failed as e:
             out["message"] = str(e)
