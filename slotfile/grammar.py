@@ -971,6 +971,11 @@ def rot_words(n_rot_k: int, n_rot_v: int) -> bytes:
     return build(RotWords, {"n_rot_k": n_rot_k, "n_rot_v": n_rot_v})
 
 
+def n_stream_word(n_stream: int) -> bytes:
+    """A KV block's ``u32 n_stream`` (also an empty stream's ``u32 cell_count = 0``)."""
+    return build(Int32ul, n_stream)
+
+
 def v_trans_word(v_trans: int) -> bytes:
     return build(VTransWord, v_trans)
 

@@ -14,14 +14,10 @@ A file with cells in two streams of one block (a whole-context save) cannot be c
 
 from __future__ import annotations
 
-import struct
-
+from .. import grammar as g
 from ..records import BlobInfo, Body, SlotFile
 from ..safewrite import Plan
 from .common import Refused, body_ok
-
-U32 = struct.Struct("<I")
-U64 = struct.Struct("<Q")
 
 
 def _kv_delta(body: Body, n_new: int) -> int:
@@ -44,7 +40,7 @@ def rewrite_body(plan: Plan, path: str, body: Body, start: int, end: int, n_new:
         if blk.kind != "KV":
             continue
         plan.copy(path, pos, blk.offset - pos)
-        plan.literal(U32.pack(n_new))
+        plan.literal(g.n_stream_word(n_new))
         act = blk.active_streams()
         at = min(act[0].index, n_new - 1) if act else -1  # keep its index where it fits
         for i in range(n_new):
@@ -54,7 +50,7 @@ def rewrite_body(plan: Plan, path: str, body: Body, start: int, end: int, n_new:
                 st_end = nxt[0] if nxt else blk.end
                 plan.copy(path, st.offset, st_end - st.offset)
             else:
-                plan.literal(U32.pack(0))
+                plan.literal(g.n_stream_word(0))  # an empty stream: cell_count 0
         pos = blk.end
     plan.copy(path, pos, end - pos)
 
@@ -68,7 +64,7 @@ def _blob(plan: Plan, path: str, blob: BlobInfo, n_new: int, where: str) -> None
     if body is None or body.layout is None:
         raise Refused(f"{where}: the blob's state does not parse, its streams cannot be rewritten")
     _check(body, where)
-    plan.literal(U64.pack(blob.length + _kv_delta(body, n_new)))
+    plan.literal(g.blob_length(blob.length + _kv_delta(body, n_new)))
     d = blob.data_offset
     plan.copy(path, d, 8)
     rewrite_body(plan, path, body, d + 8, d + blob.length, n_new)
