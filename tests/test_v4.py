@@ -215,3 +215,60 @@ def test_probe_of_a_cut_v4_body_skips_the_rotation_words():
     got = probe_body(view, sf.body.offset, len(view), rot=True)
     st = _streams(sf.body)[0]
     assert got["type_k"] == 8 and got["k_row"] == st.k[0].row_size and got["n_layer"] == 2
+
+
+# ---------------------------------------------------------------------------------------
+# the v4 fixtures through a real v4 llama.cpp (scripts/build-llama-v4.sh; CI builds it)
+# ---------------------------------------------------------------------------------------
+
+MODELS = SLOTS.parent / "models"
+
+
+@pytest.mark.llama
+@pytest.mark.parametrize(
+    ("name", "model"),
+    [("llama_draft_sdft.slot", "llama.gguf"), ("gemma3_iswa_nofa.slot", "gemma3.gguf"),
+     ("llama128_q8_0_fa.slot", "llama128.gguf"), ("extra-jamba.slot", "extra-jamba.gguf")],
+)  # fmt: skip
+def test_v4_fixture_passes_every_level_through_the_v4_library(name: str, model: str, llama_v4_lib: Path):
+    r = slotfile_cli("verify", V4 / name, "--model", MODELS / model, "--deep", "--llama-lib", llama_v4_lib, "--json")
+    doc = json.loads(r.stdout)
+    f = doc["files"][0]
+    assert r.exit_code == 0, (f["first_problem"], r.stderr)
+    assert {k: v["status"] for k, v in f["levels"].items()} == dict.fromkeys(
+        ("structure", "model", "load", "deep"), "pass"
+    )
+    assert doc["loader"]["state_seq_version"] == 4
+
+
+@pytest.mark.llama
+def test_v4_body_cut_is_rebuilt_through_the_v4_library(tmp_path: Path, llama_v4_lib: Path):
+    """truncate-recover --model on a v4 file whose body is cut: the body is rebuilt by prefill
+    through the v4 library, stays version 4 and is test-loaded through it."""
+    src = V4 / "llama_f16_fa.slot"
+    sf = open_slot_file(src)
+    cut = tmp_path / "cut.slot"
+    cut.write_bytes(src.read_bytes()[: sf.body.offset + (sf.body.end - sf.body.offset) // 2])
+    out = tmp_path / "fixed.slot"
+    r = slotfile_cli(
+        "truncate-recover", cut, "-o", out, "--model", MODELS / "llama.gguf", "--llama-lib", llama_v4_lib, "--json"
+    )
+    assert r.exit_code == 0, r.stdout + r.stderr
+    rep = json.loads(r.stdout)
+    assert rep["test_load"]["ok"] is True and rep["test_load"]["state_seq_version"] == 4
+    fixed = open_slot_file(out)
+    assert fixed.version == 4 and not fixed.errors
+    assert fixed.body.blocks[0].streams[0].n_rot_k == 0
+
+
+@pytest.mark.llama
+def test_v4_resave_keeps_the_version_through_the_v4_library(tmp_path: Path, llama_v4_lib: Path):
+    out = tmp_path / "nofa.slot"
+    r = slotfile_cli(
+        "re-save", V4 / "llama_f16_fa.slot", "-o", out, "--model", MODELS / "llama.gguf", "--flash-attn", "off",
+        "--llama-lib", llama_v4_lib, "--json",
+    )  # fmt: skip
+    assert r.exit_code == 0, r.stdout + r.stderr
+    new = open_slot_file(out)
+    assert new.version == 4 and not new.errors
+    assert new.body.blocks[0].streams[0].v_trans == 1
