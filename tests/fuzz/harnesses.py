@@ -200,8 +200,11 @@ def _repair_dry(path: str, workdir: str) -> None:
 def repair(data: bytes) -> None:
     """The repair planners in dry-run mode on a file in a scratch directory: nothing may be
     written there (or anywhere) but the input itself."""
-    workdir = _tmpdir()
-    path = _write_input(data, "input.slot")
+    workdir = os.path.join(_tmpdir(), "repair")
+    os.makedirs(workdir, exist_ok=True)
+    path = os.path.join(workdir, "input.slot")
+    with open(path, "wb") as f:
+        f.write(data)
     _repair_dry(path, workdir)
     left = sorted(os.listdir(workdir))
     if left != ["input.slot"]:

@@ -19,6 +19,7 @@ import numpy as np
 
 from slotfile import gguf_meta
 from slotfile.reader import open_slot_file
+from slotfile.records import SlotFile
 from slotfile.synth import SynthSpec, write_slot
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -65,7 +66,15 @@ def _legacy_body(path: Path) -> bytes | None:
         if src.format == "GGSN":
             cells = bytes(d.meta.raw)
         out += struct.pack("<I", st.cell_count) + cells + data[d.v_trans_offset : blk.raw.end]
+    if src.format == "GGSN":  # v9 also wrote (empty) outputs, logits and embeddings after the arch
+        return _v9_outputs(src, data[: src.body.offset]) + out + data[src.body.end :]
     return data[: src.body.offset] + out + data[src.body.end :]
+
+
+def _v9_outputs(src: SlotFile, head: bytes) -> bytes:
+    arch = next(s for s in src.sections if s.name == "arch")
+    at = arch.offset + arch.size
+    return head[:at] + struct.pack("<IQQ", 0, 0, 0) + head[at:]
 
 
 def _synth() -> dict[str, bytes]:
