@@ -124,9 +124,10 @@ class LayerRun:
         if dt is None or self.elements is None:
             return self.data.array(np.uint8).reshape(self.n_cells, -1) if self.n_cells else self.data.array(np.uint8)
         arr = self.data.array(dt)
-        if self.transposed:
-            return arr.reshape(self.elements, self.n_cells)
-        return arr.reshape(self.n_cells, self.elements)
+        shape = (self.elements, self.n_cells) if self.transposed else (self.n_cells, self.elements)
+        if not arr.size and max(shape) * arr.itemsize > np.iinfo(np.intp).max:
+            shape = (0, 0)  # no cells: the row size was never backed by bytes and numpy cannot hold it
+        return arr.reshape(shape)
 
 
 @dataclass(slots=True)

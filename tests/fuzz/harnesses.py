@@ -1,0 +1,293 @@
+"""Fuzz harnesses: one function per library entry point, each taking the fuzzer's bytes.
+
+Every harness drives the entry point the way a user (or the CLI) would and touches every lazy
+object it hands back.  The contract: no uncaught exception (a GGUF the reader cannot take is a
+``ModelError`` / ``GGUFError``, every repair that cannot be done a ``Refused``; a slot file
+never raises: its problems are recorded), every problem with a section and an offset inside
+the file.  Time (1 s) and memory are bounded by the driver (bench/fuzz_atheris.py: libFuzzer's
+``-timeout`` and ``-rss_limit_mb``) and by the smoke test (tests/test_fuzz_smoke.py:
+tracemalloc).  A violation raises :class:`ContractError`.
+
+Used by bench/fuzz_atheris.py (atheris/libFuzzer) and tests/test_fuzz_smoke.py (plain Python).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import tempfile
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from slotfile import appendix as ap
+from slotfile.records import Body, MemoryBlock, SlotFile
+
+
+class ContractError(AssertionError):
+    """The library broke the bad-input contract on this input."""
+
+
+def _check_problems(sf: SlotFile) -> None:
+    for p in sf.problems:
+        if not isinstance(p.section, str) or not p.section or not isinstance(p.offset, int):
+            raise ContractError(f"problem without a section and an offset: {p!r}")
+        if not 0 <= p.offset <= sf.size:
+            raise ContractError(f"problem offset {p.offset} outside the file (size {sf.size}): {p.line()}")
+        if "\n" in p.line():
+            raise ContractError(f"problem line spans lines: {p.line()!r}")
+
+
+def _touch_cells(ct: Any) -> int:
+    if ct is None:
+        return 0
+    n = int(ct.cells["pos"].sum(dtype=np.int64)) if ct.cells.size else 0
+    return n + int(ct.seq_ids.size) + ct.size + len(bytes(ct.raw[:16]))
+
+
+def _touch_block(blk: MemoryBlock) -> int:
+    n = blk.size + blk.n_cells() + int(blk.positions().size) + len(blk.active_streams())
+    for st in blk.streams:
+        n += int(st.positions.size) + _touch_cells(st.cells)
+    n += _touch_cells(blk.cells)
+    for r in blk.runs():
+        arr = r.array()
+        n += arr.size + len(r.type_name) + (r.elements or 0) + r.data.length
+        if arr.size:
+            n += int(arr.reshape(-1)[:4].view(np.uint8).sum())  # read the first and last bytes
+            n += int(arr.reshape(-1)[-1:].view(np.uint8).sum())
+    return n
+
+
+def _touch_body(body: Body | None) -> int:
+    if body is None:
+        return 0
+    n = body.size + len(body.memory_class) + len(body.alternatives)
+    if body.layout is not None:
+        n += len(body.layout.describe())
+    for blk in body.blocks:
+        n += _touch_block(blk)
+    return n
+
+
+def walk(sf: SlotFile) -> int:
+    """Touch everything a user of :class:`SlotFile` could: a number, so nothing is optimised away."""
+    _check_problems(sf)
+    n = len(sf.verdict) + sf.n_tokens + len(sf.errors) + len(sf.file_problems) + len(sf.model_problems)
+    n += sum(len(p.line()) + len(p.to_dict()) for p in sf.problems)
+    n += sum(s.offset + s.size for s in sf.sections)
+    if sf.tokens is not None:
+        tp = sf.tokens
+        n += int(tp.tokens.sum(dtype=np.int64)) + tp.size + tp.ids_offset + len(tp.media) + tp.padding
+    n += _touch_body(sf.body)
+    for c in sf.checkpoints:
+        n += c.n_tokens + c.pos_min + c.pos_max + c.end - c.offset
+        for b in (c.tgt, c.dft, c.spec):
+            n += b.data_offset + b.length + int(b.data.array().size) + (b.seq_id or 0) + _touch_body(b.body)
+    for a in (sf.sckp, sf.draft):
+        if a is not None:
+            n += a.end - a.offset + a.version + a.count
+            for b in (a.dft, a.spec):
+                if b is not None:
+                    n += b.length + int(b.data.array().size) + _touch_body(b.body)
+    for _name, r in sf.value_runs():
+        n += int(r.array().size)
+    return n
+
+
+def parse(data: bytes) -> None:
+    """``parse_buffer`` and every lazy object it hands back."""
+    from slotfile.reader import parse_buffer
+
+    walk(parse_buffer(data))
+
+
+def dump_json(data: bytes) -> None:
+    """The ``dump --json`` document (with token ids) and the text form built from it."""
+    from slotfile.cli.dump_cmd import text_lines
+    from slotfile.reader import parse_buffer
+    from slotfile.report import to_json
+
+    sf = parse_buffer(data)
+    _check_problems(sf)
+    doc = to_json(sf, with_tokens=True)
+    text = json.dumps(doc, indent=1, ensure_ascii=True)
+    if json.loads(text)["verdict"] != sf.verdict:
+        raise ContractError("the JSON verdict is not the file's")
+    for line in text_lines(doc):
+        if line.count("\n") != 1:
+            raise ContractError(f"dump text line spans lines: {line!r}")
+
+
+_CONSOLE: Any = None
+
+
+def inspect(data: bytes) -> None:
+    """The ``inspect`` renderer (with --layers) into a rich Console over a StringIO."""
+    global _CONSOLE
+    from rich.console import Console
+
+    from slotfile.cli import inspect_cmd
+    from slotfile.reader import parse_buffer
+
+    if _CONSOLE is None:
+        _CONSOLE = Console(file=io.StringIO(), width=120, highlight=False, markup=False, soft_wrap=False)
+        inspect_cmd.out = _CONSOLE
+    sink = _CONSOLE.file
+    sink.seek(0)
+    sink.truncate()
+    sf = parse_buffer(data)
+    _check_problems(sf)
+    for layers in (False, True):
+        inspect_cmd.render(sf, None, layers)
+    if "\x1b" in sink.getvalue():
+        raise ContractError("an escape sequence from the file reached the terminal")
+
+
+_TMP: str | None = None
+
+
+def _tmpdir() -> str:
+    global _TMP
+    if _TMP is None:
+        base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+        _TMP = tempfile.mkdtemp(prefix="slotfile-fuzz-", dir=base)
+    return _TMP
+
+
+def _write_input(data: bytes, name: str) -> str:
+    path = os.path.join(_tmpdir(), name)
+    with open(path, "wb") as f:
+        f.write(data)
+    return path
+
+
+def _repair_dry(path: str, workdir: str) -> None:
+    from slotfile.reader import open_slot_file
+    from slotfile.repair import Options, Refused, run
+    from slotfile.repair.common import close
+    from slotfile.repair.resave import resave
+    from slotfile.repair.truncate import truncate_recover
+
+    for command in ("truncate-recover", "strip-draft"):
+        report = run(command, path, None, Options(), dry_run=True)
+        json.dumps(report.to_json())
+        report.lines()
+        if report.outcome not in ("dry-run", "refused"):
+            raise ContractError(f"{command} --dry-run: outcome {report.outcome}: {report.reason}")
+    # with a model named (never loaded in a dry run): the planning past the "needs --model" refusals
+    model = os.path.join(workdir, "model.gguf")
+    plans: list[tuple[Callable[..., Any], Any]] = [
+        (truncate_recover, Options(model=model, flash_attn=True, type_k="q8_0", checkpoint_at=[1, 2])),
+        (resave, Options(model=model, flash_attn=False, tokens="plain")),
+    ]
+    sf = open_slot_file(path)
+    try:
+        for op, opts in plans:
+            try:
+                planned = op(sf, opts, workdir, dry_run=True)
+                json.dumps(planned.report.to_json())
+                planned.report.lines()
+            except Refused as e:
+                if "\n" in str(e):
+                    raise ContractError(f"a refusal spans lines: {e}") from None
+    finally:
+        close(sf)
+
+
+def repair(data: bytes) -> None:
+    """The repair planners in dry-run mode on a file in a scratch directory: nothing may be
+    written there (or anywhere) but the input itself."""
+    workdir = os.path.join(_tmpdir(), "repair")
+    os.makedirs(workdir, exist_ok=True)
+    path = os.path.join(workdir, "input.slot")
+    with open(path, "wb") as f:
+        f.write(data)
+    _repair_dry(path, workdir)
+    left = sorted(os.listdir(workdir))
+    if left != ["input.slot"]:
+        raise ContractError(f"a dry run wrote into its directory: {left}")
+
+
+def gguf(data: bytes) -> None:
+    """The GGUF metadata reader (``gguf_meta.scan``) and ``load_model_info`` with its vocabulary."""
+    from slotfile import gguf_meta
+    from slotfile.model import ModelError, load_model_info
+
+    path = _write_input(data, "model.gguf")
+    try:
+        meta = gguf_meta.scan(path)
+    except gguf_meta.GGUFError as e:
+        if "\n" in str(e):
+            raise ContractError(f"a GGUF error spans lines: {e}") from None
+    else:
+        for key in list(meta.fields):
+            v = meta.get(key)
+            arr = meta.array(key)
+            if arr is not None:
+                len(arr)
+                if arr.item_type == gguf_meta.STRING:
+                    s = arr.strings(errors="replace")
+                    s[: min(len(s), 8)]
+                elif arr.item_type != gguf_meta.ARRAY:
+                    arr.view()[:8].tolist()
+            repr(v)
+    try:
+        info = load_model_info(path)
+    except ModelError:
+        return
+    len(info.tokens)
+    info.n_vocab  # noqa: B018
+    info.detokenize(np.arange(min(info.n_vocab, 64), dtype=np.int32))
+    info.detokenize([0, 1, -1, 2**31 - 1, info.n_vocab])
+
+
+def appendix(data: bytes) -> None:
+    """The SCKP/SDFT walkers of :mod:`slotfile.appendix`: the first two bytes pick the offset
+    the walk starts at (inside the rest), the rest is the file."""
+    if len(data) < 2:
+        return
+    off = int.from_bytes(data[:2], "little")
+    view = memoryview(data[2:])
+    end = len(view)
+    off = off % (end + 1)
+    ap.magic_at(view, off, end)
+    ap.cut_magics(view, off, end)
+    ap.starts_with(view, off, b"SCKP", end)
+    sr = ap.server_read(view, off)
+    sr.astuple()
+    h = ap.sckp_head(view, off, end, any_magic=True)
+    if isinstance(h, ap.SckpHead):
+        for item in ap.entries(view, h.end, end, count=min(h.count, 64)):
+            _touch_frame(view, item, end)
+        for item in ap.entries(view, h.end, end, stop_at_sdft=True):
+            _touch_frame(view, item, end)
+    d = ap.sdft_head(view, off, end)
+    if isinstance(d, ap.SdftHead):
+        body = ap.sdft_body(view, d, end)
+        if isinstance(body, ap.SdftFrame):
+            ap.blob_seq_id(view, body.dft.data_offset, body.dft.end)
+    fb = ap.first_blob(view, off, end)
+    if isinstance(fb, ap.BlobFrame):
+        ap.blob_seq_id(view, fb.data_offset, fb.end)
+    ap.blob_seq_id(view, off, end)
+
+
+def _touch_frame(view: memoryview, item: Any, end: int) -> None:
+    if isinstance(item, ap.EntryFrame):
+        for b in (item.tgt, item.dft, item.spec):
+            if b.end > end or b.data_offset > b.end:
+                raise ContractError(f"entry {item.index}: blob {b} runs past the end ({end})")
+            ap.blob_seq_id(view, b.data_offset, b.end)
+
+
+HARNESSES: dict[str, Callable[[bytes], None]] = {
+    "parse": parse,
+    "dump_json": dump_json,
+    "inspect": inspect,
+    "repair": repair,
+    "gguf": gguf,
+    "appendix": appendix,
+}
