@@ -167,7 +167,6 @@ def _write_input(data: bytes, name: str) -> str:
 def _repair_dry(path: str, workdir: str) -> None:
     from slotfile.reader import open_slot_file
     from slotfile.repair import Options, Refused, run
-    from slotfile.repair.common import close
     from slotfile.repair.resave import resave
     from slotfile.repair.truncate import truncate_recover
 
@@ -194,7 +193,7 @@ def _repair_dry(path: str, workdir: str) -> None:
                 if "\n" in str(e):
                     raise ContractError(f"a refusal spans lines: {e}") from None
     finally:
-        close(sf)
+        sf.close()
 
 
 def repair(data: bytes) -> None:

@@ -1,6 +1,6 @@
 """Seed corpora for the fuzz harnesses, built from the fixtures at run time (nothing large is
 committed): every slot/session fixture of every state version (v2 legacy without n_stream,
-v3, v4 when fixtures/slots/v4 exists, GGSN 9 with outputs and without n_stream, GGSN 10, 11
+v3, v4 (the fixtures a real v4 libllama wrote, fixtures/slots/v4), GGSN 9 with outputs and without n_stream, GGSN 10, 11
 header), with SCKP and SDFT, and GGUF metadata.
 
 Minimised: a seed over ``MAX_LEN`` bytes is replaced by files written with
@@ -98,13 +98,10 @@ def slot_seeds() -> dict[str, bytes]:
         if len(data) <= MAX_LEN:
             out[name] = data
         fmt = {b"qsgg": "GGSQ", b"nsgg": "GGSN"}.get(data[:4])
-        legacy = _legacy_body(p) if len(data) <= MAX_LEN else None
+        current = data[4:8] in (struct.pack("<I", 3), struct.pack("<I", 10))  # the legacy rewrite reads v3 bodies
+        legacy = _legacy_body(p) if len(data) <= MAX_LEN and current else None
         if legacy is not None:
             out[f"{name}.legacy-v{2 if fmt == 'GGSQ' else 9}"] = _with_version(legacy, 2 if fmt == "GGSQ" else 9)
-        if len(data) <= MAX_LEN and fmt == "GGSQ" and data[4:8] == struct.pack("<I", 3):
-            out[f"{name}.v4"] = _with_version(data, 4)
-        if len(data) <= MAX_LEN and fmt == "GGSN" and data[4:8] == struct.pack("<I", 10):
-            out[f"{name}.v11"] = _with_version(data, 11)
     return out
 
 
