@@ -41,10 +41,10 @@ RSS_LIMIT_MB = 1024
 # whole final corpus, replayed uninstrumented, where each must finish within CONTRACT_S.
 TIMEOUT_S = 10
 CONTRACT_S = 1.0
-ALLOC_EVERY = 16
+ALLOC_EVERY = 64
 ALLOC_BASE = 4 << 20  # 4 MiB: rich tables, JSON text, construct containers of small inputs
 ALLOC_PER_BYTE = 16  # the parsed structures and rendered text of an input of N bytes
-HARNESS_NAMES = ("parse", "dump_json", "inspect", "repair", "gguf", "appendix")
+HARNESS_NAMES = ("parse", "dump_json", "inspect", "repair", "gguf", "appendix", "slot")
 MAX_LEN = {"gguf": 65536}  # the others: tests/fuzz/seeds.MAX_LEN
 
 
@@ -52,14 +52,15 @@ def _worker(name: str, corpus: Path, artifacts: Path, libfuzzer_args: list[str])
     import atheris
 
     with atheris.instrument_imports(include=["slotfile"]):
-        import slotfile.appendix
-        import slotfile.cli.dump_cmd
-        import slotfile.cli.inspect_cmd
-        import slotfile.gguf_meta
-        import slotfile.model
-        import slotfile.reader
-        import slotfile.repair
-        import slotfile.report  # noqa: F401
+        # every module of the package, so that lazily imported ones are instrumented too
+        import importlib
+        import pkgutil
+
+        import slotfile
+
+        for mod in pkgutil.walk_packages(slotfile.__path__, "slotfile."):
+            if not mod.name.startswith("slotfile.worker") and not mod.name.endswith(".__main__"):
+                importlib.import_module(mod.name)
     from tests.fuzz.harnesses import HARNESSES, ContractError
 
     harness = HARNESSES[name]
@@ -103,7 +104,9 @@ _STATUS = re.compile(
 )
 
 
-def campaign(name: str, runs: int, max_time: int, out: Path) -> dict[str, Any]:
+def campaign(name: str, runs: int, max_time: int, out: Path, jobs: int = 1) -> dict[str, Any]:
+    """One harness: ``jobs`` libFuzzer processes on one corpus (each ``runs / jobs`` executions,
+    its own ``-seed``, reloading what the others add), then the replay of the corpus."""
     from tests.fuzz.seeds import MAX_LEN as SLOT_MAX_LEN
 
     hdir = out / name
@@ -111,26 +114,30 @@ def campaign(name: str, runs: int, max_time: int, out: Path) -> dict[str, Any]:
     artifacts.mkdir(parents=True, exist_ok=True)
     n_seeds = _write_seeds(name, corpus)
     args = [
-        f"-runs={runs}",
+        f"-runs={-(-runs // jobs)}",
         f"-max_total_time={max_time}",
         f"-timeout={TIMEOUT_S}",
         f"-rss_limit_mb={RSS_LIMIT_MB}",
         f"-max_len={MAX_LEN.get(name, SLOT_MAX_LEN)}",
-        "-seed=1",
         "-print_final_stats=1",
-        "-reload=0",
+        f"-reload={1 if jobs > 1 else 0}",
     ]
-    cmd = ["nice", "-n", "10", sys.executable, __file__, "--worker", name, "--corpus", str(corpus)]
-    cmd += ["--artifacts", str(artifacts), "--", *args]
     t0 = time.monotonic()
-    with open(hdir / "log.txt", "w") as log:
-        rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, check=False).returncode
+    procs = []
+    for j in range(jobs):
+        cmd = ["nice", "-n", "10", sys.executable, __file__, "--worker", name, "--corpus", str(corpus)]
+        cmd += ["--artifacts", str(artifacts), "--", *args, f"-seed={j + 1}"]
+        log = open(hdir / (f"log-{j}.txt" if jobs > 1 else "log.txt"), "w")
+        procs.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT), log))
+    rcs = []
+    for proc, log in procs:
+        rcs.append(proc.wait())
+        log.close()
     wall = time.monotonic() - t0
-    text = (hdir / "log.txt").read_text(errors="replace")
-    status = _STATUS.findall(text)
-    last = status[-1] if status else None
-    execs = int(m.group(1)) if (m := re.search(r"stat::number_of_executed_units:\s+(\d+)", text)) else None
-    peak = int(m.group(1)) if (m := re.search(r"stat::peak_rss_mb:\s+(\d+)", text)) else None
+    texts = [p.read_text(errors="replace") for p in sorted(hdir.glob("log*.txt"))]
+    execs = [_executions(t) for t in texts]
+    last = max((s[-1] for t in texts if (s := _STATUS.findall(t))), key=lambda s: int(s[2]), default=None)
+    peaks = [int(m.group(1)) for t in texts if (m := re.search(r"stat::peak_rss_mb:\s+(\d+)", t))]
     findings = sorted(p.name for p in artifacts.iterdir() if not p.name.startswith("slow-"))
     res = subprocess.run(
         [sys.executable, __file__, "--replay", name, "--corpus", str(corpus), "--artifacts", str(artifacts)],
@@ -143,17 +150,20 @@ def campaign(name: str, runs: int, max_time: int, out: Path) -> dict[str, Any]:
         rep = json.loads(res.stdout)
     except ValueError:
         rep = {"errors": [res.stderr[-2000:]]}
+    text = "\n".join(texts)
     return {
         "harness": name,
-        "exit_code": rc,
+        "jobs": jobs,
+        "exit_code": max(rcs),
         "seeds": n_seeds,
-        "executions": execs if execs is not None else (int(last[0]) if last else 0),
+        "executions": sum(execs),
+        "executions_per_job": execs,
         "seconds": round(wall, 1),
-        "exec_per_s": round((execs or 0) / wall, 1) if wall else None,
+        "exec_per_s": round(sum(execs) / wall, 1) if wall else None,
         "cov": int(last[2]) if last else None,
         "ft": int(last[3]) if last else None,
-        "corpus": int(last[4]) if last else None,
-        "peak_rss_mb": peak,
+        "corpus": len(list(corpus.iterdir())),
+        "peak_rss_mb": max(peaks, default=None),
         "findings": findings,
         "slow_instrumented": sorted(p.name for p in artifacts.iterdir() if p.name.startswith("slow-")),
         "replay": rep,
@@ -161,6 +171,14 @@ def campaign(name: str, runs: int, max_time: int, out: Path) -> dict[str, Any]:
         "timeouts": "ALARM: working on the last Unit for" in text,
         "rss_exceeded": "out-of-memory (used:" in text,
     }
+
+
+def _executions(text: str) -> int:
+    """Executions of one libFuzzer log: its final stats, or its last status line."""
+    if m := re.search(r"stat::number_of_executed_units:\s+(\d+)", text):
+        return int(m.group(1))
+    status = _STATUS.findall(text)
+    return int(status[-1][0]) if status else 0
 
 
 def replay(name: str, folders: list[Path]) -> dict[str, Any]:
@@ -218,6 +236,7 @@ def main() -> int:
     ap.add_argument("--max-time", type=int, default=3600, help="seconds per harness")
     ap.add_argument("--time", action="append", default=[], help="HARNESS=SECONDS: another limit for one harness")
     ap.add_argument("--parallel", type=int, default=1, help="harnesses run at once")
+    ap.add_argument("--jobs", type=int, default=1, help="libFuzzer processes per harness, sharing its corpus")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "fuzz")
     ap.add_argument("--summary", type=Path, default=None)
     ap.add_argument("--worker", default=None)
@@ -237,12 +256,13 @@ def main() -> int:
 
     with ThreadPoolExecutor(a.parallel) as pool:
         limits = {k: int(v) for k, v in (x.split("=") for x in a.time)}
-        rows = list(pool.map(lambda h: campaign(h, a.runs, limits.get(h, a.max_time), a.out), a.harnesses))
+        rows = list(pool.map(lambda h: campaign(h, a.runs, limits.get(h, a.max_time), a.out, a.jobs), a.harnesses))
     doc = {
         "rss_limit_mb": RSS_LIMIT_MB,
         "timeout_s": TIMEOUT_S,
         "alloc_bound": f"{ALLOC_BASE} + {ALLOC_PER_BYTE} * len(input), every {ALLOC_EVERY}th input",
         "runs_asked": a.runs,
+        "jobs": a.jobs,
         "max_time_s": {h: limits.get(h, a.max_time) for h in a.harnesses},
         "python": sys.version.split()[0],
         "results": rows,

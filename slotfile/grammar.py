@@ -338,6 +338,7 @@ class Seq(Construct):
 # ---------------------------------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=8)
 def kv_cell_dtype(ext: int) -> np.dtype:
     """One single-sequence KV cell: pos, n_seq_id (always 1), [ext], seq_id."""
     fields: list[tuple[str, Any]] = [("pos", "<i4"), ("n_seq_id", "<u4")]
@@ -352,6 +353,14 @@ def kv_cell_dtype(ext: int) -> np.dtype:
 
 
 REC_CELL_DTYPE = np.dtype([("pos", "<i4"), ("n_seq_id", "<u4")])
+
+
+@functools.lru_cache(maxsize=8)
+def _cell_head_dtype(rec: bool, ext: int) -> np.dtype:
+    """The fixed head of one cell (everything before its seq ids): the stride of the
+    cell-by-cell walk of a whole-context save."""
+    dtype = REC_CELL_DTYPE if rec else kv_cell_dtype(ext)
+    return np.dtype(dtype.descr[:2] + ([] if rec else dtype.descr[2:-1]))
 
 
 @dataclass(slots=True)
@@ -388,11 +397,9 @@ class CellMeta(Construct):
     def _parse(self, stream: Any, context: Any, path: str) -> CellTable:
         n = int(evaluate(self.count, context))
         whole = bool(context._params.get("whole", False))
-        if self.rec:
-            dtype, fixed = REC_CELL_DTYPE, 0
-        else:
-            dtype, fixed = kv_cell_dtype(int(context._params.get("ext", 0))), 1
-        head = np.dtype(dtype.descr[:2] + ([] if self.rec else dtype.descr[2:-1]))
+        ext = 0 if self.rec else int(context._params.get("ext", 0))
+        dtype, fixed = (REC_CELL_DTYPE, 0) if self.rec else (kv_cell_dtype(ext), 1)
+        head = _cell_head_dtype(self.rec, ext)
         start = stream.tell()
         # every cell takes at least its fixed head: check that before reading any
         require_bytes(stream, n * head.itemsize, f"metadata of {n} cells")

@@ -9,7 +9,8 @@ appendix magic, or at the end of a checkpoint blob (slot-format.md §13.1).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import functools
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -215,8 +216,8 @@ class _Deepest:
         self.cut: Failure | None = None  # the deepest short read: where a truncated file ends
         self.memo: dict[tuple[Any, ...], Any] = {}
 
-    def note(self, exc: Exception, stream: ViewStream, layout: str) -> None:
-        f = failure_of(exc, stream, layout)
+    def note(self, exc: Exception, stream: ViewStream, layout: Callable[[], str]) -> None:
+        f = failure_of(exc, stream, layout())
         if self.best is None or f.offset > self.best.offset:
             self.best = f
         if f.code == "truncated" and (self.cut is None or f.offset > self.cut.offset):
@@ -242,7 +243,7 @@ def _parse_kv(
     whole: bool,
     has_v: bool,
     deep: _Deepest,
-    label: str,
+    label: Callable[[], str],
     extra: tuple[int, int] = (0, 0),
     legacy: bool = False,
     rot: bool = False,
@@ -311,7 +312,7 @@ def _rec_candidates(view: Any, off: int, end: int, whole: bool) -> Iterator[tupl
 
 
 def _parse_rec(
-    view: Any, off: int, end: int, whole: bool, n_rec: int, has_p: bool, deep: _Deepest, label: str
+    view: Any, off: int, end: int, whole: bool, n_rec: int, has_p: bool, deep: _Deepest, label: Callable[[], str]
 ) -> Any | None:
     key = ("REC", off, end, n_rec, has_p)
     if key in deep.memo:
@@ -345,7 +346,11 @@ def _walk(
     if not kinds:
         yield specs, parsed, off
         return
-    label = Layout((*specs, BlockSpec(MemoryKind(kinds[0]))), ext, legacy=legacy).describe()
+
+    # the failure label is only built when a parse fails (most calls are memo hits)
+    def label() -> str:
+        return Layout((*specs, BlockSpec(MemoryKind(kinds[0]))), ext, legacy=legacy).describe()
+
     if kinds[0] == KV:
         blk = _parse_kv(view, off, end, ext, whole, has_v[0], deep, label, extra, legacy, rot)
         if blk is not None:
@@ -391,7 +396,8 @@ def _walk(
                 return  # the fullest plain split that parses wins; P rows only when none does
 
 
-def _has_v_options(kinds: tuple[str, ...]) -> list[tuple[bool, ...]]:
+@functools.lru_cache(maxsize=64)
+def _has_v_options(kinds: tuple[str, ...]) -> tuple[tuple[bool, ...], ...]:
     n = len(kinds)
     opts = [tuple(True for _ in kinds), tuple(False for _ in kinds)]
     if kinds.count(KV) >= 2:  # an indexer or MLA part next to a cache with V
@@ -403,7 +409,7 @@ def _has_v_options(kinds: tuple[str, ...]) -> list[tuple[bool, ...]]:
     for o in opts:
         if o not in seen:
             seen.append(o)
-    return seen
+    return tuple(seen)
 
 
 def appendix_at(view: Any, off: int, end: int) -> bool:

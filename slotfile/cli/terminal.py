@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
+
+# what escape_text rewrites: a text without any of it is printed as it is
+_NEEDS_ESCAPE = re.compile(r"[\\\x00-\x1f\x7f-\x9f\u2028-\u202e\u2066-\u2069]")
 
 
 def escape_text(text: str, limit: int | None = None) -> str:
     """Printable form of text taken from a file: control characters escaped, length capped."""
+    if not _NEEDS_ESCAPE.search(text):
+        return text if limit is None or len(text) <= limit else text[: limit - 1] + "…"
     out = []
     for ch in text:
         o = ord(ch)

@@ -16,7 +16,9 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import tempfile
+import zlib
 from collections.abc import Callable
 from typing import Any
 
@@ -106,14 +108,19 @@ def parse(data: bytes) -> None:
 
 def dump_json(data: bytes) -> None:
     """The ``dump --json`` document (with token ids) and the text form built from it."""
-    from slotfile.cli.dump_cmd import text_lines
     from slotfile.reader import parse_buffer
-    from slotfile.report import to_json
 
     sf = parse_buffer(data)
     _check_problems(sf)
+    _dump(sf)
+
+
+def _dump(sf: SlotFile) -> None:
+    from slotfile.cli.dump_cmd import text_lines
+    from slotfile.report import to_json
+
     doc = to_json(sf, with_tokens=True)
-    text = json.dumps(doc, indent=1, ensure_ascii=True)
+    text = json.dumps(doc, ensure_ascii=True)  # no indent: the C encoder
     if json.loads(text)["verdict"] != sf.verdict:
         raise ContractError("the JSON verdict is not the file's")
     for line in text_lines(doc):
@@ -122,26 +129,60 @@ def dump_json(data: bytes) -> None:
 
 
 _CONSOLE: Any = None
+# what escape_text (cli/terminal.py) escapes: none of it may reach a cell unescaped
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 
 
 def inspect(data: bytes) -> None:
     """The ``inspect`` renderer (with --layers) into a rich Console over a StringIO."""
+    from slotfile.reader import parse_buffer
+
+    sf = parse_buffer(data)
+    _check_problems(sf)
+    for layers in (False, True):
+        _render(sf, layers, full=True)
+
+
+class _CellConsole:
+    """Stands in for the rich Console of ``inspect``: takes what the renderer prints (tables,
+    texts, strings) and checks every cell's text, without rich's layout work."""
+
+    def print(self, *objects: Any, **_kw: Any) -> None:
+        from rich.table import Table
+        from rich.text import Text
+
+        for obj in objects:
+            if isinstance(obj, Table):
+                texts = [obj.title] + [c for col in obj.columns for c in (col.header, *col._cells)]
+            else:
+                texts = [obj]
+            for t in texts:
+                plain = t.plain if isinstance(t, Text) else t
+                if not isinstance(plain, str) and plain is not None:
+                    raise ContractError(f"inspect printed a {type(plain).__name__}: {plain!r}")
+                if plain and _UNSAFE.search(plain):
+                    raise ContractError(f"inspect printed an unescaped control character: {plain!r}")
+
+
+def _render(sf: SlotFile, layers: bool, full: bool) -> None:
+    """``inspect_cmd.render``: through rich into a StringIO (``full``), or into
+    :class:`_CellConsole` (every cell checked, rich's table layout skipped)."""
     global _CONSOLE
     from rich.console import Console
 
     from slotfile.cli import inspect_cmd
-    from slotfile.reader import parse_buffer
 
+    if not full:
+        inspect_cmd.out = _CellConsole()  # type: ignore[assignment]
+        inspect_cmd.render(sf, None, layers)
+        return
     if _CONSOLE is None:
         _CONSOLE = Console(file=io.StringIO(), width=120, highlight=False, markup=False, soft_wrap=False)
-        inspect_cmd.out = _CONSOLE
+    inspect_cmd.out = _CONSOLE
     sink = _CONSOLE.file
     sink.seek(0)
     sink.truncate()
-    sf = parse_buffer(data)
-    _check_problems(sf)
-    for layers in (False, True):
-        inspect_cmd.render(sf, None, layers)
+    inspect_cmd.render(sf, None, layers)
     if "\x1b" in sink.getvalue():
         raise ContractError("an escape sequence from the file reached the terminal")
 
@@ -164,50 +205,112 @@ def _write_input(data: bytes, name: str) -> str:
     return path
 
 
-def _repair_dry(path: str, workdir: str) -> None:
-    from slotfile.reader import open_slot_file
-    from slotfile.repair import Options, Refused, run
+def _run_dry(command: str, path: str) -> None:
+    """``repair.run`` as the CLI calls it, in dry-run mode, with no model."""
+    from slotfile.repair import Options, run
+
+    report = run(command, path, None, Options(), dry_run=True)
+    json.dumps(report.to_json())
+    report.lines()
+    if report.outcome not in ("dry-run", "refused"):
+        raise ContractError(f"{command} --dry-run: outcome {report.outcome}: {report.reason}")
+
+
+def _plan(op_name: str, sf: SlotFile, workdir: str, with_model: bool) -> None:
+    """One planner called directly on an open file, in dry-run mode.  ``with_model``: a model
+    is named (never loaded in a dry run), so the planning goes past the "needs --model"
+    refusals."""
+    from slotfile.repair import Options, Refused
     from slotfile.repair.resave import resave
+    from slotfile.repair.strip_draft import strip_draft
     from slotfile.repair.truncate import truncate_recover
 
-    for command in ("truncate-recover", "strip-draft"):
-        report = run(command, path, None, Options(), dry_run=True)
-        json.dumps(report.to_json())
-        report.lines()
-        if report.outcome not in ("dry-run", "refused"):
-            raise ContractError(f"{command} --dry-run: outcome {report.outcome}: {report.reason}")
-    # with a model named (never loaded in a dry run): the planning past the "needs --model" refusals
     model = os.path.join(workdir, "model.gguf")
-    plans: list[tuple[Callable[..., Any], Any]] = [
-        (truncate_recover, Options(model=model, flash_attn=True, type_k="q8_0", checkpoint_at=[1, 2])),
-        (resave, Options(model=model, flash_attn=False, tokens="plain")),
-    ]
-    sf = open_slot_file(path)
+    op = {"truncate-recover": truncate_recover, "strip-draft": strip_draft, "re-save": resave}[op_name]
+    if not with_model:
+        opts = Options()
+    elif op_name == "re-save":
+        opts = Options(model=model, flash_attn=False, tokens="plain")
+    else:
+        opts = Options(model=model, flash_attn=True, type_k="q8_0", checkpoint_at=[1, 2])
     try:
-        for op, opts in plans:
-            try:
-                planned = op(sf, opts, workdir, dry_run=True)
-                json.dumps(planned.report.to_json())
-                planned.report.lines()
-            except Refused as e:
-                if "\n" in str(e):
-                    raise ContractError(f"a refusal spans lines: {e}") from None
-    finally:
-        sf.close()
+        planned = op(sf, opts, workdir, dry_run=True)
+        json.dumps(planned.report.to_json())
+        planned.report.lines()
+    except Refused as e:
+        if "\n" in str(e):
+            raise ContractError(f"a refusal spans lines: {e}") from None
 
 
-def repair(data: bytes) -> None:
-    """The repair planners in dry-run mode on a file in a scratch directory: nothing may be
-    written there (or anywhere) but the input itself."""
+# the dry-run plans of the repair harness: (sf, path of sf, scratch directory) -> None; the
+# first two through repair.run (the CLI's way in: it opens the file itself)
+REPAIR_PLANS: tuple[Callable[[SlotFile, str, str], None], ...] = (
+    lambda sf, path, wd: _run_dry("truncate-recover", path),
+    lambda sf, path, wd: _run_dry("strip-draft", path),
+    lambda sf, path, wd: _plan("truncate-recover", sf, wd, with_model=True),
+    lambda sf, path, wd: _plan("re-save", sf, wd, with_model=True),
+    lambda sf, path, wd: _plan("truncate-recover", sf, wd, with_model=False),
+    lambda sf, path, wd: _plan("strip-draft", sf, wd, with_model=False),
+)
+# the slot harness: the plans on its open file, and 1 input in 8 also through repair.run
+SLOT_PLANS, SLOT_RUN_EVERY = REPAIR_PLANS[2:], 8
+
+
+def _repair_input(data: bytes) -> tuple[str, str]:
+    """The input as ``input.slot`` in an empty scratch directory: (path, directory)."""
     workdir = os.path.join(_tmpdir(), "repair")
     os.makedirs(workdir, exist_ok=True)
     path = os.path.join(workdir, "input.slot")
     with open(path, "wb") as f:
         f.write(data)
-    _repair_dry(path, workdir)
+    return path, workdir
+
+
+def _nothing_written(workdir: str) -> None:
     left = sorted(os.listdir(workdir))
     if left != ["input.slot"]:
         raise ContractError(f"a dry run wrote into its directory: {left}")
+
+
+def repair(data: bytes) -> None:
+    """The repair planners in dry-run mode on a file in a scratch directory: nothing may be
+    written there (or anywhere) but the input itself."""
+    from slotfile.reader import open_slot_file
+
+    path, workdir = _repair_input(data)
+    sf = open_slot_file(path)
+    try:
+        for plan in REPAIR_PLANS[:4]:  # the direct no-model plans are what run() does
+            plan(sf, path, workdir)
+    finally:
+        sf.close()
+    _nothing_written(workdir)
+
+
+def slot(data: bytes) -> None:
+    """Every slot-file entry point on one input: the ``parse`` walk, the ``dump_json``
+    document, the ``inspect`` renderer and one of the repair plans, all on one parse.
+
+    This is the harness the million-execution campaign runs (2 cores cannot give each entry
+    point its own million).  A CRC of the input picks, reproducibly, what varies: the repair
+    plan (1 in 4 each, and 1 input in 8 also through ``repair.run``, which parses again),
+    ``--layers`` (1 in 2) and whether rich lays the tables out (1 in 16; otherwise every
+    cell's text is checked by :class:`_CellConsole`, skipping rich's layout work)."""
+    from slotfile.reader import open_slot_file
+
+    pick = zlib.crc32(data)
+    path, workdir = _repair_input(data)
+    sf = open_slot_file(path)
+    try:
+        walk(sf)
+        _dump(sf)
+        _render(sf, layers=bool(pick & 1), full=(pick >> 1) % 16 == 0)
+        SLOT_PLANS[(pick >> 5) % len(SLOT_PLANS)](sf, path, workdir)
+        if (pick >> 7) % SLOT_RUN_EVERY == 0:
+            REPAIR_PLANS[(pick >> 10) % 2](sf, path, workdir)
+    finally:
+        sf.close()
+    _nothing_written(workdir)
 
 
 def gguf(data: bytes) -> None:
@@ -289,4 +392,5 @@ HARNESSES: dict[str, Callable[[bytes], None]] = {
     "repair": repair,
     "gguf": gguf,
     "appendix": appendix,
+    "slot": slot,
 }

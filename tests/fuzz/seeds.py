@@ -179,6 +179,7 @@ def corpora() -> dict[str, dict[str, bytes]]:
         "dump_json": slots,
         "inspect": slots,
         "repair": slots,
+        "slot": slots,
         "gguf": gguf_seeds(),
         "appendix": appendix_seeds(slots),
     }
