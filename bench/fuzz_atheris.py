@@ -1,22 +1,28 @@
 """Coverage-guided fuzz campaign with atheris (libFuzzer) over the harnesses of tests/fuzz.
 
-    .venv/bin/python bench/fuzz_atheris.py [HARNESS ...] [--runs N] [--max-time S] [--parallel K]
-                                           [--out bench/out/fuzz] [--summary bench/fuzz-campaign.json]
+    .venv/bin/python bench/fuzz_atheris.py [HARNESS ...] [--runs N] [--max-time S] [--jobs K]
+                                           [--parallel P] [--out bench/out/fuzz] [--summary F.json]
 
-For each harness (tests/fuzz/harnesses.py: parse, dump_json, inspect, repair, gguf, appendix)
-it writes the seed corpus (tests/fuzz/seeds.py) and runs one libFuzzer process, under
-``nice -n 10``, until ``--runs`` executions or ``--max-time`` seconds, whichever comes first:
+For each harness (default: the campaign's, tests.fuzz.harnesses.CAMPAIGN: slot, appendix,
+gguf; the focused ones, parse, dump_json, inspect, repair, by name) it writes the seed corpus
+(tests/fuzz/seeds.py) and runs ``--jobs`` libFuzzer processes on that corpus (each its own
+``-seed`` and ``--runs / jobs`` executions, reloading what the others find), under
+``nice -n 10``, until the runs or ``--max-time`` seconds, whichever comes first.  Every
+slotfile module is instrumented (imported inside ``atheris.instrument_imports``).
 
-* ``-timeout=1``: an input slower than 1 s is a finding (libFuzzer kills the run and keeps it);
-* ``-rss_limit_mb=RSS_LIMIT_MB``: peak RSS of the whole process bounded;
+* ``-timeout=TIMEOUT_S``: the hang bound of the instrumented run; every input slower than
+  ``CONTRACT_S`` there is kept as ``slow-*`` and replayed uninstrumented with the whole final
+  corpus, where each must finish within ``CONTRACT_S`` (1 s);
+* ``-rss_limit_mb=RSS_LIMIT_MB``: peak RSS of each process bounded;
 * every ``ALLOC_EVERY``-th input runs under tracemalloc: its peak Python/numpy allocation must
-  stay under ``ALLOC_BASE + ALLOC_PER_BYTE * len(input)`` (no allocation sized by a length field);
+  stay under ``ALLOC_BASE + ALLOC_PER_BYTE * len(input)`` (no allocation sized by a length
+  field); the replay measures every corpus input so;
 * any exception out of a harness (ContractError included) is a finding: libFuzzer writes the
-  input as ``crash-*`` into the harness's output folder.
+  input as ``crash-*`` into the harness's ``artifacts`` folder.
 
 The summary (executions, seconds, exec/s, ``cov:`` / ``ft:`` of libFuzzer's last status line,
-corpus size, peak RSS, findings) goes to ``--summary`` (JSON) and is printed as a markdown table.
-``--worker HARNESS`` is the libFuzzer process itself (the parent starts it).
+corpus size, peak RSS, findings, replay) goes to ``--summary`` (JSON) and is printed as a
+markdown table.  ``--worker HARNESS`` is one libFuzzer process (the parent starts them).
 """
 
 from __future__ import annotations
@@ -44,7 +50,7 @@ CONTRACT_S = 1.0
 ALLOC_EVERY = 64
 ALLOC_BASE = 4 << 20  # 4 MiB: rich tables, JSON text, construct containers of small inputs
 ALLOC_PER_BYTE = 16  # the parsed structures and rendered text of an input of N bytes
-HARNESS_NAMES = ("parse", "dump_json", "inspect", "repair", "gguf", "appendix", "slot")
+HARNESS_NAMES = ("slot", "appendix", "gguf")  # the campaign (tests.fuzz.harnesses.CAMPAIGN)
 MAX_LEN = {"gguf": 65536}  # the others: tests/fuzz/seeds.MAX_LEN
 
 

@@ -145,3 +145,26 @@ def test_atheris_driver_runs(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr[-3000:]
     assert "Done 300 runs" in res.stderr
     assert not [p for p in artifacts.iterdir() if not p.name.startswith("slow-")]
+
+
+def test_the_cell_console_catches_what_escape_text_would_have_escaped() -> None:
+    """The slot harness checks inspect's cells instead of rich's output for most inputs: the
+    check must see a control character in a title, a header or a cell, as Text or str."""
+    from rich.table import Table
+    from rich.text import Text
+
+    from tests.fuzz.harnesses import _CellConsole
+
+    con = _CellConsole()
+    clean = Table(title="memory layers")
+    clean.add_column("block")
+    clean.add_row(Text("kv \\x1b"), "rows")
+    con.print(clean, Text("slot.bin"), "plain")
+    for bad in ("\x1b[31m", "\x07", "\u202e", "a\nb", "\x9b"):
+        table = Table(title="sections")
+        table.add_column("name")
+        table.add_row(f"x{bad}")  # a str cell (rich's Text drops BEL, BS, VT, FF, CR itself)
+        with pytest.raises(ContractError):
+            con.print(table)
+        with pytest.raises(ContractError):
+            con.print(f"x{bad}")

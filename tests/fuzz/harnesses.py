@@ -1,4 +1,9 @@
-"""Fuzz harnesses: one function per library entry point, each taking the fuzzer's bytes.
+"""Fuzz harnesses: functions of the fuzzer's bytes over the library's entry points.
+
+``slot`` puts every slot-file entry point (reader, dump document, inspect renderer, repair
+planners) through one input; ``appendix`` and ``gguf`` drive the SCKP/SDFT walkers and the
+GGUF metadata reader.  The focused harnesses (``parse``, ``dump_json``, ``inspect``,
+``repair``) take one slot-file entry point each, for working on a finding.
 
 Every harness drives the entry point the way a user (or the CLI) would and touches every lazy
 object it hands back.  The contract: no uncaught exception (a GGUF the reader cannot take is a
@@ -385,12 +390,15 @@ def _touch_frame(view: memoryview, item: Any, end: int) -> None:
             ap.blob_seq_id(view, b.data_offset, b.end)
 
 
-HARNESSES: dict[str, Callable[[bytes], None]] = {
+# The campaign's harnesses: together they reach every entry point (bench/fuzz_atheris.py runs
+# these by default).
+CAMPAIGN: dict[str, Callable[[bytes], None]] = {"slot": slot, "appendix": appendix, "gguf": gguf}
+# One slot-file entry point each, and all of it per input (both inspect forms through rich,
+# every repair plan): to reproduce, minimise or dig into a finding of ``slot``.
+FOCUSED: dict[str, Callable[[bytes], None]] = {
     "parse": parse,
     "dump_json": dump_json,
     "inspect": inspect,
     "repair": repair,
-    "gguf": gguf,
-    "appendix": appendix,
-    "slot": slot,
 }
+HARNESSES: dict[str, Callable[[bytes], None]] = {**CAMPAIGN, **FOCUSED}
