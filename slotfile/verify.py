@@ -43,6 +43,7 @@ from .expect import expect_from_model
 from .ggml_types import TypeId
 from .loader import (
     LIB_ENV,
+    DeepResult,
     Library,
     LoaderError,
     LoaderPool,
@@ -464,16 +465,7 @@ def level_load(
     if pool is None or res is None:
         return lv.skip("no --model")
     info = pool.info
-    vmsg = version_message(sf, info.get("state_seq_version"), library_label(info), tried)
-    if sf.format == "GGSN" and sf.version is not None and sf.version != info.get("session_version"):
-        known = GGSN_VERSIONS.get(sf.version, "no known llama.cpp line")
-        vmsg = (
-            f"this session file has version {sf.version}, the loader ({library_label(info)}) only loads session "
-            f"version {info.get('session_version')}"
-            + (f" ({tried})" if tried else "")
-            + f": pass --llama-lib DIR with a llama.cpp build that writes session version {sf.version}; "
-            f"version {sf.version} is written by {known}."
-        )
+    vmsg = _load_version_message(sf, info, tried)
     lv.details = {
         "library": info.get("library"),
         "body_bytes": res.body_bytes,
@@ -508,6 +500,27 @@ def level_load(
             sf.body.offset,
             f"llama.cpp's loader stopped at offset {res.body_bytes}; the reader's body ends at {sf.body.end}",
         )
+    _appendix_load_problems(lv, sf, res, draft_model)
+    return lv.finish()
+
+
+def _load_version_message(sf: SlotFile, info: dict[str, Any], tried: str | None) -> str | None:
+    """Why the loader's llama.cpp cannot judge a file of another state or session version."""
+    if sf.format == "GGSN" and sf.version is not None and sf.version != info.get("session_version"):
+        known = GGSN_VERSIONS.get(sf.version, "no known llama.cpp line")
+        return (
+            f"this session file has version {sf.version}, the loader ({library_label(info)}) only loads session "
+            f"version {info.get('session_version')}"
+            + (f" ({tried})" if tried else "")
+            + f": pass --llama-lib DIR with a llama.cpp build that writes session version {sf.version}; "
+            f"version {sf.version} is written by {known}."
+        )
+    return version_message(sf, info.get("state_seq_version"), library_label(info), tried)
+
+
+def _appendix_load_problems(lv: Level, sf: SlotFile, res: LoadResult, draft_model: bool) -> None:
+    """What the loader said of the SCKP checkpoints and the SDFT draft state of a file whose
+    body restored."""
     for note in res.notes:
         lv.warn(
             "appendix-ignored",
@@ -536,7 +549,6 @@ def level_load(
             None,
             "the file holds draft state; give --draft-model to test-load it",
         )
-    return lv.finish()
 
 
 # ---------------------------------------------------------------------------------------
@@ -817,12 +829,6 @@ def compare_bodies(
     """Per-layer statistics of the file's state against the recomputed one, each against the
     noise floor (:func:`judge_run`); problems into ``lv``."""
     inp = inputs or DeepInputs()
-    floors: dict[tuple[str, str, int], tuple[LayerRun, np.ndarray | None]] = {}
-    if inp.floor_body is not None and inp.floor_body.layout is not None:
-        for rb, bb in zip(rec_body.blocks, inp.floor_body.blocks, strict=False):
-            for _sec, ar, br, bpos in _pairs(rb, bb):
-                if ar is not None and br is not None:
-                    floors[(rb.role, ar.part, ar.index)] = (br, bpos)
     rows: list[dict[str, Any]] = []
     if rec_body.layout is None or file_body.layout is None:
         lv.error("deep-internal", "body", file_body.offset, "the recomputed state does not parse")
@@ -835,32 +841,9 @@ def compare_bodies(
             f"the file holds {file_body.layout.describe()}; recomputing gives {rec_body.layout.describe()}",
         )
         return rows
+    floors = _floor_runs(rec_body, inp.floor_body)
     for fb, rb in zip(file_body.blocks, rec_body.blocks, strict=False):
-        before = len(lv.problems)
-        if fb.kind == "KV":
-            for fs, rs in zip(fb.streams, rb.streams, strict=False):
-                if fs.cell_count != rs.cell_count:
-                    lv.error(
-                        "deep-cells",
-                        f"body.{fb.role}.stream[{fs.index}]",
-                        fs.offset,
-                        f"{fs.cell_count} cells; recomputing the tokens gives {rs.cell_count}",
-                    )
-                elif fs.cell_count and not np.array_equal(fs.positions, rs.positions):
-                    lv.error(
-                        "deep-positions",
-                        f"body.{fb.role}.stream[{fs.index}]",
-                        fs.offset,
-                        "cell positions differ from those of the recomputed state",
-                    )
-        elif fb.cell_count != rb.cell_count:
-            lv.error(
-                "deep-cells",
-                f"body.{fb.role}",
-                fb.offset,
-                f"{fb.cell_count} cells; recomputing the tokens gives {rb.cell_count}",
-            )
-        if len(lv.problems) > before:
+        if _cells_differ(lv, fb, rb):
             continue  # different cells: a row-by-row comparison means nothing
         for sec, fr, rr, pos in _pairs(fb, rb):
             if fr is None or rr is None:
@@ -872,8 +855,7 @@ def compare_bodies(
                     fr.offset if fr else None,
                     f"{run.part} layer {run.index} present in only one of file and recomputed state",
                 )
-                continue
-            if (fr.type_id, fr.row_size, fr.transposed) != (rr.type_id, rr.row_size, rr.transposed):
+            elif (fr.type_id, fr.row_size, fr.transposed) != (rr.type_id, rr.row_size, rr.transposed):
                 lv.error(
                     "deep-layout",
                     sec,
@@ -881,62 +863,125 @@ def compare_bodies(
                     f"{fr.part} layer {fr.index}: {fr.type_name} rows of "
                     f"{fr.row_size} B; the recomputed state has {rr.type_name} rows of {rr.row_size} B",
                 )
-                continue
-            head = inp.head_k if fr.part == "K" else inp.head_v
-            cs = cell_stats(fr, rr, head)
-            s_st = cs.summary()
-            f_st = None
-            fb_run = floors.get((fb.role, rr.part, rr.index))
-            if fb_run is not None:
-                f_st = cell_stats(rr, fb_run[0], head).summary(_tail_cells(rr, fb_run[1], inp.n_tokens, inp.tail))
-            tol_class = tolerance_class(fr.type_id)
-            j = judge_run(s_st, f_st, tol_class)
-            cell = j["cell"] if s_st.finite else s_st.first_bad
-            p = int(pos[cell]) if pos is not None and 0 <= cell < len(pos) else None
-            row = {
-                "section": sec,
-                "block": fb.role,
-                "part": fr.part,
-                "layer": fr.index,
-                "type": fr.type_name,
-                "cells": fr.n_cells,
-                "max_abs": s_st.max_abs,
-                "rel": s_st.layer_rel,
-                "worst_cell_rel": s_st.rel,
-                **{k: v for k, v in j.items() if k != "cell"},
-                "worst_cell": cell,
-                "worst_pos": p,
-                "limit": MARGIN_LIMIT,
-            }
-            rows.append(row)
-            if not s_st.finite:
-                lv.error(
-                    "deep-nonfinite",
-                    sec,
-                    fr.data.offset,
-                    f"{fr.part} layer {fr.index}: non-finite values (first in cell {cell})",
-                )
-            elif j["ratio"] > MARGIN_LIMIT:
-                at = f"cell {cell}" + (f" (position {p})" if p is not None else "")
-                what = {
-                    "angle": f"a head at {j['angle']:.3g} degrees from the recomputed one",
-                    "lnorm": f"a head norm off by a factor {np.exp(j['lnorm']):.3g}",
-                    "median": f"a median head angle of {j['median_angle']:.3g} degrees over all cells",
-                }[j["by"]]
-                fl = {
-                    "angle": f"{j['floor']['angle']:.3g} degrees",
-                    "lnorm": f"a factor {np.exp(j['floor']['lnorm']):.3g}",
-                    "median": f"{j['floor']['median']:.3g} degrees",
-                }[j["by"]]
-                lv.error(
-                    "deep-mismatch",
-                    sec,
-                    fr.data.offset + (cell * fr.row_size if not fr.transposed and cell >= 0 else 0),
-                    f"{fr.part} layer {fr.index} ({fr.type_name}): {at} differs from the recomputed value by "
-                    f"{j['ratio']:.3g} noise floors ({what}; the floor is {fl}; limit {MARGIN_LIMIT:g} floors, "
-                    f"relative difference {100 * s_st.rel:.3g}%)",
-                )
+            else:
+                rows.append(_compare_run(lv, inp, sec, fb.role, fr, rr, pos, floors.get((fb.role, rr.part, rr.index))))
     return rows
+
+
+_Floors = dict[tuple[str, str, int], tuple[LayerRun, np.ndarray | None]]
+
+
+def _floor_runs(rec_body: Body, floor_body: Body | None) -> _Floors:
+    """The noise-floor state's run for each (block role, part, layer) of the recomputed state."""
+    floors: _Floors = {}
+    if floor_body is not None and floor_body.layout is not None:
+        for rb, bb in zip(rec_body.blocks, floor_body.blocks, strict=False):
+            for _sec, ar, br, bpos in _pairs(rb, bb):
+                if ar is not None and br is not None:
+                    floors[(rb.role, ar.part, ar.index)] = (br, bpos)
+    return floors
+
+
+def _cells_differ(lv: Level, fb: MemoryBlock, rb: MemoryBlock) -> bool:
+    """Cell counts or positions of the file's block differ from the recomputed block's:
+    problems into ``lv``; True when any was found."""
+    before = len(lv.problems)
+    if fb.kind == "KV":
+        for fs, rs in zip(fb.streams, rb.streams, strict=False):
+            if fs.cell_count != rs.cell_count:
+                lv.error(
+                    "deep-cells",
+                    f"body.{fb.role}.stream[{fs.index}]",
+                    fs.offset,
+                    f"{fs.cell_count} cells; recomputing the tokens gives {rs.cell_count}",
+                )
+            elif fs.cell_count and not np.array_equal(fs.positions, rs.positions):
+                lv.error(
+                    "deep-positions",
+                    f"body.{fb.role}.stream[{fs.index}]",
+                    fs.offset,
+                    "cell positions differ from those of the recomputed state",
+                )
+    elif fb.cell_count != rb.cell_count:
+        lv.error(
+            "deep-cells",
+            f"body.{fb.role}",
+            fb.offset,
+            f"{fb.cell_count} cells; recomputing the tokens gives {rb.cell_count}",
+        )
+    return len(lv.problems) > before
+
+
+def _compare_run(
+    lv: Level,
+    inp: DeepInputs,
+    sec: str,
+    role: str,
+    fr: LayerRun,
+    rr: LayerRun,
+    pos: np.ndarray | None,
+    floor: tuple[LayerRun, np.ndarray | None] | None,
+) -> dict[str, Any]:
+    """One layer's rows of the file against the recomputed ones, judged against the noise
+    floor between two recomputations: the layer's report row; a problem into ``lv`` when the
+    values are not finite or differ by more than MARGIN_LIMIT floors."""
+    head = inp.head_k if fr.part == "K" else inp.head_v
+    s_st = cell_stats(fr, rr, head).summary()
+    f_st = None
+    if floor is not None:
+        f_st = cell_stats(rr, floor[0], head).summary(_tail_cells(rr, floor[1], inp.n_tokens, inp.tail))
+    j = judge_run(s_st, f_st, tolerance_class(fr.type_id))
+    cell = j["cell"] if s_st.finite else s_st.first_bad
+    p = int(pos[cell]) if pos is not None and 0 <= cell < len(pos) else None
+    row = {
+        "section": sec,
+        "block": role,
+        "part": fr.part,
+        "layer": fr.index,
+        "type": fr.type_name,
+        "cells": fr.n_cells,
+        "max_abs": s_st.max_abs,
+        "rel": s_st.layer_rel,
+        "worst_cell_rel": s_st.rel,
+        **{k: v for k, v in j.items() if k != "cell"},
+        "worst_cell": cell,
+        "worst_pos": p,
+        "limit": MARGIN_LIMIT,
+    }
+    if not s_st.finite:
+        lv.error(
+            "deep-nonfinite",
+            sec,
+            fr.data.offset,
+            f"{fr.part} layer {fr.index}: non-finite values (first in cell {cell})",
+        )
+    elif j["ratio"] > MARGIN_LIMIT:
+        lv.error(
+            "deep-mismatch",
+            sec,
+            fr.data.offset + (cell * fr.row_size if not fr.transposed and cell >= 0 else 0),
+            _mismatch_message(fr, j, cell, p, s_st.rel),
+        )
+    return row
+
+
+def _mismatch_message(fr: LayerRun, j: dict[str, Any], cell: int, p: int | None, rel: float) -> str:
+    at = f"cell {cell}" + (f" (position {p})" if p is not None else "")
+    what = {
+        "angle": f"a head at {j['angle']:.3g} degrees from the recomputed one",
+        "lnorm": f"a head norm off by a factor {np.exp(j['lnorm']):.3g}",
+        "median": f"a median head angle of {j['median_angle']:.3g} degrees over all cells",
+    }[j["by"]]
+    fl = {
+        "angle": f"{j['floor']['angle']:.3g} degrees",
+        "lnorm": f"a factor {np.exp(j['floor']['lnorm']):.3g}",
+        "median": f"{j['floor']['median']:.3g} degrees",
+    }[j["by"]]
+    return (
+        f"{fr.part} layer {fr.index} ({fr.type_name}): {at} differs from the recomputed value by "
+        f"{j['ratio']:.3g} noise floors ({what}; the floor is {fl}; limit {MARGIN_LIMIT:g} floors, "
+        f"relative difference {100 * rel:.3g}%)"
+    )
 
 
 def _deep_preconditions(sf: SlotFile, n_vocab: int) -> str | None:
@@ -1068,7 +1113,6 @@ def level_deep(
         fd, out = tempfile.mkstemp(prefix="slotfile-deep-", suffix=".slot")
         os.close(fd)
         outs.append(out)
-    n_batch, n_ubatch = opts.n_batch, opts.n_ubatch
     try:
         res = pool.deep(
             path,
@@ -1077,76 +1121,20 @@ def level_deep(
             outs[0],
             settings,
             timeout=opts.timeout,
-            batch=n_batch,
-            n_ubatch=n_ubatch,
+            batch=opts.n_batch,
+            n_ubatch=opts.n_ubatch,
             tail=TAIL,
             out_floor=outs[1],
         )
-        if not res.ok:
+        if res.ok:
+            _judge_deep(lv, body, tokens, res, outs[0], opts.model)
+        else:
             lv.error(
                 "crashed" if res.crashed else "deep-failed",
                 "body",
                 body.offset,
                 ("llama.cpp crashed: " if res.crashed else "recompute failed: ") + res.message,
             )
-            return lv.finish()
-        rec = open_slot_file(outs[0])
-        flo = open_slot_file(res.floor) if res.floor else None
-        hk, hv = head_sizes(opts.model)
-        inputs = DeepInputs(flo.body if flo else None, hk, hv, len(tokens), res.tail)
-        rot = rotation_check(body, rec.body, hk, hv) if rec.body is not None else None
-        if rot is not None and not rot["matches"]:
-            lv.error(
-                "deep-rotation",
-                "body",
-                body.offset,
-                f"the stored K/V were computed with rotation {rot['stored']}; this llama.cpp's recompute is "
-                f"{rot['recompute']} (median head angle {rot['median_angle_as_recomputed']:.3g} degrees as "
-                f"recomputed, {rot['median_angle_other_setting']:.3g} with the rotation undone): restored here, "
-                "attention reads the cache in the wrong basis"
-                + (
-                    "; load it with LLAMA_ATTN_ROT_DISABLE=1"
-                    if rot["stored"].startswith("disabled")
-                    else "; load it without LLAMA_ATTN_ROT_DISABLE"
-                ),
-            )
-            rows: list[dict[str, Any]] = []
-        else:
-            rows = compare_bodies(lv, body, rec.body, inputs)  # type: ignore[arg-type]
-        lg = res.logits or {}
-        tol_class = max(
-            (tolerance_class(r.type_id) for b in body.blocks for r in b.runs()),
-            key=lambda c: LOGITS_MIN_FLOOR[c],
-            default="float",
-        )
-        lfloor = max(float(lg.get("floor_rel", 0.0)), LOGITS_MIN_FLOOR[tol_class])
-        lratio = float(lg.get("rel", 0.0)) / lfloor
-        if not lg.get("all_finite", True):
-            lv.error("deep-logits", "body", body.offset, "non-finite next-token logits after restoring the file")
-        elif lratio > MARGIN_LIMIT and not any(p["code"] == "deep-rotation" for p in lv.problems):
-            lv.error(
-                "deep-logits",
-                "body",
-                body.offset,
-                f"next-token logits after restoring differ from those after recomputing the tokens by "
-                f"{lratio:.3g} noise floors ({100 * lg['rel']:.3g}%; floor {100 * lfloor:.3g}%, limit "
-                f"{MARGIN_LIMIT:g}; top token {lg['top5_restored'][0]} vs {lg['top5_recomputed'][0]})",
-            )
-        worst = max(rows, key=lambda r: r["ratio"], default=None)
-        lv.details = {
-            "layers": rows,
-            "logits": dict(lg, floor=lfloor, ratio=round(lratio, 3)),
-            "probe_token": tokens[-1],
-            "n_batch": res.n_batch,
-            "n_ubatch": res.n_ubatch,
-            "tail": res.tail,
-            "limit": MARGIN_LIMIT,
-            "margin": worst["ratio"] if worst else 0.0,
-            "worst": {k: worst[k] for k in ("section", "part", "layer", "ratio", "by", "worst_pos")} if worst else None,
-            "rotation": rot,
-            "min_floor": MIN_FLOOR,
-        }
-        del rec, flo
     finally:
         for o in outs:
             try:
@@ -1154,6 +1142,80 @@ def level_deep(
             except OSError:
                 pass
     return lv.finish()
+
+
+def _judge_deep(lv: Level, body: Body, tokens: list[int], res: DeepResult, rec_path: str, model: str | None) -> None:
+    """The file's state against the recomputed one (rotation, then every layer against the
+    noise floor) and the next-token logits: problems into ``lv``, the figures into its details."""
+    rec = open_slot_file(rec_path)
+    flo = open_slot_file(res.floor) if res.floor else None
+    try:
+        hk, hv = head_sizes(model)
+        inputs = DeepInputs(flo.body if flo else None, hk, hv, len(tokens), res.tail)
+        rot = rotation_check(body, rec.body, hk, hv) if rec.body is not None else None
+        rows: list[dict[str, Any]] = []
+        if rot is not None and not rot["matches"]:
+            lv.error("deep-rotation", "body", body.offset, _rotation_message(rot))
+        else:
+            rows = compare_bodies(lv, body, rec.body, inputs)  # type: ignore[arg-type]
+    finally:
+        rec.close()
+        if flo is not None:
+            flo.close()
+    lg = res.logits or {}
+    lfloor, lratio = _check_logits(lv, body, lg)
+    worst = max(rows, key=lambda r: r["ratio"], default=None)
+    lv.details = {
+        "layers": rows,
+        "logits": dict(lg, floor=lfloor, ratio=round(lratio, 3)),
+        "probe_token": tokens[-1],
+        "n_batch": res.n_batch,
+        "n_ubatch": res.n_ubatch,
+        "tail": res.tail,
+        "limit": MARGIN_LIMIT,
+        "margin": worst["ratio"] if worst else 0.0,
+        "worst": {k: worst[k] for k in ("section", "part", "layer", "ratio", "by", "worst_pos")} if worst else None,
+        "rotation": rot,
+        "min_floor": MIN_FLOOR,
+    }
+
+
+def _rotation_message(rot: dict[str, Any]) -> str:
+    fix = (
+        "load it with LLAMA_ATTN_ROT_DISABLE=1"
+        if rot["stored"].startswith("disabled")
+        else "load it without LLAMA_ATTN_ROT_DISABLE"
+    )
+    return (
+        f"the stored K/V were computed with rotation {rot['stored']}; this llama.cpp's recompute is "
+        f"{rot['recompute']} (median head angle {rot['median_angle_as_recomputed']:.3g} degrees as "
+        f"recomputed, {rot['median_angle_other_setting']:.3g} with the rotation undone): restored here, "
+        f"attention reads the cache in the wrong basis; {fix}"
+    )
+
+
+def _check_logits(lv: Level, body: Body, lg: dict[str, Any]) -> tuple[float, float]:
+    """Next-token logits after restoring the file against those after recomputing, judged
+    against their floor (at least LOGITS_MIN_FLOOR of the body's coarsest type): (floor, ratio)."""
+    tol_class = max(
+        (tolerance_class(r.type_id) for b in body.blocks for r in b.runs()),
+        key=lambda c: LOGITS_MIN_FLOOR[c],
+        default="float",
+    )
+    lfloor = max(float(lg.get("floor_rel", 0.0)), LOGITS_MIN_FLOOR[tol_class])
+    lratio = float(lg.get("rel", 0.0)) / lfloor
+    if not lg.get("all_finite", True):
+        lv.error("deep-logits", "body", body.offset, "non-finite next-token logits after restoring the file")
+    elif lratio > MARGIN_LIMIT and not any(p["code"] == "deep-rotation" for p in lv.problems):
+        lv.error(
+            "deep-logits",
+            "body",
+            body.offset,
+            f"next-token logits after restoring differ from those after recomputing the tokens by "
+            f"{lratio:.3g} noise floors ({100 * lg['rel']:.3g}%; floor {100 * lfloor:.3g}%, limit "
+            f"{MARGIN_LIMIT:g}; top token {lg['top5_restored'][0]} vs {lg['top5_recomputed'][0]})",
+        )
+    return lfloor, lratio
 
 
 # ---------------------------------------------------------------------------------------

@@ -39,8 +39,9 @@ from .server_common import server_and_model, server_dict, wide_console
 from .terminal import escape_text, human_size
 
 if TYPE_CHECKING:
+    from slotfile.repair.batch import FileResult
     from slotfile.restorecheck import Checker, Restore
-    from slotfile.slotdir import FileSummary
+    from slotfile.slotdir import DirScan, FileSummary
 
 SCHEMA = "slotfile.restore/1"
 _SHORT = {
@@ -246,24 +247,11 @@ def run_resave_dir(
     json_out: bool,
     timeout: float = 600.0,
 ) -> int:
-    if server_args is None:
-        fail("re-save of a directory needs --server-args (the flags of the server the files are for)", "re-save")
-        return USAGE
-    if outdir is None:
-        fail("re-save of a directory needs -o OUTDIR", "re-save")
-        return USAGE
-    got = server_and_model(server_args, model, "re-save")
+    got = _resave_dir_args(root, outdir, server_args, model)
     if isinstance(got, int):
         return got
-    server, model_path = got
-    rin, rout = os.path.realpath(root), os.path.realpath(outdir)
-    if rout == rin or rout.startswith(rin + os.sep):
-        fail(f"{outdir} lies inside {root}: choose an output directory outside it", "re-save")
-        return USAGE
-    if os.path.lexists(outdir) and (os.path.islink(outdir) or not os.path.isdir(outdir)):
-        fail(f"{outdir} exists and is not a directory", "re-save")
-        return USAGE
-    from slotfile.repair.batch import FileResult, convert_one, outputs_in_the_way
+    server, model_path, outdir = got
+    from slotfile.repair.batch import outputs_in_the_way
     from slotfile.slotdir import scan_dir
 
     t0 = time.monotonic()
@@ -277,20 +265,8 @@ def run_resave_dir(
     checker = _start(server, model_path, 1, 0, timeout, "re-save")
     if isinstance(checker, int):
         return checker
-    results: list[FileResult] = []
-    errors = list(scan.errors)
     try:
-        with _progress(len(scan.slots), "converting") as progress:
-            task = progress.add_task("converting", total=len(scan.slots))
-            for e in scan.slots:
-                s, r = checker.check(e.path, e.rel, e.size, e.mtime)
-                if r is None:
-                    errors.append(s.error or f"{e.path}: cannot be read")
-                else:
-                    results.append(
-                        convert_one(e, r, str(outdir), checker, force=force, dry_run=dry_run, timeout=timeout)
-                    )
-                progress.update(task, advance=1, description=f"{escape_text(e.rel, 40)}")
+        results, errors = _convert_all(scan, checker, outdir, force=force, dry_run=dry_run, timeout=timeout)
     finally:
         checker.close()
     for line in errors:
@@ -320,7 +296,59 @@ def run_resave_dir(
             "exit_code": rc,
         }
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
-        return rc
+    else:
+        _print_resave_dir(results, counts, scan, elapsed, dry_run)
+    return rc
+
+
+def _resave_dir_args(
+    root: Path, outdir: Path | None, server_args: str | None, model: Path | None
+) -> int | tuple[ServerSettings, str | None, Path]:
+    """The usage checks of a directory re-save: (server, model, output directory), or the
+    exit code after saying what is wrong."""
+    if server_args is None:
+        fail("re-save of a directory needs --server-args (the flags of the server the files are for)", "re-save")
+        return USAGE
+    if outdir is None:
+        fail("re-save of a directory needs -o OUTDIR", "re-save")
+        return USAGE
+    got = server_and_model(server_args, model, "re-save")
+    if isinstance(got, int):
+        return got
+    rin, rout = os.path.realpath(root), os.path.realpath(outdir)
+    if rout == rin or rout.startswith(rin + os.sep):
+        fail(f"{outdir} lies inside {root}: choose an output directory outside it", "re-save")
+        return USAGE
+    if os.path.lexists(outdir) and (os.path.islink(outdir) or not os.path.isdir(outdir)):
+        fail(f"{outdir} exists and is not a directory", "re-save")
+        return USAGE
+    return got[0], got[1], outdir
+
+
+def _convert_all(
+    scan: DirScan, checker: Checker, outdir: Path, *, force: bool, dry_run: bool, timeout: float
+) -> tuple[list[FileResult], list[str]]:
+    """Each slot file of the scan checked against the server, and converted where it needs to
+    be: (one result per readable file, the errors)."""
+    from slotfile.repair.batch import convert_one
+
+    results: list[FileResult] = []
+    errors = list(scan.errors)
+    with _progress(len(scan.slots), "converting") as progress:
+        task = progress.add_task("converting", total=len(scan.slots))
+        for e in scan.slots:
+            s, r = checker.check(e.path, e.rel, e.size, e.mtime)
+            if r is None:
+                errors.append(s.error or f"{e.path}: cannot be read")
+            else:
+                results.append(convert_one(e, r, str(outdir), checker, force=force, dry_run=dry_run, timeout=timeout))
+            progress.update(task, advance=1, description=f"{escape_text(e.rel, 40)}")
+    return results, errors
+
+
+def _print_resave_dir(
+    results: list[FileResult], counts: dict[str, int], scan: DirScan, elapsed: float, dry_run: bool
+) -> None:
     from .common import out
 
     for x in results:
@@ -335,4 +363,3 @@ def run_resave_dir(
         + (" (dry run: nothing written)" if dry_run else ""),
         soft_wrap=True,
     )
-    return rc

@@ -134,14 +134,9 @@ def _run_verify(
     n_batch: int = 0,
     n_ubatch: int = 0,
 ) -> int:
-    if deep and model is None:
-        fail("--deep needs --model (the recompute runs the model)")
-        return USAGE
-    if draft_model is not None and model is None:
-        fail("--draft-model needs --model")
-        return USAGE
-    if jobs < 1:
-        fail("--jobs must be at least 1")
+    usage = _usage_error(deep, model, draft_model, jobs)
+    if usage is not None:
+        fail(usage)
         return USAGE
     t0 = time.monotonic()
     files, errors = collect(paths)
@@ -175,16 +170,10 @@ def _run_verify(
     finally:
         verifier.close()
     elapsed = time.monotonic() - t0
-    if any(r.error for r in reports):
-        for r in reports:
-            if r.error:
-                fail(r.error)
-    if errors or any(r.verdict == "error" for r in reports):
-        rc = OPERATIONAL
-    elif any(r.verdict == "fail" for r in reports):
-        rc = PROBLEMS
-    else:
-        rc = OK
+    for r in reports:
+        if r.error:
+            fail(r.error)
+    rc = _exit_code(errors, reports)
     doc = document(reports, errors, opts, loaders, elapsed, rc)
     if junit is not None:
         try:
@@ -199,6 +188,25 @@ def _run_verify(
         base = paths[0] if len(paths) == 1 and paths[0].is_dir() else None
         render(reports, loaders, elapsed, structure_only=opts.model is None, quiet=quiet, base=base)
     return rc
+
+
+def _usage_error(deep: bool, model: Path | None, draft_model: Path | None, jobs: int) -> str | None:
+    if deep and model is None:
+        return "--deep needs --model (the recompute runs the model)"
+    if draft_model is not None and model is None:
+        return "--draft-model needs --model"
+    if jobs < 1:
+        return "--jobs must be at least 1"
+    return None
+
+
+def _exit_code(errors: list[str], reports: list[FileReport]) -> int:
+    """OPERATIONAL when a file could not be read or checked, PROBLEMS when one fails, else OK."""
+    if errors or any(r.verdict == "error" for r in reports):
+        return OPERATIONAL
+    if any(r.verdict == "fail" for r in reports):
+        return PROBLEMS
+    return OK
 
 
 def _run_with_progress(verifier: Verifier, files: list[Path]) -> list[FileReport]:
