@@ -34,7 +34,6 @@ import re
 import subprocess
 import sys
 import time
-import tracemalloc
 from pathlib import Path
 from typing import Any
 
@@ -71,7 +70,7 @@ def _worker(name: str, corpus: Path, artifacts: Path, libfuzzer_args: list[str])
         for mod in pkgutil.walk_packages(slotfile.__path__, "slotfile."):
             if not mod.name.startswith("slotfile.worker") and not mod.name.endswith(".__main__"):
                 importlib.import_module(mod.name)
-    from tests.fuzz.harnesses import HARNESSES, ContractError
+    from tests.fuzz.harnesses import HARNESSES, ContractError, traced_peak
 
     harness = HARNESSES[name]
     count = [0]
@@ -89,12 +88,7 @@ def _worker(name: str, corpus: Path, artifacts: Path, libfuzzer_args: list[str])
             if time.perf_counter() - t0 > CONTRACT_S:
                 (artifacts / f"slow-{hashlib.sha1(data).hexdigest()}").write_bytes(data)
             return
-        tracemalloc.start()
-        try:
-            harness(data)
-            peak = tracemalloc.get_traced_memory()[1]
-        finally:
-            tracemalloc.stop()
+        peak = traced_peak(harness, data)
         bound = ALLOC_BASE + ALLOC_PER_BYTE * len(data)
         if peak > bound:
             raise ContractError(f"{name}: peak allocation {peak} bytes for a {len(data)}-byte input (bound {bound})")
@@ -199,7 +193,7 @@ def _executions(text: str) -> int:
 def replay(name: str, folders: list[Path]) -> dict[str, Any]:
     """Every input of ``folders`` through the harness without instrumentation: the slowest
     time (the contract: CONTRACT_S) and the largest peak allocation over its input size."""
-    from tests.fuzz.harnesses import HARNESSES
+    from tests.fuzz.harnesses import HARNESSES, traced_peak
 
     harness = HARNESSES[name]
     files = sorted(p for d in folders if d.is_dir() for p in d.iterdir() if not p.name.startswith("crash-"))
@@ -211,12 +205,7 @@ def replay(name: str, folders: list[Path]) -> dict[str, Any]:
             t0 = time.perf_counter()
             harness(data)
             dt = time.perf_counter() - t0
-            tracemalloc.start()
-            try:
-                harness(data)
-                peak = tracemalloc.get_traced_memory()[1]
-            finally:
-                tracemalloc.stop()
+            peak = traced_peak(harness, data)
         except Exception as e:
             errors.append(f"{p.name}: {type(e).__name__}: {e}")
             continue

@@ -11,13 +11,12 @@ import random
 import subprocess
 import sys
 import time
-import tracemalloc
 from pathlib import Path
 
 import pytest
 
 from slotfile.reader import parse_buffer
-from tests.fuzz.harnesses import HARNESSES, ContractError
+from tests.fuzz.harnesses import HARNESSES, ContractError, traced_peak
 from tests.fuzz.seeds import corpora
 from tests.fuzzing import random_mutation
 
@@ -40,12 +39,7 @@ def _run_bounded(name: str, data: bytes, what: str, traced: bool = True) -> None
         assert took < TIME_BOUND_S, f"{name}: {what} took {took:.2f} s"
         return
     t0 = time.perf_counter()
-    tracemalloc.start()
-    try:
-        harness(data)
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    peak = traced_peak(harness, data)
     took = time.perf_counter() - t0
     assert took < TIME_BOUND_S * 3, f"{name}: {what} took {took:.2f} s (tracemalloc on)"
     bound = ALLOC_BASE + ALLOC_PER_BYTE * len(data)

@@ -31,6 +31,23 @@ def __getattr__(name: str) -> Any:
     return console
 
 
+def progress_bar(disable: bool = False) -> Any:
+    """The progress bar of the commands that walk many files: on stderr, gone when done, off
+    when stderr is not a terminal; rich.progress is imported only here."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    err = __getattr__("err")
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+        disable=disable or not err.is_terminal,
+    )
+
+
 def fail(message: str, command: str | None = None) -> None:
     """The one way a command reports an error: one line on stderr, ``slotfile: MESSAGE`` (or
     ``slotfile COMMAND: MESSAGE``), escaped and never wrapped (people grep for these)."""

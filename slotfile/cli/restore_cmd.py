@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from slotfile.exitcodes import OK, OPERATIONAL, PROBLEMS, USAGE
 from slotfile.serverargs import ServerSettings
 
-from .common import fail
+from .common import fail, progress_bar
 from .server_common import server_and_model, server_dict, wide_console
 from .terminal import escape_text, human_size
 
@@ -91,22 +91,6 @@ def _entries(paths: list[Path]) -> tuple[list[Any], list[str], dict[str, int]]:
     return entries, errors, apart
 
 
-def _progress(total: int, what: str) -> Any:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from .common import err
-
-    return Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=err,
-        transient=True,
-        disable=not err.is_terminal or total < 2,
-    )
-
-
 # ---------------------------------------------------------------------------------------
 # verify --server-args
 
@@ -132,7 +116,7 @@ def run_restore_check(
         return checker
     results: list[tuple[FileSummary, Restore | None]] = []
     try:
-        with _progress(len(entries), "checking") as progress:
+        with progress_bar(disable=len(entries) < 2) as progress:
             task = progress.add_task("checking", total=len(entries))
             for e in entries:
                 results.append(checker.check(e.path, e.rel, e.size, e.mtime))
@@ -334,7 +318,7 @@ def _convert_all(
 
     results: list[FileResult] = []
     errors = list(scan.errors)
-    with _progress(len(scan.slots), "converting") as progress:
+    with progress_bar(disable=len(scan.slots) < 2) as progress:
         task = progress.add_task("converting", total=len(scan.slots))
         for e in scan.slots:
             s, r = checker.check(e.path, e.rel, e.size, e.mtime)

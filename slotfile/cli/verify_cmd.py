@@ -65,7 +65,7 @@ from slotfile.verify import (
     collect,
 )
 
-from .common import err, fail, out
+from .common import err, fail, out, progress_bar
 from .terminal import escape_text, human_size, problem_line
 
 if TYPE_CHECKING:
@@ -210,17 +210,8 @@ def _exit_code(errors: list[str], reports: list[FileReport]) -> int:
 
 
 def _run_with_progress(verifier: Verifier, files: list[Path]) -> list[FileReport]:
-    """The run with a progress bar on stderr (a terminal); rich.progress is imported only here."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=err,
-        transient=True,
-    ) as progress:
+    """The run with a progress bar on stderr (a terminal)."""
+    with progress_bar() as progress:
         task = progress.add_task("verifying", total=len(files))
 
         def done(r: FileReport) -> None:

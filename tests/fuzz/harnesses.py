@@ -23,6 +23,7 @@ import json
 import os
 import re
 import tempfile
+import tracemalloc
 import zlib
 from collections.abc import Callable
 from typing import Any
@@ -35,6 +36,16 @@ from slotfile.records import Body, MemoryBlock, SlotFile
 
 class ContractError(AssertionError):
     """The library broke the bad-input contract on this input."""
+
+
+def traced_peak(harness: Callable[[bytes], None], data: bytes) -> int:
+    """The peak Python/numpy allocation (tracemalloc) of one harness run on ``data``."""
+    tracemalloc.start()
+    try:
+        harness(data)
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
 
 
 def _check_problems(sf: SlotFile) -> None:
@@ -171,24 +182,25 @@ class _CellConsole:
 
 def _render(sf: SlotFile, layers: bool, full: bool) -> None:
     """``inspect_cmd.render``: through rich into a StringIO (``full``), or into
-    :class:`_CellConsole` (every cell checked, rich's table layout skipped)."""
+    :class:`_CellConsole` (every cell checked, rich's table layout skipped).  The module's own
+    console is put back afterwards (the harnesses also run inside the test suite)."""
     global _CONSOLE
     from rich.console import Console
 
     from slotfile.cli import inspect_cmd
 
-    if not full:
-        inspect_cmd.out = _CellConsole()  # type: ignore[assignment]
-        inspect_cmd.render(sf, None, layers)
-        return
-    if _CONSOLE is None:
+    if full and _CONSOLE is None:
         _CONSOLE = Console(file=io.StringIO(), width=120, highlight=False, markup=False, soft_wrap=False)
-    inspect_cmd.out = _CONSOLE
-    sink = _CONSOLE.file
-    sink.seek(0)
-    sink.truncate()
-    inspect_cmd.render(sf, None, layers)
-    if "\x1b" in sink.getvalue():
+    console = _CONSOLE if full else _CellConsole()
+    saved, inspect_cmd.out = inspect_cmd.out, console
+    try:
+        if full:
+            console.file.seek(0)
+            console.file.truncate()
+        inspect_cmd.render(sf, None, layers)
+    finally:
+        inspect_cmd.out = saved
+    if full and "\x1b" in console.file.getvalue():
         raise ContractError("an escape sequence from the file reached the terminal")
 
 
