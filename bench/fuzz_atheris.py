@@ -68,7 +68,7 @@ def _worker(name: str, corpus: Path, artifacts: Path, libfuzzer_args: list[str])
         import slotfile
 
         for mod in pkgutil.walk_packages(slotfile.__path__, "slotfile."):
-            if not mod.name.startswith("slotfile.worker") and not mod.name.endswith(".__main__"):
+            if not mod.name.startswith("slotfile.llama.worker") and not mod.name.endswith(".__main__"):
                 importlib.import_module(mod.name)
     from tests.fuzz.harnesses import HARNESSES, ContractError, traced_peak
 

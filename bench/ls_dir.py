@@ -51,7 +51,7 @@ def child(d: Path) -> tuple[float, dict]:
 
 def in_process(d: Path) -> float:
     sys.path.insert(0, str(ROOT))
-    from slotfile.slotdir import scan_dir, summarize
+    from slotfile.slotdir.walk import scan_dir, summarize
 
     t0 = time.perf_counter()
     scan = scan_dir(d, settle=0)

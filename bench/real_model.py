@@ -89,7 +89,7 @@ import json, sys, time
 T = [("python", time.monotonic())]
 def mark(n): T.append((n, time.monotonic()))
 import typer, slotfile.cli.app; mark("typer + slotfile.cli.app")
-from slotfile.loader import LoaderPool; mark("import loader")
+from slotfile.llama.loader import LoaderPool; mark("import loader")
 pool = LoaderPool.start(sys.argv[1]); spawned = pool._starting[0].spawned; mark("spawn worker")
 import slotfile.cli.verify_cmd, slotfile.verify; mark("import verify, rich, numpy")
 from slotfile.verify import _model_side, read, level_structure, level_model
@@ -105,7 +105,7 @@ print(json.dumps({"parent": T, "spawned": spawned, "worker": hello.get("startup"
 META_CHILD = r"""
 import json, sys, time
 t0 = time.perf_counter()
-from slotfile.model import load_model_info
+from slotfile.model.bridge import load_model_info
 t1 = time.perf_counter()
 info = load_model_info(sys.argv[1])
 t2 = time.perf_counter()
@@ -139,8 +139,8 @@ def write_slot(model: Path, out: Path) -> int:
 def file_settings(slot: Path, tokens_out: Path) -> Any:
     """The slot file's context settings (what the worker derives) and its token ids, written
     to ``tokens_out`` for the prefill baseline."""
-    from slotfile.loader import settings_for
-    from slotfile.reader import open_slot_file
+    from slotfile.format.reader import open_slot_file
+    from slotfile.llama.loader import settings_for
 
     sf = open_slot_file(slot)
     assert sf.tokens is not None

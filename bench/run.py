@@ -4,7 +4,7 @@
     .venv/bin/python bench/run.py [--quick] [--out bench/out/results.json] [--work DIR]
                                   [--repeat N] [--keep] [--only SECTION,...]
 
-Builds large valid slot files with ``slotfile.synth`` (32 layers, 8 KV heads x 128, f16 and
+Builds large valid slot files with ``slotfile.format.synth`` (32 layers, 8 KV heads x 128, f16 and
 q8_0; with and without SCKP checkpoints and an SDFT draft state), then measures, in the same
 run and on the same files, each command as a child process (wall time: min of N runs, slotfile
 and baseline runs interleaved; peak RSS: ``ru_maxrss`` from ``os.wait4``, which includes any
@@ -12,7 +12,7 @@ descendant the child waited for):
 
 * ``metadata``: ``slotfile inspect`` and ``slotfile dump --json`` vs ``slotfile --version``
   (start-up) and vs a file with the same cell count and ~1/100 of the bytes per cell;
-* ``scan``: ``slotfile.scan.scan`` in a child (``python -c``), and ``slotfile verify --scan``
+* ``scan``: ``slotfile.format.scan.scan`` in a child (``python -c``), and ``slotfile verify --scan``
   when that option exists, vs ``dd if=FILE of=/dev/null bs=1M`` (page cache warm);
 * ``repair``: ``slotfile strip-draft`` / ``truncate-recover IN -o OUT`` vs ``cp`` and vs
   ``cp`` + ``sync OUT`` (the repairs fsync their output; cp does not);
@@ -45,7 +45,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.children import reap  # noqa: E402
-from slotfile.synth import SynthSpec, write_slot  # noqa: E402
+from slotfile.format.synth import SynthSpec, write_slot  # noqa: E402
 
 PY = sys.executable
 GIB = 1 << 30
@@ -199,8 +199,8 @@ def slotfile_argv() -> list[str]:
 SCAN_CHILD = r"""
 import json, sys, time
 t0 = time.perf_counter()
-from slotfile.reader import open_slot_file
-from slotfile.scan import scan
+from slotfile.format.reader import open_slot_file
+from slotfile.format.scan import scan
 t1 = time.perf_counter()
 sf = open_slot_file(sys.argv[1])
 t2 = time.perf_counter()
@@ -219,11 +219,11 @@ import typer, slotfile.cli.app; mark("typer + slotfile.cli.app (what --version l
 import numpy; mark("numpy")
 import construct; mark("construct")
 import rich.console, rich.table, rich.text; mark("rich console/table")
-import slotfile.grammar; mark("slotfile.grammar (grammars built at import)")
-import slotfile.reader, slotfile.layout; mark("slotfile.reader + layout")
-import slotfile.model, slotfile.report, slotfile.cli.common
+import slotfile.format.grammar; mark("slotfile.format.grammar (grammars built at import)")
+import slotfile.format.reader, slotfile.format.layout; mark("slotfile.format.reader + layout")
+import slotfile.model.bridge, slotfile.report, slotfile.cli.common
 import slotfile.cli.inspect_cmd, slotfile.cli.dump_cmd; mark("model, report, cli modules")
-sf = slotfile.reader.open_slot_file(sys.argv[1]); mark("open_slot_file (parse, layout detection)")
+sf = slotfile.format.reader.open_slot_file(sys.argv[1]); mark("open_slot_file (parse, layout detection)")
 doc = slotfile.report.to_json(sf); s = json.dumps(doc, indent=1); mark("to_json + json.dumps")
 import contextlib, io, pathlib
 with contextlib.redirect_stdout(io.StringIO()):
@@ -550,8 +550,8 @@ class Bench:
             return
         sys.path.insert(0, str(ROOT))
         from fixtures import models as fm  # the project's tiny GGUF writer
-        from slotfile.loader import settings_for
-        from slotfile.reader import open_slot_file
+        from slotfile.format.reader import open_slot_file
+        from slotfile.llama.loader import settings_for
 
         n_kv, hd = LOAD_HEAD
         n_layer = 32

@@ -1,6 +1,6 @@
 """slotfile: inspect, verify and repair llama.cpp slot save files.
 
-The library entry point is :func:`slotfile.reader.open_slot_file`; it is imported lazily so
+The library entry point is :func:`slotfile.format.reader.open_slot_file`; it is imported lazily so
 that ``import slotfile`` (and ``slotfile --version``) stays cheap.
 """
 
@@ -14,7 +14,7 @@ __all__ = ["__version__", "open_slot_file", "parse_buffer"]
 
 def __getattr__(name: str) -> Any:
     if name in ("open_slot_file", "parse_buffer"):
-        from . import reader
+        from slotfile.format import reader
 
         return getattr(reader, name)
     raise AttributeError(name)

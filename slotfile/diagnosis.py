@@ -6,7 +6,7 @@ Every problem code falls in one class (:func:`problem_class`), decided by code, 
 * ``damaged``: the bytes are wrong (cut, overwritten, lengths that do not add up, a state that
   llama.cpp refuses or that differs from a recompute);
 * ``mismatch``: a file that reads cleanly but was checked against another model
-  (:data:`slotfile.modelcheck.MISMATCH_CODES`: arch, layout, vocabulary, context);
+  (:data:`slotfile.model.check.MISMATCH_CODES`: arch, layout, vocabulary, context);
 * ``not-a-slot-file``: a recognised wrong input (a GGUF model, an empty, compressed or text file);
 * ``unsupported``: a layout slotfile cannot read yet (the bytes may be fine);
 * ``cannot-check``: something this run could not check (no draft model, a layout not modelled,
@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
-from .modelcheck import CANNOT_CHECK_CODES, MISMATCH_CODES
-from .records import MemoryKind, SlotFile
+from slotfile.format.records import MemoryKind, SlotFile
+from slotfile.model.check import CANNOT_CHECK_CODES, MISMATCH_CODES
 
 __all__ = [
     "Cause",

@@ -11,11 +11,21 @@ from typing import Any
 
 import numpy as np
 
-from .diagnosis import facts_of, file_cause, next_step, problem_class, refs_of
-from .ggml_types import type_name
-from .layout import MemoryKind
-from .reader import GGSN_VERSIONS, GGSQ_VERSIONS
-from .records import Appendix, BlobInfo, Body, Checkpoint, FileFormat, LayerRun, MemoryBlock, SlotFile, TokenForm
+from slotfile.diagnosis import facts_of, file_cause, next_step, problem_class, refs_of
+from slotfile.format.layout import MemoryKind
+from slotfile.format.reader import GGSN_VERSIONS, GGSQ_VERSIONS
+from slotfile.format.records import (
+    Appendix,
+    BlobInfo,
+    Body,
+    Checkpoint,
+    FileFormat,
+    LayerRun,
+    MemoryBlock,
+    SlotFile,
+    TokenForm,
+)
+from slotfile.format.types import type_name
 
 SCHEMA = "slotfile.dump/1"
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from slotfile.reader import parse_buffer
+from slotfile.format.reader import parse_buffer
 
 from .conftest import MODELS, SLOTS
 

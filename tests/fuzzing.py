@@ -11,8 +11,8 @@ import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from slotfile.reader import open_slot_file
-from slotfile.records import SlotFile
+from slotfile.format.reader import open_slot_file
+from slotfile.format.records import SlotFile
 
 
 @dataclass(frozen=True)

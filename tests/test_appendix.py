@@ -1,4 +1,4 @@
-"""The appendix walker (slotfile/appendix.py): the framing of SCKP and SDFT, where a walk
+"""The appendix walker (slotfile/format/appendix.py): the framing of SCKP and SDFT, where a walk
 stops and why, and the server's reading the llama.cpp worker needs."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import sys
 
 import pytest
 
-from slotfile import appendix as ap
-from slotfile import grammar as g
-from slotfile.layout import Failure
-from slotfile.reader import open_slot_file
+from slotfile.format import appendix as ap
+from slotfile.format import grammar as g
+from slotfile.format.layout import Failure
+from slotfile.format.reader import open_slot_file
 
 from .conftest import MANIFEST, SLOTS
 
@@ -204,8 +204,8 @@ def test_build_side_matches_the_layout():
 
 def test_walker_imports_cheaply():
     code = (
-        "import sys, slotfile.appendix; "
-        "bad = [m for m in ('slotfile.reader', 'slotfile.expect', 'slotfile.model', 'slotfile.repair', 'gguf', "
+        "import sys, slotfile.format.appendix; "
+        "bad = [m for m in ('slotfile.format.reader', 'slotfile.model.expect', 'slotfile.model.bridge', 'slotfile.repair', 'gguf', "
         "'rich', 'typer') if m in sys.modules]; assert not bad, bad"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from slotfile.reader import open_slot_file
-from slotfile.synth import SynthSpec, write_slot
+from slotfile.format.reader import open_slot_file
+from slotfile.format.synth import SynthSpec, write_slot
 
 KILL_POINTS = 8
 

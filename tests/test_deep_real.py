@@ -85,7 +85,7 @@ def test_clean_real_files_pass_deep(real, verifier, combo):
 @pytest.mark.parametrize("combo", [("f16", False, 512), ("q4_0", True, 32)], ids=lambda c: _name(*c))
 def test_damaged_real_files_fail_only_deep(real, verifier, kind, combo, record_property):
     from bench import deep_noise as dn
-    from slotfile.reader import open_slot_file
+    from slotfile.format.reader import open_slot_file
 
     src = real["files"][_name(*combo)]
     n_base = len(open_slot_file(src).body.blocks[0].active_streams()[0].k)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from slotfile.diagnosis import Cause, Facts, ProblemRef, file_cause, next_step, problem_class, refs_of
-from slotfile.modelcheck import MISMATCH_CODES
-from slotfile.reader import parse_buffer, recognise_foreign
+from slotfile.format.reader import parse_buffer, recognise_foreign
+from slotfile.model.check import MISMATCH_CODES
 
 from .conftest import SLOTS
 

@@ -1,4 +1,4 @@
-"""slotfile.expect: the model's expectation agrees with every real fixture, and catches
+"""slotfile.model.expect: the model's expectation agrees with every real fixture, and catches
 deliberately wrong pairings by layer and row size."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from slotfile.compare import compare
-from slotfile.expect import CacheExpect, ModelExpect, RecExpect, expect_from_model, layout_of
-from slotfile.model import ModelInfo, load_model_info
-from slotfile.reader import open_slot_file
-from slotfile.records import SlotFile
+from slotfile.format.reader import open_slot_file
+from slotfile.format.records import SlotFile
+from slotfile.model.bridge import ModelInfo, load_model_info
+from slotfile.model.compare import compare
+from slotfile.model.expect import CacheExpect, ModelExpect, RecExpect, expect_from_model, layout_of
 
 from .conftest import EXTRA, FIXTURES, MANIFEST
 
@@ -553,7 +553,7 @@ def test_expectation_matches_the_real_loader(case: str, tmp_path: Any) -> None:
     import struct
 
     from fixtures import make_extra_fixtures as mx
-    from slotfile.reader import parse_buffer
+    from slotfile.format.reader import parse_buffer
 
     src, new, drop, cls = _ORACLE_CASES[case]
     path = tmp_path / f"{case}.gguf"

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from slotfile.reader import open_slot_file, parse_buffer
+from slotfile.format.reader import open_slot_file, parse_buffer
 from slotfile.verify import _dequant_rows
 
 from .conftest import FIXTURES

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from slotfile.reader import parse_buffer
+from slotfile.format.reader import parse_buffer
 from tests.fuzz.harnesses import HARNESSES, ContractError, traced_peak
 from tests.fuzz.seeds import corpora
 from tests.fuzzing import random_mutation

@@ -1,4 +1,4 @@
-"""slotfile.gguf_meta: the bounded GGUF metadata scan, checked against gguf.GGUFReader."""
+"""slotfile.model.gguf: the bounded GGUF metadata scan, checked against gguf.GGUFReader."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 from gguf import GGUFEndian, GGUFReader, GGUFValueType, GGUFWriter
 
-from slotfile import gguf_meta
-from slotfile.gguf_meta import GGUFArray
-from slotfile.model import ModelError, ModelInfo, load_model_info
+from slotfile.model.bridge import ModelError, ModelInfo, load_model_info
+from slotfile.model import gguf as gguf_meta
+from slotfile.model.gguf import GGUFArray
 
 from .conftest import MODELS, SLOTS
 

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from construct import ConstructError
 
-from slotfile import grammar as g
-from slotfile.ggml_types import TYPES
-from slotfile.reader import open_slot_file, parse_buffer
-from slotfile.writer import to_bytes
+from slotfile.format import grammar as g
+from slotfile.format.reader import open_slot_file, parse_buffer
+from slotfile.format.types import TYPES
+from slotfile.format.writer import to_bytes
 
 from .conftest import SLOT_FILES
 
@@ -43,7 +43,7 @@ def test_type_ids_are_gguf_names():
     not know yet (q2_0) are its own, and every id in the size table is a TypeId."""
     from gguf.constants import GGMLQuantizationType
 
-    from slotfile.ggml_types import TypeId
+    from slotfile.format.types import TypeId
 
     for t in TypeId:
         if t.name in GGMLQuantizationType.__members__:

@@ -19,8 +19,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rich.console import Console
 
-from slotfile.reader import parse_buffer
-from slotfile.records import SlotFile
+from slotfile.format.reader import parse_buffer
+from slotfile.format.records import SlotFile
 from slotfile.report import to_json
 
 from .conftest import SLOT_FILES

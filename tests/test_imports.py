@@ -103,9 +103,9 @@ def _reaches(graph: dict[str, set[str]], start: str) -> set[str]:
 def test_the_graph_is_read_from_the_source():
     g = import_graph()
     # a top-level, a function-level and a TYPE_CHECKING import are all edges
-    assert "slotfile.records" in g["slotfile.reader"]
-    assert "slotfile.scan" in g["slotfile.verify"]  # imported inside scan_into
-    assert "slotfile.reader" in g["slotfile"]  # imported inside __getattr__ of the package
+    assert "slotfile.format.records" in g["slotfile.format.reader"]
+    assert "slotfile.format.scan" in g["slotfile.verify"]  # imported inside scan_into
+    assert "slotfile.format.reader" in g["slotfile"]  # imported inside __getattr__ of the package
     assert "slotfile.cli.inspect_cmd" in g["slotfile.cli.app"]  # from .inspect_cmd import ... in a command
 
 
@@ -115,12 +115,17 @@ def test_no_import_cycle_in_slotfile():
 
 def test_records_are_below_expectation_comparison_and_reader():
     g = import_graph()
-    below = _reaches(g, "slotfile.records")
-    assert not below & {"slotfile.reader", "slotfile.expect", "slotfile.compare", "slotfile.modelcheck"}, below
-    for mod in ("slotfile.expect", "slotfile.compare", "slotfile.modelcheck"):
-        assert "slotfile.records" in g[mod]
-        assert "slotfile.reader" not in _reaches(g, mod), mod
-    assert {"slotfile.expect", "slotfile.modelcheck"} <= g["slotfile.reader"]
+    below = _reaches(g, "slotfile.format.records")
+    assert not below & {
+        "slotfile.format.reader",
+        "slotfile.model.expect",
+        "slotfile.model.compare",
+        "slotfile.model.check",
+    }, below
+    for mod in ("slotfile.model.expect", "slotfile.model.compare", "slotfile.model.check"):
+        assert "slotfile.format.records" in g[mod]
+        assert "slotfile.format.reader" not in _reaches(g, mod), mod
+    assert {"slotfile.model.expect", "slotfile.model.check"} <= g["slotfile.format.reader"]
 
 
 def test_the_cycle_check_finds_a_function_level_cycle(tmp_path: Path):

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from slotfile.loader import Library, LoaderError, LoaderPool, library_dir, resolve_library, server_library
-from slotfile.reader import open_slot_file
-from slotfile.rebuild import run_worker
+from slotfile.format.reader import open_slot_file
+from slotfile.llama.loader import Library, LoaderError, LoaderPool, library_dir, resolve_library, server_library
+from slotfile.llama.requests import run_worker
 
 from .conftest import MODELS, ROOT, SLOTS, slotfile_cli
 
@@ -273,7 +273,7 @@ def test_a_library_that_crashes_on_load_is_one_line(tmp_path):
 
 def test_an_unknown_state_version_is_refused(tmp_path):
     """A library writing a version slotfile does not know: the check on the worker's hello."""
-    from slotfile.loader import _Worker
+    from slotfile.llama.loader import _Worker
 
     w = _Worker(str(MODEL), None, 0, 1)
     try:
@@ -289,7 +289,7 @@ def test_an_unknown_state_version_is_refused(tmp_path):
 
 def test_the_worker_never_loads_llama_cpp_in_the_main_process():
     code = (
-        "import sys; import slotfile.loader, slotfile.rebuild, slotfile.verify, slotfile.cli.app; "
+        "import sys; import slotfile.llama.loader, slotfile.llama.requests, slotfile.verify, slotfile.cli.app; "
         "print('llama_cpp' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)

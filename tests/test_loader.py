@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from slotfile.ggml_types import BY_NAME
-from slotfile.loader import LoaderError, LoaderPool, LoadSettings, settings_for, test_load
-from slotfile.reader import open_slot_file
+from slotfile.format.reader import open_slot_file
+from slotfile.format.types import BY_NAME
+from slotfile.llama.loader import LoaderError, LoaderPool, LoadSettings, settings_for, test_load
 
 from . import damage
 from .conftest import EXTRA, FIXTURES, MANIFEST, MODELS, ROOT, SLOTS
@@ -252,7 +252,7 @@ def test_deep_recompute_reproduces_the_fixture(pools, tmp_path):
 
 
 def test_parent_process_never_imports_llama_cpp():
-    code = "import sys, slotfile.loader, slotfile.verify, slotfile.cli.verify_cmd; sys.exit('llama_cpp' in sys.modules)"
+    code = "import sys, slotfile.llama.loader, slotfile.verify, slotfile.cli.verify_cmd; sys.exit('llama_cpp' in sys.modules)"
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
 
@@ -262,27 +262,29 @@ def test_worker_is_self_contained():
     slotfile (and neither numpy nor llama_cpp before it runs): it starts cheaply, and a crash
     there can only take the worker."""
     code = (
-        "import sys, slotfile.worker.program; "
+        "import sys, slotfile.llama.worker.program; "
         "print(' '.join(sorted(m for m in sys.modules if m.startswith(('slotfile', 'numpy', 'llama_cpp')))))"
     )
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert set(r.stdout.split()) == {
         "slotfile",
-        "slotfile.worker",
-        "slotfile.worker.program",
-        "slotfile.worker.settings",
-        "slotfile.ggml_types",
+        "slotfile.format",  # package docstrings only
+        "slotfile.llama",
+        "slotfile.llama.worker",
+        "slotfile.llama.worker.program",
+        "slotfile.llama.worker.settings",
+        "slotfile.format.types",
     }
 
 
 WORKER_IMPORTS = r"""
 import argparse, json, sys
-from slotfile.worker import program as P
+from slotfile.llama.worker import program as P
 P.L = P.import_bindings()
 P.L.llama_backend_init()
 w = P.Worker(argparse.Namespace(model=sys.argv[1], draft_model=None, n_gpu_layers=0, threads=1))
-heavy = ("numpy", "jinja2", "llama_cpp.llama", "slotfile.appendix")
+heavy = ("numpy", "jinja2", "llama_cpp.llama", "slotfile.format.appendix")
 out = {"started": [m for m in heavy if m in sys.modules], "version": P.package_version()}
 for path, settings in json.loads(sys.argv[2]):
     r = w.load({"path": path, "settings": settings, "format": "GGSQ"})
@@ -314,7 +316,7 @@ def test_worker_imports_the_bindings_alone_and_the_appendix_reader_on_demand():
     assert out["version"] == importlib.metadata.version("llama_cpp_python")
     assert out[str(plain)] == {"ok": True, "checkpoints": [], "imported": []}
     assert out[str(with_sckp)]["checkpoints"] == [[True, "consumed all 4808 bytes"]]
-    assert "slotfile.appendix" in out[str(with_sckp)]["imported"]
+    assert "slotfile.format.appendix" in out[str(with_sckp)]["imported"]
 
 
 @pytest.mark.llama
@@ -384,7 +386,7 @@ def test_pool_refuses_work_after_close():
 def test_settings_are_sized_from_cells_not_from_inflatable_numbers(pools, tmp_path):
     """A damaged position (2^31 - 1) or checkpoint n_tokens must not make the loader ask for a
     context of billions of cells."""
-    from slotfile.reader import parse_buffer
+    from slotfile.format.reader import parse_buffer
 
     data = damage.BASE.read_bytes()
     sf = parse_buffer(data)
@@ -404,7 +406,7 @@ def test_one_shot_worker_contains_an_abort(tmp_path):
     """Re-save and prefill run in the same worker program, one request per process: the
     recurrent two-cells file aborts inside llama_state_seq_load_file, and the caller gets a
     crashed result with the signal's name and llama.cpp's assertion."""
-    from slotfile.rebuild import run_worker, settings_dict
+    from slotfile.llama.requests import run_worker, settings_dict
 
     p = tmp_path / "two-cells.slot"
     p.write_bytes(damage.recurrent_two_cells((SLOTS / "extra-mamba.slot").read_bytes(), tmp_path))
@@ -441,7 +443,7 @@ def test_one_shot_worker_contains_an_abort(tmp_path):
 
 
 def test_one_shot_worker_refusals_and_timeout(tmp_path):
-    from slotfile.rebuild import run_worker
+    from slotfile.llama.requests import run_worker
 
     path = SLOTS / "llama_f16_fa.slot"
     sf = open_slot_file(path)
@@ -466,7 +468,7 @@ def test_one_shot_worker_refusals_and_timeout(tmp_path):
 
 
 def test_settings_round_trip_through_the_worker_form():
-    from slotfile.worker.settings import pad_ctx, type_id
+    from slotfile.llama.worker.settings import pad_ctx, type_id
 
     s = LoadSettings(512, 2, False, True, 8, 1, 3, 1)
     assert LoadSettings.from_dict(s.to_dict()) == s

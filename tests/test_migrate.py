@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from slotfile.ggml_types import ELEMENT_DTYPE
-from slotfile.reader import open_slot_file
+from slotfile.format.reader import open_slot_file
+from slotfile.format.types import ELEMENT_DTYPE
 from slotfile.repair import Options, Outcome, run
 from slotfile.safewrite import resolve_target
 

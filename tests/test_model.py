@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from slotfile.model import ModelError, load_model_info
-from slotfile.reader import open_slot_file
+from slotfile.format.reader import open_slot_file
+from slotfile.model.bridge import ModelError, load_model_info
 
 from .conftest import MANIFEST, MODELS, SLOTS
 

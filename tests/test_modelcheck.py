@@ -15,11 +15,11 @@ import pytest
 
 from slotfile import verify as V
 from slotfile.diagnosis import problem_class
-from slotfile.expect import expect_from_model
-from slotfile.model import load_model_info
-from slotfile.modelcheck import check_against_model
-from slotfile.reader import open_slot_file, parse_buffer
-from slotfile.records import FileFormat, Problem, Severity, TokenForm
+from slotfile.format.reader import open_slot_file, parse_buffer
+from slotfile.format.records import FileFormat, Problem, Severity, TokenForm
+from slotfile.model.bridge import load_model_info
+from slotfile.model.check import check_against_model
+from slotfile.model.expect import expect_from_model
 from slotfile.report import to_json
 
 from .conftest import MODELS, SLOTS

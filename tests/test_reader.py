@@ -7,7 +7,7 @@ import struct
 import numpy as np
 import pytest
 
-from slotfile.reader import open_slot_file, parse_buffer
+from slotfile.format.reader import open_slot_file, parse_buffer
 from slotfile.report import flash_attn_of
 
 from .conftest import EXTRA, FIXTURES, MANIFEST, SLOTS
@@ -137,7 +137,7 @@ def test_extra_fixture_matches_manifest(entry):
 def test_mla_fixture_is_one_k_only_block():
     """DeepSeek2 with MLA (llama.cpp writes the latent + rope key, no V tensors): the body is
     one KV block with K runs only; the model settles it, the bytes alone warn."""
-    from slotfile.model import load_model_info
+    from slotfile.model.bridge import load_model_info
 
     path = SLOTS / "extra-deepseek2.slot"
     entry = next(e for e in EXTRA["files"] if e["file"] == "slots/extra-deepseek2.slot")
@@ -182,8 +182,8 @@ def test_session_with_shared_cells_reads_every_seq_id():
 
 
 def test_model_settles_a_cut_between_blocks():
-    from slotfile.model import load_model_info
-    from slotfile.reader import parse_buffer
+    from slotfile.format.reader import parse_buffer
+    from slotfile.model.bridge import load_model_info
 
     path = SLOTS / "gemma3_iswa_fa.slot"
     full = open_slot_file(path)
@@ -196,7 +196,7 @@ def test_model_settles_a_cut_between_blocks():
 
 
 def test_model_layout_is_used_and_wrong_models_are_named():
-    from slotfile.model import load_model_info
+    from slotfile.model.bridge import load_model_info
 
     models = SLOTS.parent / "models"
     sf = open_slot_file(SLOTS / "llama_f16_fa.slot", model=load_model_info(models / "llama.gguf"))

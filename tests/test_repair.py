@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from slotfile.cli.repair_cmd import exit_code
-from slotfile.reader import open_slot_file
+from slotfile.format.reader import open_slot_file
 from slotfile.repair import Options, run
 from slotfile.safewrite import resolve_target
 from slotfile.verify import Options as VerifyOptions

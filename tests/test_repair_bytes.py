@@ -1,6 +1,6 @@
 """Every byte a repair writes, pinned without llama.cpp.
 
-The llama.cpp worker (``slotfile.rebuild.run_worker``) and the loader are replaced by fakes
+The llama.cpp worker (``slotfile.llama.requests.run_worker``) and the loader are replaced by fakes
 that write deterministic files, so the framing a repair writes around what llama.cpp made
 (SCKP and checkpoint headers, blob lengths, the SDFT header, a flipped V layout, the token
 payload) is compared byte for byte with what the code wrote before it was restructured: the
@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from slotfile.reader import open_slot_file
+from slotfile.format.reader import open_slot_file
 from slotfile.repair import Options, run
 from slotfile.safewrite import resolve_target
 
@@ -105,16 +105,16 @@ class _FakePool:
 
 @pytest.fixture
 def fakes(monkeypatch):
-    import slotfile.loader
-    import slotfile.rebuild
+    import slotfile.llama.loader
+    import slotfile.llama.requests
 
-    monkeypatch.setattr(slotfile.loader, "LoaderPool", _FakePool)
+    monkeypatch.setattr(slotfile.llama.loader, "LoaderPool", _FakePool)
     monkeypatch.setattr(
-        slotfile.loader, "test_load", lambda *a, **k: SimpleNamespace(ok=False, body_bytes=0, message="fake")
+        slotfile.llama.loader, "test_load", lambda *a, **k: SimpleNamespace(ok=False, body_bytes=0, message="fake")
     )
 
     def use(ref: Path, draft: bool = False) -> None:
-        monkeypatch.setattr(slotfile.rebuild, "run_worker", _fake_worker(ref, draft))
+        monkeypatch.setattr(slotfile.llama.requests, "run_worker", _fake_worker(ref, draft))
 
     return use
 

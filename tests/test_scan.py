@@ -6,8 +6,8 @@ import struct
 
 import pytest
 
-from slotfile.reader import open_slot_file, parse_buffer
-from slotfile.scan import scan
+from slotfile.format.reader import open_slot_file, parse_buffer
+from slotfile.format.scan import scan
 
 from .conftest import SLOT_FILES, SLOTS, slotfile_cli
 

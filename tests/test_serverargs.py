@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from slotfile.ggml_types import BY_NAME
-from slotfile.serverargs import NO_VALUE, ONE_VALUE, ServerArgsError, parse_server_args
+from slotfile.format.types import BY_NAME
+from slotfile.slotdir.serverargs import NO_VALUE, ONE_VALUE, ServerArgsError, parse_server_args
 
 
 def test_defaults_are_the_servers():

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from slotfile.prune import carry_out, plan_prune
-from slotfile.restorecheck import Checker, Fate
-from slotfile.serverargs import parse_server_args
-from slotfile.slotdir import parse_age, parse_size, scan_dir, summarize
+from slotfile.slotdir.prune import carry_out, plan_prune
+from slotfile.slotdir.restore import Checker, Fate
+from slotfile.slotdir.serverargs import parse_server_args
+from slotfile.slotdir.walk import parse_age, parse_size, scan_dir, summarize
 
 from .conftest import MODELS, SLOTS
 
@@ -276,11 +276,11 @@ def test_an_unreadable_file_is_an_error_not_a_verdict(tmp_path):
 @pytest.mark.parametrize("src", ["llama_2stream", "llama_f16_fa", "llama_draft_sdft", "llama_unified_2seq"])
 @pytest.mark.parametrize("n", [1, 2, 4])
 def test_stream_rewrite_loads_with_that_many_streams(tmp_path, src, n):
-    from slotfile.loader import LoaderPool
-    from slotfile.reader import open_slot_file
+    from slotfile.format.reader import open_slot_file
+    from slotfile.llama.loader import LoaderPool
+    from slotfile.llama.worker.settings import LoadSettings
     from slotfile.repair.streams import plan_streams
     from slotfile.safewrite import write_plan
-    from slotfile.worker.settings import LoadSettings
 
     sf = open_slot_file(SLOTS / f"{src}.slot")
     out = tmp_path / "out.slot"

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import pytest
 
-from slotfile.layout import ARCH_SEQUENCES
-from slotfile.reader import open_slot_file, parse_buffer
-from slotfile.records import SlotFile
+from slotfile.format.layout import ARCH_SEQUENCES
+from slotfile.format.reader import open_slot_file, parse_buffer
+from slotfile.format.records import SlotFile
 
 from .conftest import SLOT_FILES
 

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from slotfile.expect import expect_from_model, rotation_widths
-from slotfile.model import load_model_info
-from slotfile.reader import open_slot_file, parse_buffer
+from slotfile.format.reader import open_slot_file, parse_buffer
+from slotfile.model.bridge import load_model_info
+from slotfile.model.expect import expect_from_model, rotation_widths
 from slotfile.repair import Options, run
 from slotfile.safewrite import resolve_target
 
@@ -89,7 +89,7 @@ def test_rotation_widths_follow_llama_cpp():
 
 
 def test_llama_attn_rot_disable_is_read_like_atoi(monkeypatch: pytest.MonkeyPatch):
-    from slotfile.expect import attn_rot_disabled
+    from slotfile.model.expect import attn_rot_disabled
 
     for raw, want in (("1", True), ("0", False), ("yes", False), (" 2x", True), ("", False)):
         monkeypatch.setenv("LLAMA_ATTN_ROT_DISABLE", raw)

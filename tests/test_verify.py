@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from typer.testing import Result
 
-from slotfile.reader import open_slot_file
+from slotfile.format.reader import open_slot_file
 from slotfile.verify import LEVELS, Options, Verifier, collect, version_message
 
 from . import damage
@@ -98,7 +98,7 @@ def test_mla_k_only_fixture_through_the_real_loader(verifiers):
     and the deep check compares K rows only."""
     import dataclasses
 
-    from slotfile.loader import LoaderPool, settings_for
+    from slotfile.llama.loader import LoaderPool, settings_for
 
     path = SLOTS / "extra-deepseek2.slot"
     v = verifiers.get("models/extra-deepseek2.gguf")
@@ -409,7 +409,7 @@ def test_cli_version_mismatch_is_cannot_check_not_a_failure(corpus):
 
 
 def test_model_level_token_and_position_checks():
-    from slotfile.reader import parse_buffer
+    from slotfile.format.reader import parse_buffer
     from slotfile.verify import _model_side, level_model
 
     side = _model_side(str(MODELS / "llama.gguf"))

@@ -6,8 +6,8 @@ import struct
 
 import numpy as np
 
-from slotfile import grammar as g
-from slotfile.reader import open_slot_file, parse_buffer
+from slotfile.format import grammar as g
+from slotfile.format.reader import open_slot_file, parse_buffer
 
 from .conftest import SLOTS
 
@@ -121,7 +121,7 @@ def _legacy_body(src, data: bytes) -> bytes:
 
 
 def test_version_2_without_n_stream_is_read_as_the_legacy_layout():
-    from slotfile.writer import to_bytes
+    from slotfile.format.writer import to_bytes
 
     src = open_slot_file(SLOTS / "llama_f16_fa.slot")
     data = (SLOTS / "llama_f16_fa.slot").read_bytes()

@@ -64,7 +64,7 @@ def inspect(
     layers: bool = typer.Option(False, "--layers", help="List every layer's K/V/R/S entry."),
 ) -> None:
     """A summary of each file: format, tokens, memory layout, sections, checkpoints, verdict."""
-    from .inspect_cmd import run_inspect
+    from slotfile.cli.inspect_cmd import run_inspect
 
     raise typer.Exit(run_inspect(files, model, layers))
 
@@ -84,7 +84,7 @@ def dump(
     model: Path | None = typer.Option(None, "--model", "-m", help="GGUF model: adds the detokenised text."),
 ) -> None:
     """Every field with its byte offset, as text or JSON."""
-    from .dump_cmd import run_dump
+    from slotfile.cli.dump_cmd import run_dump
 
     raise typer.Exit(run_dump(file, json_out, tokens, model))
 
@@ -109,8 +109,8 @@ def _verify_for_server(
     **others: object,
 ) -> int:
     """verify --server-args: the restore verdict per file (slotfile.restore/1)."""
-    from .common import fail
-    from .restore_cmd import run_restore_check
+    from slotfile.cli.common import fail
+    from slotfile.cli.restore_cmd import run_restore_check
 
     used = [f"--{k.replace('_', '-')}" for k, v in others.items() if v]
     if used:
@@ -175,7 +175,7 @@ def verify(
     pool = None
     if model is not None and jobs >= 1 and model.is_file() and (draft_model is None or draft_model.is_file()):
         # the llama.cpp workers load the model while this process imports and parses
-        from slotfile.loader import LoaderError, LoaderPool
+        from slotfile.llama.loader import LoaderError, LoaderPool
 
         try:
             pool = LoaderPool.start(
@@ -183,7 +183,7 @@ def verify(
             )
         except LoaderError:  # an unusable --llama-lib: reported by run_verify, with its exit code
             pool = None
-    from .verify_cmd import run_verify
+    from slotfile.cli.verify_cmd import run_verify
 
     raise typer.Exit(
         run_verify(
@@ -257,7 +257,7 @@ def truncate_recover(
 ) -> None:
     """Keep every intact section; drop damaged checkpoints, a damaged SDFT and trailing bytes;
     with --model rebuild a cut body."""
-    from .repair_cmd import run_repair
+    from slotfile.cli.repair_cmd import run_repair
 
     raise typer.Exit(
         run_repair(
@@ -303,7 +303,7 @@ def strip_draft(
 ) -> None:
     """Remove the SDFT appendix and every checkpoint's draft and speculative blobs; the target
     state stays byte-identical."""
-    from .repair_cmd import run_repair
+    from slotfile.cli.repair_cmd import run_repair
 
     raise typer.Exit(
         run_repair(
@@ -378,7 +378,7 @@ def re_save(
                 in_place=in_place,
             )
         )
-    from .repair_cmd import run_repair
+    from slotfile.cli.repair_cmd import run_repair
 
     raise typer.Exit(
         run_repair(
@@ -416,8 +416,8 @@ def _resave_dir(
     in_place: bool,
 ) -> int:
     """re-save DIR -o OUTDIR --server-args ARGS."""
-    from .common import fail
-    from .restore_cmd import run_resave_dir
+    from slotfile.cli.common import fail
+    from slotfile.cli.restore_cmd import run_resave_dir
 
     if not root.is_dir():
         fail("--server-args goes with a directory: re-save DIR -o OUTDIR --server-args ARGS", "re-save")
@@ -449,7 +449,7 @@ def ls(
 ) -> None:
     """One row per slot file (size, tokens, version, memory, streams, K/V types, flash attention, checkpoints,
     draft, age) and totals."""
-    from .ls_cmd import run_ls
+    from slotfile.cli.ls_cmd import run_ls
 
     raise typer.Exit(run_ls(directory, json_out, sort, server_args, model, settle))
 
@@ -474,7 +474,7 @@ def prune(
     settle: float = _SETTLE,
 ) -> None:
     """Plan which slot files to remove to meet a quota (oldest first); remove them only with --delete."""
-    from .prune_cmd import run_prune
+    from slotfile.cli.prune_cmd import run_prune
 
     raise typer.Exit(run_prune(directory, max_total, older_than, keep, damaged, delete, json_out, settle))
 
@@ -489,7 +489,7 @@ def prune(
 )
 def completion(shell: str = typer.Argument(..., help="bash, zsh or fish.")) -> None:
     """Print the shell completion script (commands, options, file names); nothing is installed."""
-    from .completion_cmd import run_completion
+    from slotfile.cli.completion_cmd import run_completion
 
     raise typer.Exit(run_completion(shell))
 
@@ -527,7 +527,7 @@ def migrate(
     """Convert between state versions 3 and 4 (llama.cpp before / from 2026-10-05): add or
     remove the K/V rotation words.  With --llama-lib DIR (a build of the target version) the
     output is test-loaded through it before it lands."""
-    from .repair_cmd import run_repair
+    from slotfile.cli.repair_cmd import run_repair
 
     raise typer.Exit(
         run_repair(
@@ -556,7 +556,7 @@ def main() -> None:
     import os
     import sys
 
-    from .completion_cmd import enable_if_completing
+    from slotfile.cli.completion_cmd import enable_if_completing
 
     enable_if_completing()
     try:

@@ -6,12 +6,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from slotfile.cli.terminal import escape_text
 from slotfile.exitcodes import OK, OPERATIONAL, PROBLEMS
-from slotfile.model import ModelError, ModelInfo, load_model_info
-from slotfile.reader import open_slot_file
-from slotfile.records import SlotFile
-
-from .terminal import escape_text
+from slotfile.format.reader import open_slot_file
+from slotfile.format.records import SlotFile
+from slotfile.model.bridge import ModelError, ModelInfo, load_model_info
 
 
 def __getattr__(name: str) -> Any:

@@ -28,7 +28,7 @@ def enable_if_completing() -> None:
 
 def run_completion(shell: str) -> int:
     if shell not in SHELLS:
-        from .common import fail  # not at import: main() imports this module on every start
+        from slotfile.cli.common import fail  # not at import: main() imports this module on every start
 
         fail(f"unknown shell {shell!r}: give one of {', '.join(SHELLS)}", "completion")
         return USAGE

@@ -8,11 +8,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from slotfile.cli.common import exit_code, load_model_or_report, open_or_report
+from slotfile.cli.terminal import escape_text
 from slotfile.exitcodes import OPERATIONAL
 from slotfile.report import to_json
-
-from .common import exit_code, load_model_or_report, open_or_report
-from .terminal import escape_text
 
 
 def run_dump(path: Path, as_json: bool, with_tokens: bool, model_path: Path | None) -> int:

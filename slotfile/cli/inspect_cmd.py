@@ -8,15 +8,14 @@ from pathlib import Path
 from rich.table import Table
 from rich.text import Text
 
+from slotfile.cli.common import exit_code, load_model_or_report, open_or_report, out
+from slotfile.cli.terminal import escape_text, human_size
 from slotfile.diagnosis import CAUSE_WORDS, Cause, facts_of, file_cause, next_step, refs_of
 from slotfile.exitcodes import OPERATIONAL
-from slotfile.model import ModelInfo
-from slotfile.reader import GGSN_VERSIONS, GGSQ_VERSIONS
-from slotfile.records import MemoryBlock, SlotFile
+from slotfile.format.reader import GGSN_VERSIONS, GGSQ_VERSIONS
+from slotfile.format.records import MemoryBlock, SlotFile
+from slotfile.model.bridge import ModelInfo
 from slotfile.report import flash_attn_of
-
-from .common import exit_code, load_model_or_report, open_or_report, out
-from .terminal import escape_text, human_size
 
 PREVIEW_CHARS = 160
 

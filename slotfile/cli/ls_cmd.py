@@ -20,12 +20,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from slotfile.cli.common import fail
+from slotfile.cli.server_common import server_dict, wide_console
+from slotfile.cli.terminal import escape_text, human_size
 from slotfile.exitcodes import OK, OPERATIONAL, PROBLEMS, USAGE
-from slotfile.slotdir import DirScan, FileSummary, human_age, scan_dir, summarize
-
-from .common import fail
-from .server_common import server_dict, wide_console
-from .terminal import escape_text, human_size
+from slotfile.slotdir.walk import DirScan, FileSummary, human_age, scan_dir, summarize
 
 SCHEMA = "slotfile.ls/1"
 SORTS = ("path", "size", "age", "tokens")
@@ -39,15 +38,15 @@ def run_ls(
         return USAGE
     server, side = None, None
     if server_args is not None:
-        from .server_common import server_and_model
+        from slotfile.cli.server_common import server_and_model
 
         got = server_and_model(server_args, model, "ls", need_model=False)
         if isinstance(got, int):
             return got
         server, model_path = got
         if model_path is not None:
-            from slotfile.model import ModelError
-            from slotfile.restorecheck import model_side
+            from slotfile.model.bridge import ModelError
+            from slotfile.slotdir.restore import model_side
 
             try:
                 side = model_side(model_path)
@@ -63,7 +62,7 @@ def run_ls(
     rows = [summarize(e) for e in scan.slots]
     fates: dict[str, Any] = {}
     if server is not None:
-        from slotfile.restorecheck import predict
+        from slotfile.slotdir.restore import predict
 
         for s in rows:
             if s.error is None:
@@ -143,7 +142,7 @@ def _fa(s: FileSummary) -> str:
 def render(scan: DirScan, rows: list[FileSummary], fates: dict[str, Any], now: float, elapsed: float) -> None:
     from rich.table import Table
 
-    from .common import out
+    from slotfile.cli.common import out
 
     table = Table(title=f"slotfile ls {escape_text(scan.root)}", title_justify="left")
     cols = ["file", "size", "tokens", "ver", "memory", "streams", "K/V", "fa", "ckpt", "draft", "age"]

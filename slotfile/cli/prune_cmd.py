@@ -21,12 +21,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from slotfile.cli.common import fail
+from slotfile.cli.terminal import escape_text, human_size
 from slotfile.exitcodes import OK, OPERATIONAL, PROBLEMS, USAGE
-from slotfile.prune import SCHEMA, PrunePlan, carry_out, plan_prune
-from slotfile.slotdir import FileSummary, human_age, parse_age, parse_size, scan_dir, summarize
-
-from .common import fail
-from .terminal import escape_text, human_size
+from slotfile.slotdir.prune import SCHEMA, PrunePlan, carry_out, plan_prune
+from slotfile.slotdir.walk import FileSummary, human_age, parse_age, parse_size, scan_dir, summarize
 
 
 def run_prune(
@@ -112,7 +111,7 @@ def _document(
 
 
 def _render(plan: PrunePlan, delete: bool, n_apart: int, now: float) -> None:
-    from .common import out
+    from slotfile.cli.common import out
 
     verb = "removed" if delete else "would remove"
     for r in plan.remove:

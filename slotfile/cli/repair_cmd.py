@@ -8,13 +8,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from slotfile.cli.common import fail, out
+from slotfile.cli.terminal import escape_text
 from slotfile.exitcodes import OK, OPERATIONAL, PROBLEMS, USAGE
-from slotfile.ggml_types import KV_CACHE_TYPES
+from slotfile.format.types import KV_CACHE_TYPES
 from slotfile.repair import Options, Outcome, Report, run
 from slotfile.safewrite import WriteRefused, resolve_target
-
-from .common import fail, out
-from .terminal import escape_text
 
 EXIT_CODES = {
     Outcome.REPAIRED: OK,

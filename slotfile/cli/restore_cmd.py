@@ -31,17 +31,16 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from slotfile.cli.common import fail, progress_bar
+from slotfile.cli.server_common import server_and_model, server_dict, wide_console
+from slotfile.cli.terminal import escape_text, human_size
 from slotfile.exitcodes import OK, OPERATIONAL, PROBLEMS, USAGE
-from slotfile.serverargs import ServerSettings
-
-from .common import fail, progress_bar
-from .server_common import server_and_model, server_dict, wide_console
-from .terminal import escape_text, human_size
+from slotfile.slotdir.serverargs import ServerSettings
 
 if TYPE_CHECKING:
     from slotfile.repair.batch import FileResult
-    from slotfile.restorecheck import Checker, Restore
-    from slotfile.slotdir import DirScan, FileSummary
+    from slotfile.slotdir.restore import Checker, Restore
+    from slotfile.slotdir.walk import DirScan, FileSummary
 
 SCHEMA = "slotfile.restore/1"
 _SHORT = {
@@ -55,9 +54,9 @@ _SHORT = {
 def _start(
     server: ServerSettings, model: str | None, jobs: int, n_gpu_layers: int, timeout: float, command: str
 ) -> Checker | int:
-    from slotfile.loader import LoaderError
-    from slotfile.model import ModelError
-    from slotfile.restorecheck import Checker
+    from slotfile.llama.loader import LoaderError
+    from slotfile.model.bridge import ModelError
+    from slotfile.slotdir.restore import Checker
 
     try:
         return Checker(server, model, jobs=jobs, n_gpu_layers=n_gpu_layers, timeout=timeout)
@@ -68,7 +67,7 @@ def _start(
 
 def _entries(paths: list[Path]) -> tuple[list[Any], list[str], dict[str, int]]:
     """Slot files of the given files and directories (temps and files being written left out)."""
-    from slotfile.slotdir import Entry, scan_dir
+    from slotfile.slotdir.walk import Entry, scan_dir
 
     entries: list[Entry] = []
     errors: list[str] = []
@@ -185,7 +184,7 @@ def _render_restore(
 ) -> None:
     from rich.table import Table
 
-    from .common import out
+    from slotfile.cli.common import out
 
     if not quiet:
         table = Table(title=f"will these restore? server: {server.describe()}", title_justify="left")
@@ -236,7 +235,7 @@ def run_resave_dir(
         return got
     server, model_path, outdir = got
     from slotfile.repair.batch import outputs_in_the_way
-    from slotfile.slotdir import scan_dir
+    from slotfile.slotdir.walk import scan_dir
 
     t0 = time.monotonic()
     scan = scan_dir(root)
@@ -333,7 +332,7 @@ def _convert_all(
 def _print_resave_dir(
     results: list[FileResult], counts: dict[str, int], scan: DirScan, elapsed: float, dry_run: bool
 ) -> None:
-    from .common import out
+    from slotfile.cli.common import out
 
     for x in results:
         tail = f" -> {x.output}" if x.output and x.action in ("copied", "converted") else ""

@@ -7,10 +7,9 @@ import os
 from pathlib import Path
 from typing import Any
 
+from slotfile.cli.common import fail
 from slotfile.exitcodes import OPERATIONAL, USAGE
-from slotfile.serverargs import ServerArgsError, ServerSettings, parse_server_args
-
-from .common import fail
+from slotfile.slotdir.serverargs import ServerArgsError, ServerSettings, parse_server_args
 
 TABLE_WIDTH = 220  # when stdout is not a terminal
 
@@ -50,7 +49,7 @@ def wide_console() -> Any:
     """stdout; on a pipe or a file wide enough for one line per file (as verify's table)."""
     from rich.console import Console
 
-    from .common import out
+    from slotfile.cli.common import out
 
     if out.is_terminal or os.environ.get("COLUMNS"):
         return out

@@ -52,6 +52,8 @@ from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
 
+from slotfile.cli.common import err, fail, out, progress_bar
+from slotfile.cli.terminal import escape_text, human_size, problem_line
 from slotfile.diagnosis import CAUSE_SHORT, Cause
 from slotfile.exitcodes import OK, OPERATIONAL, PROBLEMS, USAGE
 from slotfile.verify import (
@@ -65,11 +67,8 @@ from slotfile.verify import (
     collect,
 )
 
-from .common import err, fail, out, progress_bar
-from .terminal import escape_text, human_size, problem_line
-
 if TYPE_CHECKING:
-    from slotfile.loader import LoaderPool
+    from slotfile.llama.loader import LoaderPool
 
 STRUCTURE_ONLY = "(structure only; add --model to test-load)"
 

@@ -1,6 +1,6 @@
 """Repairs: truncate-recover, strip-draft and re-save, planned as byte ranges of the input.
 
-Every operation looks at the parsed input (:func:`slotfile.reader.open_slot_file`), decides
+Every operation looks at the parsed input (:func:`slotfile.format.reader.open_slot_file`), decides
 what to keep, drop, rewrite or rebuild, and returns a :class:`~.common.Planned`: a
 :class:`slotfile.safewrite.Plan` (byte ranges of the input or of files a llama.cpp worker
 wrote, plus framing built by the grammar) and a :class:`Report` saying exactly what happens
@@ -18,13 +18,13 @@ helpers), ``tail`` (what follows the body), ``kept`` / ``rebuilt`` (appendix pla
 check), ``runner`` (attempts and retries).
 """
 
-from .common import Operational, Options, Planned, Refused, Retry
-from .report import SCHEMA, Outcome, Report
-from .resave import resave
-from .runner import OPERATIONS, run
-from .settings import probe_body
-from .strip_draft import strip_draft
-from .tail import (
+from slotfile.repair.common import Operational, Options, Planned, Refused, Retry
+from slotfile.repair.report import SCHEMA, Outcome, Report
+from slotfile.repair.resave import resave
+from slotfile.repair.runner import OPERATIONS, run
+from slotfile.repair.settings import probe_body
+from slotfile.repair.strip_draft import strip_draft
+from slotfile.repair.tail import (
     BlobRef,
     Entry,
     SckpWalk,
@@ -36,7 +36,7 @@ from .tail import (
     scan_sdft,
     walk_sckp,
 )
-from .truncate import truncate_recover
+from slotfile.repair.truncate import truncate_recover
 
 __all__ = [
     "OPERATIONS",

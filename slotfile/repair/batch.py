@@ -1,7 +1,7 @@
 """``re-save DIR -o OUTDIR --server-args ARGS``: every slot file under DIR, written under OUTDIR
 (the same tree) in the form the server with those flags restores.
 
-Per file (verdicts of :mod:`slotfile.restorecheck`):
+Per file (verdicts of :mod:`slotfile.slotdir.restore`):
 
 * restores as is: copied;
 * needs re-save, exact: another stream count is written byte for byte
@@ -25,11 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..restorecheck import Checker, Fate, Restore, need_cells
-from ..safewrite import CheckFailed, Plan, WriteRefused, commit, create_temp, unlink_quiet, write_plan
-from ..slotdir import DirScan, Entry
-from .common import Options, Refused
-from .report import Outcome
+from slotfile.repair.common import Options, Refused
+from slotfile.repair.report import Outcome
+from slotfile.safewrite import CheckFailed, Plan, WriteRefused, commit, create_temp, unlink_quiet, write_plan
+from slotfile.slotdir.restore import Checker, Fate, Restore, need_cells
+from slotfile.slotdir.walk import DirScan, Entry
 
 SCHEMA = "slotfile.resave-dir/1"
 
@@ -63,7 +63,7 @@ def server_check(checker: Checker, rel: str) -> Callable[[str], tuple[bool, str]
     """The safe write's check: a clean re-read and a load under the server's settings."""
 
     def check(path: str) -> tuple[bool, str]:
-        from ..reader import open_slot_file
+        from slotfile.format.reader import open_slot_file
 
         sf = open_slot_file(path)
         try:
@@ -98,7 +98,7 @@ def convert_one(
         res.action = "would-copy" if r.fate == Fate.AS_IS else "would-convert"
         return res
     os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
-    from ..safewrite import Target
+    from slotfile.safewrite import Target
 
     target = Target(entry.path, out, False, None, force)
     temps: list[str] = []
@@ -130,8 +130,8 @@ def convert_one(
 
 
 def _streams_temp(path: str, n_stream: int, workdir: str, temps: list[str]) -> str:
-    from ..reader import open_slot_file
-    from .streams import plan_streams
+    from slotfile.format.reader import open_slot_file
+    from slotfile.repair.streams import plan_streams
 
     sf = open_slot_file(path)
     try:
@@ -150,8 +150,8 @@ def _streams_temp(path: str, n_stream: int, workdir: str, temps: list[str]) -> s
 
 def _resave_temp(src: str, r: Restore, checker: Checker, workdir: str, temps: list[str], timeout: float) -> str:
     """The single-file re-save (runner: its own check) into a temp that the final commit copies."""
-    from ..safewrite import Target, temp_path
-    from .runner import run
+    from slotfile.repair.runner import run
+    from slotfile.safewrite import Target, temp_path
 
     out = temp_path(workdir, Path(src).name.lstrip("."), ".resaved")
     temps.append(out)

@@ -8,10 +8,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..reader import open_slot_file
-from ..records import SlotFile
-from .common import Operational, Options
-from .report import Report
+from slotfile.format.reader import open_slot_file
+from slotfile.format.records import SlotFile
+from slotfile.repair.common import Operational, Options
+from slotfile.repair.report import Report
 
 
 def make_check(
@@ -47,8 +47,8 @@ def make_check(
 
 
 def _expectations(opts: Options) -> dict[str, Any]:
-    from ..expect import expect_from_model
-    from ..model import ModelError, load_model_info
+    from slotfile.model.bridge import ModelError, load_model_info
+    from slotfile.model.expect import expect_from_model
 
     try:
         return {
@@ -64,7 +64,15 @@ def _test_load(sf: SlotFile, path: str, opts: Options, test_draft: bool, report:
     test-load is skipped, with a note).  The library: --llama-lib, else $SLOTFILE_LLAMA_LIB,
     else llama-cpp-python's own and, when that one's version is not the file's, the one beside
     the llama-server on PATH."""
-    from ..loader import LIB_ENV, Library, LoaderError, LoaderPool, library_label, server_library, settings_for
+    from slotfile.llama.loader import (
+        LIB_ENV,
+        Library,
+        LoaderError,
+        LoaderPool,
+        library_label,
+        server_library,
+        settings_for,
+    )
 
     assert opts.model is not None
     model = opts.model

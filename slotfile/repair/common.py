@@ -8,10 +8,10 @@ from typing import Any
 
 import numpy as np
 
-from ..layout import PARTIAL_OF
-from ..reader import SlotFile
-from ..safewrite import Plan
-from .report import Report
+from slotfile.format.layout import PARTIAL_OF
+from slotfile.format.reader import SlotFile
+from slotfile.repair.report import Report
+from slotfile.safewrite import Plan
 
 
 class Refused(Exception):

@@ -7,10 +7,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .. import grammar as g
-from ..safewrite import Plan
-from .report import Report
-from .tail import BlobRef, Entry, SckpWalk, Tail
+from slotfile.format import grammar as g
+from slotfile.repair.report import Report
+from slotfile.repair.tail import BlobRef, Entry, SckpWalk, Tail
+from slotfile.safewrite import Plan
 
 BlobWriter = Callable[[Plan, BlobRef, str], None]
 

@@ -7,7 +7,7 @@ the file's); recurrent blocks have none (slot-format.md §12.1).  Both versions 
 with the same width rule; version 3 only does not record it.  So:
 
 * 3 -> 4 inserts the widths a version-4 llama.cpp computes for the model and the stream's own
-  cache types (:func:`slotfile.expect.rotation_widths`); without ``--model`` only when no KV cache
+  cache types (:func:`slotfile.model.expect.rotation_widths`); without ``--model`` only when no KV cache
   is quantized (then both are 0);
 * 4 -> 3 removes them, and refuses when they differ from what a version-3 llama.cpp computes for
   the model, since that build would silently read the rows in another rotation.
@@ -25,13 +25,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .. import grammar as g
-from ..compare import rotation_message, stream_types
-from ..expect import attn_rot_disabled, is_quantized, rotation_widths
-from ..records import Body, CacheExpect, FileFormat, KVStream, MemoryKind, ModelExpect, SlotFile
-from ..safewrite import Plan
-from .common import Operational, Options, Planned, Refused, Retry, start
-from .report import Report
+from slotfile.format import grammar as g
+from slotfile.format.records import Body, CacheExpect, FileFormat, KVStream, MemoryKind, ModelExpect, SlotFile
+from slotfile.model.compare import rotation_message, stream_types
+from slotfile.model.expect import attn_rot_disabled, is_quantized, rotation_widths
+from slotfile.repair.common import Operational, Options, Planned, Refused, Retry, start
+from slotfile.repair.report import Report
+from slotfile.safewrite import Plan
 
 # the versions migrate converts between, per format: (without rotation words, with them)
 PAIRS = {FileFormat.GGSQ: (3, 4), FileFormat.GGSN: (10, 11)}
@@ -118,9 +118,9 @@ def _with_model(sf: SlotFile, opts: Options) -> SlotFile:
     a file that does not match the model is refused."""
     if opts.model is None and opts.draft_model is None:
         return sf
-    from ..expect import expect_from_model
-    from ..model import ModelError, load_model_info
-    from ..reader import open_slot_file
+    from slotfile.format.reader import open_slot_file
+    from slotfile.model.bridge import ModelError, load_model_info
+    from slotfile.model.expect import expect_from_model
 
     try:
         exp = expect_from_model(load_model_info(opts.model)) if opts.model else None

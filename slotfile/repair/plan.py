@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from ..safewrite import CommitResult, Literal, Plan, Range, Target, commit, write_plan
+from slotfile.safewrite import CommitResult, Literal, Plan, Range, Target, commit, write_plan
 
 
 @dataclass(frozen=True, slots=True)

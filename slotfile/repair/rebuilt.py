@@ -7,10 +7,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .. import grammar as g
-from ..safewrite import Plan
-from .report import Report
-from .tail import Entry, Tail
+from slotfile.format import grammar as g
+from slotfile.repair.report import Report
+from slotfile.repair.tail import Entry, Tail
+from slotfile.safewrite import Plan
 
 
 @dataclass(slots=True)

@@ -10,11 +10,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .. import grammar as g
-from ..ggml_types import TRANSPOSABLE, TYPES, type_name
-from ..records import Body, SlotFile
-from ..safewrite import Plan, create_temp
-from .common import (
+from slotfile.format import grammar as g
+from slotfile.format.records import Body, SlotFile
+from slotfile.format.types import TRANSPOSABLE, TYPES, type_name
+from slotfile.repair.common import (
     Options,
     Planned,
     Refused,
@@ -28,12 +27,13 @@ from .common import (
     words_of,
     worker_ok,
 )
-from .kept import BlobWriter, plan_tail
-from .plan import TPlan, write_with_transposed
-from .rebuilt import Rebuilt, plan_recomputed_tail
-from .report import Report
-from .settings import file_flash_attn, tid, worker_settings
-from .tail import BlobRef, Tail, analyse_tail
+from slotfile.repair.kept import BlobWriter, plan_tail
+from slotfile.repair.plan import TPlan, write_with_transposed
+from slotfile.repair.rebuilt import Rebuilt, plan_recomputed_tail
+from slotfile.repair.report import Report
+from slotfile.repair.settings import file_flash_attn, tid, worker_settings
+from slotfile.repair.tail import BlobRef, Tail, analyse_tail
+from slotfile.safewrite import Plan, create_temp
 
 
 def _new_words(sf: SlotFile, form: str | None) -> tuple[list[int], str]:
@@ -129,7 +129,7 @@ def resave(
     job = _Job.of(sf, opts, out)
     if dry_run:
         return job.dry()
-    from ..rebuild import run_worker
+    from slotfile.llama.requests import run_worker
 
     base, fd = create_temp(workdir, Path(sf.path).name, ".resave")
     os.close(fd)
@@ -165,7 +165,7 @@ class _Job:
     @classmethod
     def of(cls, sf: SlotFile, opts: Options, out: Planned) -> _Job:
         assert sf.body is not None
-        from ..loader import settings_for
+        from slotfile.llama.loader import settings_for
 
         settings = worker_settings(settings_for(sf, n_gpu_layers=opts.n_gpu_layers))
         file_fa = file_flash_attn(sf)

@@ -9,16 +9,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..reader import open_slot_file
-from ..safewrite import CheckFailed, Target, WriteRefused, describe_plan, unlink_quiet
-from .check import make_check
-from .common import Operational, Options, Planned, Refused, Retry
-from .migrate import migrate
-from .plan import commit_plan, has_transposed, plan_equals
-from .report import Outcome, Report
-from .resave import resave
-from .strip_draft import strip_draft
-from .truncate import truncate_recover
+from slotfile.format.reader import open_slot_file
+from slotfile.repair.check import make_check
+from slotfile.repair.common import Operational, Options, Planned, Refused, Retry
+from slotfile.repair.migrate import migrate
+from slotfile.repair.plan import commit_plan, has_transposed, plan_equals
+from slotfile.repair.report import Outcome, Report
+from slotfile.repair.resave import resave
+from slotfile.repair.strip_draft import strip_draft
+from slotfile.repair.truncate import truncate_recover
+from slotfile.safewrite import CheckFailed, Target, WriteRefused, describe_plan, unlink_quiet
 
 OPERATIONS: dict[str, Callable[..., Planned]] = {
     "truncate-recover": truncate_recover,
@@ -54,7 +54,7 @@ def run(command: str, input_path: str, target: Target | None, opts: Options, *, 
             if m is not None and not os.path.isfile(m):
                 raise Operational(f"model {m} not found")
         if opts.model is not None:  # an unusable --llama-lib fails before anything is planned
-            from ..loader import LoaderError, resolve_library
+            from slotfile.llama.loader import LoaderError, resolve_library
 
             try:
                 resolve_library(opts.llama_lib)

@@ -6,12 +6,12 @@ from __future__ import annotations
 import struct
 from typing import Any
 
-from .. import grammar as g
-from ..ggml_types import BY_NAME, KV_CACHE_TYPES, TRANSPOSABLE, TYPES, type_name
-from ..reader import has_rot
-from ..records import Body, SlotFile
-from .common import Options, Refused
-from .tail import Tail
+from slotfile.format import grammar as g
+from slotfile.format.reader import has_rot
+from slotfile.format.records import Body, SlotFile
+from slotfile.format.types import BY_NAME, KV_CACHE_TYPES, TRANSPOSABLE, TYPES, type_name
+from slotfile.repair.common import Options, Refused
+from slotfile.repair.tail import Tail
 
 
 def probe_body(view: memoryview, start: int, end: int, *, rot: bool = False) -> dict[str, Any]:
@@ -142,7 +142,7 @@ def tid(v: Any) -> int:
 
 def worker_settings(s: Any) -> dict[str, Any]:
     """LoadSettings as the dict the rebuild worker takes."""
-    from ..rebuild import settings_dict
+    from slotfile.llama.requests import settings_dict
 
     d = settings_dict(s) or {}
     for k in ("type_k", "type_v"):

@@ -14,10 +14,10 @@ A file with cells in two streams of one block (a whole-context save) cannot be c
 
 from __future__ import annotations
 
-from .. import grammar as g
-from ..records import BlobInfo, Body, SlotFile
-from ..safewrite import Plan
-from .common import Refused, body_ok
+from slotfile.format import grammar as g
+from slotfile.format.records import BlobInfo, Body, SlotFile
+from slotfile.repair.common import Refused, body_ok
+from slotfile.safewrite import Plan
 
 
 def _kv_delta(body: Body, n_new: int) -> int:

@@ -3,11 +3,11 @@ the target state stays byte-identical."""
 
 from __future__ import annotations
 
-from .. import grammar as g
-from ..records import Checkpoint, SlotFile
-from ..safewrite import Plan
-from .common import Options, Planned, Refused, Retry, body_ok, header_tokens_ok, start
-from .report import Report
+from slotfile.format import grammar as g
+from slotfile.format.records import Checkpoint, SlotFile
+from slotfile.repair.common import Options, Planned, Refused, Retry, body_ok, header_tokens_ok, start
+from slotfile.repair.report import Report
+from slotfile.safewrite import Plan
 
 
 def strip_draft(

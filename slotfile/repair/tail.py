@@ -1,6 +1,6 @@
 """Tail analysis: what follows the body (or a damaged body), entry by entry, validated.
 
-The framing comes from :mod:`slotfile.appendix`; this module adds what a repair needs on
+The framing comes from :mod:`slotfile.format.appendix`; this module adds what a repair needs on
 top: every blob checked the way the reader checks it, SCKP entries walked whatever the count
 says, a damaged magic tolerated when the entries behind it validate, and an intact SDFT
 found again by a scan after damage.
@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 
 from construct import ConstructError
 
-from .. import appendix as ap
-from .. import grammar as g
-from ..layout import Failure
-from ..records import BlobInfo, FileFormat, SlotFile
-from .common import Retry, view_of
+from slotfile.format import appendix as ap
+from slotfile.format import grammar as g
+from slotfile.format.layout import Failure
+from slotfile.format.records import BlobInfo, FileFormat, SlotFile
+from slotfile.repair.common import Retry, view_of
 
 MAX_SCAN_CANDIDATES = 4096
 
@@ -108,7 +108,7 @@ class Tail:
 
 def check_blob(sf: SlotFile, view: memoryview, ref: BlobRef, section: str, partial: tuple[str, ...] | None) -> None:
     """Validate a seq blob the way the reader does (same code), recording ok / reason."""
-    from .. import reader as r
+    from slotfile.format import reader as r
 
     scratch = SlotFile(path=sf.path, size=len(view), format=FileFormat.GGSQ, version=sf.version, buffer=sf.buffer)
     info = BlobInfo(section.rsplit(".", 1)[-1], ref.offset, ref.length, g.Run(ref.data_offset, ref.length, b""))

@@ -8,12 +8,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .. import grammar as g
-from ..layout import PARTIAL_OF
-from ..reader import has_rot, open_slot_file
-from ..records import Body, SlotFile
-from ..safewrite import Plan, create_temp
-from .common import (
+from slotfile.format import grammar as g
+from slotfile.format.layout import PARTIAL_OF
+from slotfile.format.reader import has_rot, open_slot_file
+from slotfile.format.records import Body, SlotFile
+from slotfile.repair.common import (
     Operational,
     Options,
     Planned,
@@ -26,11 +25,12 @@ from .common import (
     view_of,
     words_of,
 )
-from .kept import plan_tail
-from .rebuilt import Rebuilt, plan_rebuilt_checkpoints, plan_rebuilt_sdft
-from .report import Report
-from .settings import describe_settings, probe_body, settings_for_rebuild, tid
-from .tail import SckpWalk, Tail, analyse_tail, apply_exclusions
+from slotfile.repair.kept import plan_tail
+from slotfile.repair.rebuilt import Rebuilt, plan_rebuilt_checkpoints, plan_rebuilt_sdft
+from slotfile.repair.report import Report
+from slotfile.repair.settings import describe_settings, probe_body, settings_for_rebuild, tid
+from slotfile.repair.tail import SckpWalk, Tail, analyse_tail, apply_exclusions
+from slotfile.safewrite import Plan, create_temp
 
 
 def truncate_recover(
@@ -162,7 +162,7 @@ def _run_prefill(
     blobs, fd = create_temp(workdir, Path(sf.path).name, ".blobs")
     os.close(fd)
     out.temps += [base, blobs]
-    from ..rebuild import run_worker
+    from slotfile.llama.requests import run_worker
 
     t0 = time.monotonic()
     res = run_worker(
@@ -319,8 +319,8 @@ def _body_by_loader(
     stopped parse clean, that is the body."""
     if settings.get("flash_attn") is None or settings.get("type_k") is None or settings.get("type_v") is None:
         return None
-    from ..loader import LoaderError, LoadSettings, test_load
-    from ..reader import parse_buffer
+    from slotfile.format.reader import parse_buffer
+    from slotfile.llama.loader import LoaderError, LoadSettings, test_load
 
     n_seq = int(settings.get("n_seq_max") or 1)
     unified = bool(settings.get("kv_unified"))

@@ -30,8 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from slotfile import appendix as ap
-from slotfile.records import Body, MemoryBlock, SlotFile
+from slotfile.format import appendix as ap
+from slotfile.format.records import Body, MemoryBlock, SlotFile
 
 
 class ContractError(AssertionError):
@@ -117,14 +117,14 @@ def walk(sf: SlotFile) -> int:
 
 def parse(data: bytes) -> None:
     """``parse_buffer`` and every lazy object it hands back."""
-    from slotfile.reader import parse_buffer
+    from slotfile.format.reader import parse_buffer
 
     walk(parse_buffer(data))
 
 
 def dump_json(data: bytes) -> None:
     """The ``dump --json`` document (with token ids) and the text form built from it."""
-    from slotfile.reader import parse_buffer
+    from slotfile.format.reader import parse_buffer
 
     sf = parse_buffer(data)
     _check_problems(sf)
@@ -151,7 +151,7 @@ _UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]
 
 def inspect(data: bytes) -> None:
     """The ``inspect`` renderer (with --layers) into a rich Console over a StringIO."""
-    from slotfile.reader import parse_buffer
+    from slotfile.format.reader import parse_buffer
 
     sf = parse_buffer(data)
     _check_problems(sf)
@@ -292,7 +292,7 @@ def _nothing_written(workdir: str) -> None:
 def repair(data: bytes) -> None:
     """The repair planners in dry-run mode on a file in a scratch directory: nothing may be
     written there (or anywhere) but the input itself."""
-    from slotfile.reader import open_slot_file
+    from slotfile.format.reader import open_slot_file
 
     path, workdir = _repair_input(data)
     sf = open_slot_file(path)
@@ -313,7 +313,7 @@ def slot(data: bytes) -> None:
     plan (1 in 4 each, and 1 input in 8 also through ``repair.run``, which parses again),
     ``--layers`` (1 in 2) and whether rich lays the tables out (1 in 16; otherwise every
     cell's text is checked by :class:`_CellConsole`, skipping rich's layout work)."""
-    from slotfile.reader import open_slot_file
+    from slotfile.format.reader import open_slot_file
 
     pick = zlib.crc32(data)
     path, workdir = _repair_input(data)
@@ -332,8 +332,8 @@ def slot(data: bytes) -> None:
 
 def gguf(data: bytes) -> None:
     """The GGUF metadata reader (``gguf_meta.scan``) and ``load_model_info`` with its vocabulary."""
-    from slotfile import gguf_meta
-    from slotfile.model import ModelError, load_model_info
+    from slotfile.model.bridge import ModelError, load_model_info
+    from slotfile.model import gguf as gguf_meta
 
     path = _write_input(data, "model.gguf")
     try:
@@ -364,7 +364,7 @@ def gguf(data: bytes) -> None:
 
 
 def appendix(data: bytes) -> None:
-    """The SCKP/SDFT walkers of :mod:`slotfile.appendix`: the first two bytes pick the offset
+    """The SCKP/SDFT walkers of :mod:`slotfile.format.appendix`: the first two bytes pick the offset
     the walk starts at (inside the rest), the rest is the file."""
     if len(data) < 2:
         return

@@ -4,7 +4,7 @@ v3, v4 (the fixtures a real v4 libllama wrote, fixtures/slots/v4), GGSN 9 with o
 header), with SCKP and SDFT, and GGUF metadata.
 
 Minimised: a seed over ``MAX_LEN`` bytes is replaced by files written with
-:mod:`slotfile.synth` of the same shape (type, V layout, checkpoints, draft state) but 2-4
+:mod:`slotfile.format.synth` of the same shape (type, V layout, checkpoints, draft state) but 2-4
 cells of 2 layers of 8-32 elements, and GGUF seeds keep only their metadata (tensor count 0,
 cut where the tensor infos began).
 """
@@ -17,10 +17,10 @@ from pathlib import Path
 
 import numpy as np
 
-from slotfile import gguf_meta
-from slotfile.reader import open_slot_file
-from slotfile.records import SlotFile
-from slotfile.synth import SynthSpec, write_slot
+from slotfile.format.reader import open_slot_file
+from slotfile.format.records import SlotFile
+from slotfile.format.synth import SynthSpec, write_slot
+from slotfile.model import gguf as gguf_meta
 
 ROOT = Path(__file__).resolve().parents[2]
 SLOTS = ROOT / "fixtures" / "slots"
@@ -159,7 +159,7 @@ def gguf_seeds() -> dict[str, bytes]:
 def appendix_seeds(slots: dict[str, bytes]) -> dict[str, bytes]:
     """For the appendix walkers: a 2-byte start offset, then the bytes from the end of the
     body on (SCKP and SDFT appendices), cut to MAX_LEN."""
-    from slotfile.reader import parse_buffer
+    from slotfile.format.reader import parse_buffer
 
     out = {}
     for name, data in slots.items():

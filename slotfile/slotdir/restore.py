@@ -20,14 +20,14 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
-from .ggml_types import BY_NAME, TRANSPOSABLE
-from .serverargs import ServerSettings
-from .slotdir import FileSummary, fill_summary
+from slotfile.format.types import BY_NAME, TRANSPOSABLE
+from slotfile.slotdir.serverargs import ServerSettings
+from slotfile.slotdir.walk import FileSummary, fill_summary
 
 if TYPE_CHECKING:
-    from .loader import LoaderPool
-    from .model import ModelInfo
-    from .records import ModelExpect, SlotFile
+    from slotfile.format.records import ModelExpect, SlotFile
+    from slotfile.llama.loader import LoaderPool
+    from slotfile.model.bridge import ModelInfo
 
 SCHEMA = "slotfile.restore/1"
 
@@ -68,9 +68,9 @@ class ModelSide:
 
 
 def model_side(path: str) -> ModelSide:
-    """Raises slotfile.model.ModelError when the GGUF cannot be read."""
-    from .expect import expect_from_model
-    from .model import load_model_info
+    """Raises slotfile.model.bridge.ModelError when the GGUF cannot be read."""
+    from slotfile.model.bridge import load_model_info
+    from slotfile.model.expect import expect_from_model
 
     info = load_model_info(path)
     try:
@@ -124,7 +124,7 @@ def _ctx_why(server: ServerSettings, n_train: int) -> str:
 
 
 def _model_problem(sf: SlotFile, side: ModelSide) -> str | None:
-    for p in sf.model_problems:  # open_slot_file(expect=...) ran slotfile.modelcheck
+    for p in sf.model_problems:  # open_slot_file(expect=...) ran slotfile.model.check
         if p.severity == "error":
             return p.line()
     return None
@@ -237,13 +237,13 @@ class Checker:
         timeout: float = 300.0,
         pool: LoaderPool | None = None,
     ) -> None:
-        """Raises slotfile.model.ModelError or slotfile.loader.LoaderError (operational)."""
+        """Raises slotfile.model.bridge.ModelError or slotfile.llama.loader.LoaderError (operational)."""
         self.server, self.model = server, model
         self.side = model_side(model) if model else None
         self.pool = pool
         self.n_gpu_layers, self.timeout = n_gpu_layers, timeout
         if load and model and self.pool is None:
-            from .loader import LoaderPool
+            from slotfile.llama.loader import LoaderPool
 
             self.pool = LoaderPool(model, server.draft_model, n_gpu_layers, jobs)
 
@@ -258,7 +258,7 @@ class Checker:
 
     def check(self, path: str, rel: str, size: int, mtime: float) -> tuple[FileSummary, Restore | None]:
         """(summary, verdict); the verdict is None for a file that cannot be read (``summary.error``)."""
-        from .reader import open_slot_file
+        from slotfile.format.reader import open_slot_file
 
         s = FileSummary(path, rel, size, mtime)
         try:

@@ -446,7 +446,7 @@ def scan(path: str | Path) -> GGUFMeta:
 def _scan_tensor_infos(sc: _Scanner, n: int, alignment: int) -> int:
     """Walk the tensor infos (gguf.cpp reads them after the KV pairs); the tensor data offset.
     Their data must lie inside the file, as GGUFReader and llama.cpp require."""
-    from .ggml_types import TYPES
+    from slotfile.format.types import TYPES
 
     infos: list[tuple[str, int, int, int]] = []
     names: set[str] = set()

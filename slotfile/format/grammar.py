@@ -51,7 +51,7 @@ from construct import (
 )
 from construct.core import evaluate
 
-from .ggml_types import TRANSPOSABLE, TYPES
+from slotfile.format.types import TRANSPOSABLE, TYPES
 
 # ---------------------------------------------------------------------------------------
 # magics and caps

@@ -1,7 +1,7 @@
 """The one walker of what follows the body: the SCKP and SDFT appendices and the blob prefix.
 
-Everything is read through the grammars of :mod:`slotfile.grammar` over a
-:class:`~slotfile.grammar.ViewStream`, so every length is checked against the bytes that
+Everything is read through the grammars of :mod:`slotfile.format.grammar` over a
+:class:`~slotfile.format.grammar.ViewStream`, so every length is checked against the bytes that
 remain before anything is touched, and blobs come back as zero-copy views.  The walker only
 reports framing: offsets, lengths, counts, what is complete, and where a walk stopped and
 why.  What a stop *means* is the caller's business: the reader reports a problem, a repair
@@ -24,8 +24,8 @@ from typing import Any
 
 from construct import ConstructError
 
-from . import grammar as g
-from .layout import Failure, failure_of
+from slotfile.format import grammar as g
+from slotfile.format.layout import Failure, failure_of
 
 BLOB_NAMES = ("data_tgt", "data_dft", "data_spec")
 

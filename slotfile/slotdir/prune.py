@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .slotdir import DirScan, Entry, FileSummary
+from slotfile.slotdir.walk import DirScan, Entry, FileSummary
 
 SCHEMA = "slotfile.prune/1"
 
@@ -108,7 +108,7 @@ def plan_prune(
 
 
 def _age(seconds: float) -> str:
-    from .slotdir import human_age
+    from slotfile.slotdir.walk import human_age
 
     return human_age(seconds)
 
@@ -155,6 +155,6 @@ def _remove(root: str, e: Entry, settle: float) -> None:
     finally:
         os.close(fd)
     fsync_parent = os.path.dirname(e.path) or "."
-    from .safewrite import fsync_dir
+    from slotfile.safewrite import fsync_dir
 
     fsync_dir(fsync_parent)

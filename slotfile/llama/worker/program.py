@@ -1,6 +1,6 @@
-"""The llama.cpp worker: the one process that calls llama.cpp (started by slotfile.loader).
+"""The llama.cpp worker: the one process that calls llama.cpp (started by slotfile.llama.loader).
 
-    python -m slotfile.worker --model M.gguf [--draft-model D.gguf] [--n-gpu-layers N] [--threads N]
+    python -m slotfile.llama.worker --model M.gguf [--draft-model D.gguf] [--n-gpu-layers N] [--threads N]
 
 It loads the model(s) once, says hello, then answers one JSON request per line on stdin with
 one JSON line on its private protocol pipe (the original stdout; fd 1 is pointed at stderr so
@@ -10,7 +10,7 @@ from the file it gave the worker as stderr.  The parent ends the worker with SIG
 the model and contexts costs time and leaves nothing behind that the kernel would not reclaim.
 
 It imports llama-cpp-python's ctypes bindings alone (:func:`import_bindings`, not the package's
-``Llama`` class), :mod:`slotfile.worker.settings` and the standard library (the appendix reader
+``Llama`` class), :mod:`slotfile.llama.worker.settings` and the standard library (the appendix reader
 only for a file with an appendix, numpy only for ``deep``): an abort or a segfault inside
 llama.cpp kills this process and nothing else, and its start-up overlaps the parent's own
 imports.  The hello's ``startup`` gives the time each start-up phase ended.
@@ -56,7 +56,7 @@ import time
 import traceback
 from typing import Any
 
-from .settings import LoadSettings, pad_ctx
+from slotfile.llama.worker.settings import LoadSettings, pad_ctx
 
 BATCH = 512  # tokens per llama_decode call (n_batch = n_ubatch) unless a request says otherwise
 DEEP_N_BATCH, DEEP_N_UBATCH = 2048, 512  # the deep recompute: llama-server's defaults (common/common.h)
@@ -561,7 +561,7 @@ class Worker:
             mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         data = memoryview(mm)[ret:]
         # imported here, not at start-up: the worker must reach the model load cheaply
-        from slotfile.appendix import server_read
+        from slotfile.format.appendix import server_read
 
         ckpts, sckp_note, sdft_dft, sdft_note = server_read(data, 0).astuple()  # blobs: views of the map
         for note in (sckp_note, sdft_note):
@@ -673,7 +673,7 @@ class Worker:
     def _write_state(self, ctx: Any, seq: int, path: str) -> None:
         """The sequence's state as a GGSQ file with no tokens: header + body."""
         blob = _get_blob(ctx, seq, 0)
-        from slotfile.grammar import GGSQ_MAGIC, file_header  # lazily: start-up stays cheap
+        from slotfile.format.grammar import GGSQ_MAGIC, file_header  # lazily: start-up stays cheap
 
         with open(path, "wb") as f:
             f.write(file_header(GGSQ_MAGIC, self._state_version(), 0))
@@ -793,7 +793,7 @@ class Worker:
 
 def main() -> int:
     global _proto, L, _log_callback
-    ap = argparse.ArgumentParser(prog="python -m slotfile.worker")
+    ap = argparse.ArgumentParser(prog="python -m slotfile.llama.worker")
     ap.add_argument("--model", required=True)
     ap.add_argument("--draft-model")
     ap.add_argument("--n-gpu-layers", type=int, default=0)

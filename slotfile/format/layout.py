@@ -17,7 +17,7 @@ from typing import Any
 
 from construct import ConstructError
 
-from .grammar import (
+from slotfile.format.grammar import (
     MAX_LAYERS,
     MAX_STREAMS,
     SCKP_MAGIC,

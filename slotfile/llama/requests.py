@@ -2,7 +2,7 @@
 
 An abort inside llama.cpp (``GGML_ABORT`` on a bad blob, an assertion) ends the process it
 runs in; it must never end slotfile.  So each request runs in a fresh ``python -m
-slotfile.worker`` (the program the loader pool uses, :mod:`slotfile.worker.program`, where
+slotfile.llama.worker`` (the program the loader pool uses, :mod:`slotfile.llama.worker.program`, where
 the operations are described): it loads the request's model (and draft model), answers the
 one request and is killed.  A worker that dies by a signal, exits without a result or runs
 past its timeout gives ``WorkerResult(ok=False, crashed=True)``; llama.cpp's warnings and
@@ -25,7 +25,7 @@ import time
 from dataclasses import asdict, dataclass, is_dataclass
 from typing import Any
 
-from .loader import (
+from slotfile.llama.loader import (
     LIB_ENV,
     Library,
     LoaderError,
@@ -35,7 +35,7 @@ from .loader import (
     resolve_library,
     server_library,
 )
-from .worker.program import default_checkpoint_positions
+from slotfile.llama.worker.program import default_checkpoint_positions
 
 __all__ = ["WorkerResult", "default_checkpoint_positions", "run_worker", "settings_dict"]
 

@@ -2,9 +2,9 @@
 
 Pure data, no parsing: :class:`SlotFile` and its parts (tokens, body, memory blocks, layer
 runs, appendices, checkpoints, problems), plus what the model says the state must look like
-(:class:`ModelExpect`), so that the reader, the model expectation (:mod:`slotfile.expect`) and
-the comparison (:mod:`slotfile.compare`) all import these records and none imports another
-for its types.  Bulk data stays a zero-copy view (:class:`slotfile.grammar.Run`) over the
+(:class:`ModelExpect`), so that the reader, the model expectation (:mod:`slotfile.model.expect`) and
+the comparison (:mod:`slotfile.model.compare`) all import these records and none imports another
+for its types.  Bulk data stays a zero-copy view (:class:`slotfile.format.grammar.Run`) over the
 file's buffer.
 """
 
@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from . import grammar as g
-from .ggml_types import ELEMENT_DTYPE, TYPES, type_name
-from .layout import Layout, MemoryKind
+from slotfile.format import grammar as g
+from slotfile.format.layout import Layout, MemoryKind
+from slotfile.format.types import ELEMENT_DTYPE, TYPES, type_name
 
 __all__ = [
     "Appendix",
@@ -68,7 +68,7 @@ class Problem:
     section: str
     offset: int
     message: str
-    # produced by the model check (slotfile.modelcheck), not by the bytes alone; not in to_dict
+    # produced by the model check (slotfile.model.check), not by the bytes alone; not in to_dict
     from_model: bool = False
 
     def line(self) -> str:
@@ -272,7 +272,7 @@ class TokenPayload:
 
 
 # ---------------------------------------------------------------------------------------
-# what the model says the state must look like (built by slotfile.expect)
+# what the model says the state must look like (built by slotfile.model.expect)
 # ---------------------------------------------------------------------------------------
 
 
@@ -284,7 +284,7 @@ class CacheExpect:
     layers: tuple[int, ...]  # model layer indices in this cache, ascending
     n_embd_k: tuple[int, ...]  # per cache layer: n_embd_k_gqa(il)
     n_embd_v: tuple[int, ...]  # per cache layer: n_embd_v_gqa(il); () when the cache has no V
-    # what the rotation widths of state version 4 derive from (llama_kv_cache ctor, slotfile.expect)
+    # what the rotation widths of state version 4 derive from (llama_kv_cache ctor, slotfile.model.expect)
     head_k: int = 0  # n_embd_head_k_all: the head size all cache layers share; -1 mixed, 0 no layer
     head_v: int = 0  # n_embd_head_v_all (0 for an MLA cache)
     head_k_first: int = 0  # hparams.n_embd_head_k() / _v(): layer 0's head size, whatever the cache
@@ -387,7 +387,7 @@ class SlotFile:
 
     @property
     def model_problems(self) -> list[Problem]:
-        """The problems of the model check (slotfile.modelcheck.check_against_model)."""
+        """The problems of the model check (slotfile.model.check.check_against_model)."""
         return [p for p in self.problems if p.from_model]
 
     def value_runs(self) -> Iterator[tuple[str, LayerRun]]:

@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from .ggml_types import TYPES, TypeId
-from .records import LayerRun, SlotFile
+from slotfile.format.records import LayerRun, SlotFile
+from slotfile.format.types import TYPES, TypeId
 
 # Bytes per task.  Large enough that per-task Python overhead, the page faults of a fresh
 # range and the TLB shootdown of each MADV_DONTNEED are amortised; small enough that a

@@ -1,8 +1,8 @@
 """Test-load slot files with the real llama.cpp loader, in a separate process.
 
 ``llama_cpp`` is never imported here: every llama.cpp call runs in a worker process
-(``python -m slotfile.worker``, started with ``subprocess`` and spoken to in JSON lines; the
-repairs' prefill and re-save use the same program through :mod:`slotfile.rebuild`), so an abort
+(``python -m slotfile.llama.worker``, started with ``subprocess`` and spoken to in JSON lines; the
+repairs' prefill and re-save use the same program through :mod:`slotfile.llama.requests`), so an abort
 or a segfault inside llama.cpp on a bad file costs one worker, never the caller.  The pool
 notices the death, reports the file as ``crashed`` with the signal's name and the last lines
 llama.cpp wrote, and starts a fresh worker for the next file.  Each worker loads its model(s)
@@ -37,14 +37,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .ggml_types import BY_NAME
-from .worker.settings import LoadSettings, pad_ctx
+from slotfile.format.types import BY_NAME
+from slotfile.llama.worker.settings import LoadSettings, pad_ctx
 
 if TYPE_CHECKING:  # the reader (numpy, construct) is imported only where a file is opened, so
     # that a command can start its workers before its own heavy imports (see LoaderPool.start)
-    from .reader import Body, MemoryBlock, SlotFile
+    from slotfile.format.reader import Body, MemoryBlock, SlotFile
 
-WORKER_MODULE = "slotfile.worker"  # the one llama.cpp worker program (slotfile/worker/program.py)
+WORKER_MODULE = "slotfile.llama.worker"  # the one llama.cpp worker program (slotfile/llama/worker/program.py)
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent  # where the worker imports slotfile from
 F16 = BY_NAME["f16"].id
 START_TIMEOUT = 600.0  # seconds for a worker to load its model(s)
@@ -351,7 +351,7 @@ def _telling_line(log: str) -> str:
 
 
 class _Worker:
-    """One ``python -m slotfile.worker`` process: requests in, JSON lines out, its log in a file.
+    """One ``python -m slotfile.llama.worker`` process: requests in, JSON lines out, its log in a file.
 
     ``threads``: None lets the worker choose (SLOTFILE_THREADS, else by model size).
     ``env``: variables to set for it where the caller's environment does not."""
@@ -414,7 +414,7 @@ class _Worker:
                 f"cannot tell which state version the llama.cpp library {lib} writes: "
                 f"{resp.get('version_error') or 'no answer'}"
             )
-        from .reader import GGSQ_VERSIONS  # the versions slotfile reads
+        from slotfile.format.reader import GGSQ_VERSIONS  # the versions slotfile reads
 
         if int(version) not in GGSQ_VERSIONS:
             return (
@@ -668,10 +668,10 @@ class LoaderPool:
     def load(
         self, path: str, settings: LoadSettings | None = None, timeout: float = 300, sf: SlotFile | None = None
     ) -> LoadResult:
-        """Test-load one file the way the server restores a slot (see slotfile/worker/program.py).
+        """Test-load one file the way the server restores a slot (see slotfile/llama/worker/program.py).
         ``sf``: the file as the caller already parsed it (otherwise it is parsed here)."""
         if sf is None:
-            from .reader import open_slot_file
+            from slotfile.format.reader import open_slot_file
 
             try:
                 sf = open_slot_file(path)
@@ -726,7 +726,7 @@ class LoaderPool:
         server's defaults, 2048 and 512).  With ``tail`` and ``out_floor``: the last ``tail``
         tokens decoded again one per call, that state written to ``out_floor`` (the noise floor)."""
         if settings is None:
-            from .reader import open_slot_file
+            from slotfile.format.reader import open_slot_file
 
             settings = settings_for(open_slot_file(path), self.n_gpu_layers)
         req = {

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any, BinaryIO
 
-from . import grammar as g
-from .records import Body, SlotFile
+from slotfile.format import grammar as g
+from slotfile.format.records import Body, SlotFile
 
 
 def _raw(sf: SlotFile, start: int, end: int) -> memoryview:

@@ -1,20 +1,29 @@
 """A parsed body against the model's expectation: every disagreement, with where it is.
 
-:func:`compare` takes a :class:`~slotfile.records.Body` (the reader's) and a
-:class:`~slotfile.records.ModelExpect` (:mod:`slotfile.expect`'s) and names each block, layer
+:func:`compare` takes a :class:`~slotfile.format.records.Body` (the reader's) and a
+:class:`~slotfile.format.records.ModelExpect` (:mod:`slotfile.model.expect`'s) and names each block, layer
 count, row size, V presence, recurrent type and cell-ext difference, with the section and the
 byte offset of the field that disagrees.  Which problems a file gets from this, and with which
-severity, is :func:`slotfile.modelcheck.check_against_model`'s decision.
+severity, is :func:`slotfile.model.check.check_against_model`'s decision.
 """
 
 from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from .expect import attn_rot_disabled, describe_blocks, rotation_widths
-from .ggml_types import TYPES, TypeId, type_name
-from .layout import MemoryKind
-from .records import BlockExpect, Body, CacheExpect, KVStream, LayerRun, MemoryBlock, ModelExpect, RecExpect
+from slotfile.format.layout import MemoryKind
+from slotfile.format.records import (
+    BlockExpect,
+    Body,
+    CacheExpect,
+    KVStream,
+    LayerRun,
+    MemoryBlock,
+    ModelExpect,
+    RecExpect,
+)
+from slotfile.format.types import TYPES, TypeId, type_name
+from slotfile.model.expect import attn_rot_disabled, describe_blocks, rotation_widths
 
 __all__ = ["Mismatch", "compare", "not_modelled_message"]
 

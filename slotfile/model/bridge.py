@@ -1,6 +1,6 @@
 """The model bridge: what a GGUF file says about the state a slot file should hold.
 
-Read through :mod:`slotfile.gguf_meta` (memory-mapped, no weights, no whole vocabulary: the token
+Read through :mod:`slotfile.model.gguf` (memory-mapped, no weights, no whole vocabulary: the token
 strings are decoded when a preview asks for them).  Used for the detokenised preview and for the
 model-side checks of later stages.
 """
@@ -98,7 +98,7 @@ def load_model_info(path: str | Path, *, vocab: bool = True) -> ModelInfo:
     Python numbers, strings as ``str`` (None when not UTF-8), arrays of up to
     ``gguf_meta.SHORT_ARRAY`` elements as lists; a longer array as a lazy ``gguf_meta.GGUFArray``.
     """
-    from . import gguf_meta
+    from slotfile.model import gguf as gguf_meta
 
     p = Path(path)
     if not p.is_file():

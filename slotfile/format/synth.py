@@ -16,8 +16,8 @@ from typing import Any, BinaryIO
 import numpy as np
 from construct import Struct
 
-from . import grammar as g
-from .ggml_types import BY_NAME
+from slotfile.format import grammar as g
+from slotfile.format.types import BY_NAME
 
 
 @dataclass(frozen=True)

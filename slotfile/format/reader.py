@@ -17,10 +17,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from construct import ConstructError
 
-from . import appendix as ap
-from . import grammar as g
-from .ggml_types import TYPES
-from .layout import (
+from slotfile.format import appendix as ap
+from slotfile.format import grammar as g
+from slotfile.format.layout import (
     ARCH_SEQUENCES,
     PARTIAL_OF,
     SEQUENCES,
@@ -33,7 +32,7 @@ from .layout import (
     detect,
     failure_of,
 )
-from .records import (
+from slotfile.format.records import (
     Appendix,
     BlobInfo,
     Body,
@@ -50,9 +49,10 @@ from .records import (
     TokenForm,
     TokenPayload,
 )
+from slotfile.format.types import TYPES
 
 if TYPE_CHECKING:
-    from .model import ModelInfo
+    from slotfile.model.bridge import ModelInfo
 
 # The records used to live here; other modules still import them from the reader.
 __all__ = [
@@ -107,9 +107,9 @@ def open_slot_file(
 ) -> SlotFile:
     """Map ``path`` read-only and parse it.  Raises OSError only for an unreadable path.
 
-    ``model`` / ``draft_model``: :class:`slotfile.model.ModelInfo` of the target and draft
+    ``model`` / ``draft_model``: :class:`slotfile.model.bridge.ModelInfo` of the target and draft
     GGUF (or ``expect`` / ``draft_expect``, their expectation already built); the layout then
-    comes from the model and every disagreement is a problem (:mod:`slotfile.modelcheck`)."""
+    comes from the model and every disagreement is a problem (:mod:`slotfile.model.check`)."""
     p = Path(path)
     with open(p, "rb") as f:
         size = os.fstat(f.fileno()).st_size
@@ -133,7 +133,7 @@ def parse_buffer(
         sf.expect, sf.draft_expect = _expectation(model, expect), _expectation(draft_model, draft_expect)
         _parse_file(sf, view)
         if sf.expect is not None or sf.draft_expect is not None:
-            from .modelcheck import check_against_model  # only with a model, like the expectation
+            from slotfile.model.check import check_against_model  # only with a model, like the expectation
 
             sf.problems += check_against_model(sf, sf.expect, sf.draft_expect)
     except (ConstructError, ValueError, OverflowError, IndexError) as e:  # a reader bug, never a crash
@@ -144,7 +144,9 @@ def parse_buffer(
 def _expectation(model: ModelInfo | None, given: ModelExpect | None) -> ModelExpect | None:
     if given is not None or model is None:
         return given
-    from .expect import expect_from_model  # imported only with a model: start-up without one does not pay for it
+    from slotfile.model.expect import (
+        expect_from_model,  # imported only with a model: start-up without one does not pay for it
+    )
 
     return expect_from_model(model)
 
@@ -443,7 +445,7 @@ def _detect_with_model(
     layout that explains them all: that is a wrong model, not a damaged file."""
     if exp is None or not exp.modelled:
         return detect(view, start, end, **kw)
-    from .expect import layout_of
+    from slotfile.model.expect import layout_of
 
     want = layout_of(exp, partial=partial)
     fixed = detect(view, start, end, fixed=want, **{k: v for k, v in kw.items() if k in ("whole", "exact", "rot")})

@@ -12,7 +12,7 @@ llama.cpp (llama-cpp-python 0.3.36) computes:
   (``ggml_row_size(type, n_embd_k_gqa(il))`` per K row, ``n_embd_v_gqa(il)`` per V row) and
   ``llama_memory_recurrent::state_write_data`` (the R/S entries and the ``n_layer`` word).
 
-Metadata is read through :class:`slotfile.model.ModelInfo` (the ``gguf`` package); weights
+Metadata is read through :class:`slotfile.model.bridge.ModelInfo` (the ``gguf`` package); weights
 are never touched.  An arch that is not modelled gives ``memory_class == "unknown"`` with a
 note; a class that is known but whose blocks are not modelled (DSA, MSA, DSV4, ...) gives that
 class, no blocks and a note.  Nothing is guessed silently.
@@ -26,12 +26,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .ggml_types import TYPES
-from .layout import BlockSpec, Layout, MemoryKind
-from .model import ModelInfo
-from .records import BlockExpect, CacheExpect, ModelExpect, RecExpect
+from slotfile.format.layout import BlockSpec, Layout, MemoryKind
+from slotfile.format.records import BlockExpect, CacheExpect, ModelExpect, RecExpect
+from slotfile.format.types import TYPES
+from slotfile.model.bridge import ModelInfo
 
-# The expectation records live in slotfile.records (the reader's SlotFile carries them); they are
+# The expectation records live in slotfile.format.records (the reader's SlotFile carries them); they are
 # re-exported here, where they are built.
 __all__ = [
     "BlockExpect",
@@ -799,7 +799,7 @@ def expect_from_model(info: ModelInfo) -> ModelExpect:
     if hook is None:
         return plain(
             "unknown",
-            f"arch {arch!r} is not modelled by slotfile.expect; the block layout comes from the bytes alone",
+            f"arch {arch!r} is not modelled by slotfile.model.expect; the block layout comes from the bytes alone",
             *sizes(),
         )
     try:

@@ -1,6 +1,6 @@
 """The context settings the parent sends and the worker turns into llama.cpp parameters.
 
-Standard library and :mod:`slotfile.ggml_types` only: the worker imports this before
+Standard library and :mod:`slotfile.format.types` only: the worker imports this before
 llama.cpp, and its start-up overlaps the parent's own imports.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ..ggml_types import BY_NAME
+from slotfile.format.types import BY_NAME
 
 CTX_PAD = 256  # llama.cpp pads n_ctx (and n_ctx_seq) to a multiple of 256 anyway
 

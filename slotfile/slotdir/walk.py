@@ -178,7 +178,7 @@ class FileSummary:
 
 def summarize(entry: Entry) -> FileSummary:
     """Open one file read-only and describe it; never raises (an unreadable file sets ``error``)."""
-    from .reader import open_slot_file
+    from slotfile.format.reader import open_slot_file
 
     s = FileSummary(entry.path, entry.rel, entry.size, entry.mtime)
     try:
@@ -208,7 +208,7 @@ def fill_summary(s: FileSummary, sf: Any) -> None:
 
 
 def _kv_facts(s: FileSummary, body: Any) -> None:
-    from .ggml_types import type_name
+    from slotfile.format.types import type_name
 
     for blk in body.blocks:
         if blk.kind != "KV":

@@ -1,11 +1,11 @@
 """The model problems of a parsed file: the one place that decides them.
 
 :func:`check_against_model` is what ``inspect --model``, ``dump --model`` (through the reader,
-:func:`slotfile.reader.parse_buffer`) and ``verify --model`` (its model level) all report:
+:func:`slotfile.format.reader.parse_buffer`) and ``verify --model`` (its model level) all report:
 
 * the GGSN session's arch name against the model's;
 * the body, every checkpoint's ``data_tgt`` and the draft blobs against the layout the GGUF
-  implies (:func:`slotfile.compare.compare`); an arch whose layout is not modelled gives one
+  implies (:func:`slotfile.model.compare.compare`); an arch whose layout is not modelled gives one
   ``not-modelled`` warning per body instead;
 * token ids against the vocabulary;
 * cell positions against the training context.
@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .compare import compare, not_modelled_message
-from .records import Body, FileFormat, ModelExpect, Problem, Severity, SlotFile, TokenForm, TokenPayload
+from slotfile.format.records import Body, FileFormat, ModelExpect, Problem, Severity, SlotFile, TokenForm, TokenPayload
+from slotfile.model.compare import compare, not_modelled_message
 
 __all__ = ["CANNOT_CHECK_CODES", "MISMATCH_CODES", "check_against_model", "null_token_allowed"]
 

@@ -4,10 +4,10 @@ Each level is reported on its own, per file (status ``pass``, ``fail`` or ``skip
 
 1. **structure**: the reader's problems (no model needed);
 2. **model** (``--model``): the body and every checkpoint blob against the layout the GGUF
-   implies (:mod:`slotfile.expect`), token ids below ``n_vocab``, positions below
+   implies (:mod:`slotfile.model.expect`), token ids below ``n_vocab``, positions below
    ``n_ctx_train``, the draft blobs against ``--draft-model``;
 3. **load** (``--model``): the real llama.cpp loader in a worker process
-   (:class:`slotfile.loader.LoaderPool`), every checkpoint's ``data_tgt`` and the draft state;
+   (:class:`slotfile.llama.loader.LoaderPool`), every checkpoint's ``data_tgt`` and the draft state;
 4. **deep** (``--deep``): the stored tokens prefilled again in a fresh context with the same
    settings; the recomputed K/V (R/S) compared with the file's, layer by layer, and the
    next-token logits after restoring the file compared with those after the recompute.
@@ -38,10 +38,11 @@ from typing import Any
 
 import numpy as np
 
-from .diagnosis import Cause, Facts, NextStep, ProblemRef, facts_of, file_cause, next_step, problem_class
-from .expect import expect_from_model
-from .ggml_types import TypeId
-from .loader import (
+from slotfile.diagnosis import Cause, Facts, NextStep, ProblemRef, facts_of, file_cause, next_step, problem_class
+from slotfile.format.reader import GGSN_VERSIONS, GGSQ_VERSIONS, open_slot_file
+from slotfile.format.records import Body, LayerRun, MemoryBlock, ModelExpect, Severity, SlotFile
+from slotfile.format.types import TypeId
+from slotfile.llama.loader import (
     LIB_ENV,
     DeepResult,
     Library,
@@ -53,10 +54,9 @@ from .loader import (
     server_library,
     settings_for,
 )
-from .model import ModelError, ModelInfo, load_model_info
-from .modelcheck import check_against_model
-from .reader import GGSN_VERSIONS, GGSQ_VERSIONS, open_slot_file
-from .records import Body, LayerRun, MemoryBlock, ModelExpect, Severity, SlotFile
+from slotfile.model.bridge import ModelError, ModelInfo, load_model_info
+from slotfile.model.check import check_against_model
+from slotfile.model.expect import expect_from_model
 
 SCHEMA = "slotfile.verify/1"
 LEVELS = ("structure", "model", "load", "deep")
@@ -343,8 +343,8 @@ def level_structure(sf: SlotFile) -> Level:
 
 
 def scan_into(lv: Level, sf: SlotFile, jobs: int) -> None:
-    """The full data scan (slotfile.scan) as part of the structure level."""
-    from .scan import scan
+    """The full data scan (slotfile.format.scan) as part of the structure level."""
+    from slotfile.format.scan import scan
 
     found, scanned, unchecked = scan(sf, jobs=jobs)
     for f in found:
@@ -384,14 +384,14 @@ def _model_side(path: str | None) -> ModelSide | None:
 
 def read(path: Path, side: ModelSide | None, dside: ModelSide | None) -> SlotFile:
     """Open ``path`` the way ``inspect --model`` and ``dump --model`` read it: in the model's
-    layout when there is one (:func:`slotfile.reader.open_slot_file`)."""
+    layout when there is one (:func:`slotfile.format.reader.open_slot_file`)."""
     return open_slot_file(
         path, expect=side.expect if side is not None else None, draft_expect=dside.expect if dside is not None else None
     )
 
 
 def level_model(sf: SlotFile, side: ModelSide | None, dside: ModelSide | None) -> Level:
-    """The model check (slotfile.modelcheck, the same problems ``inspect --model`` lists), and
+    """The model check (slotfile.model.check, the same problems ``inspect --model`` lists), and
     what this run could not check: a model without an expectation, draft blobs without
     ``--draft-model``."""
     lv = Level()

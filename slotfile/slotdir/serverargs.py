@@ -40,8 +40,8 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass, field
 
-from .ggml_types import BY_NAME, KV_CACHE_TYPES, TRANSPOSABLE
-from .worker.settings import CTX_PAD, LoadSettings
+from slotfile.format.types import BY_NAME, KV_CACHE_TYPES, TRANSPOSABLE
+from slotfile.llama.worker.settings import CTX_PAD, LoadSettings
 
 __all__ = ["ServerArgsError", "ServerSettings", "parse_server_args"]
 

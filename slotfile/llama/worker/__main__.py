@@ -1,0 +1,5 @@
+import sys
+
+from slotfile.llama.worker.program import main
+
+sys.exit(main())

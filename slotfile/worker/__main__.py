@@ -1,5 +1,0 @@
-import sys
-
-from .program import main
-
-sys.exit(main())
