@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from gguf import GGUFEndian, GGUFReader, GGUFValueType, GGUFWriter
 
-from slotfile.model.bridge import ModelError, ModelInfo, load_model_info
 from slotfile.model import gguf as gguf_meta
+from slotfile.model.bridge import ModelError, ModelInfo, load_model_info
 from slotfile.model.gguf import GGUFArray
 
 from .conftest import MODELS, SLOTS

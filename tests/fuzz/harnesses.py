@@ -332,8 +332,8 @@ def slot(data: bytes) -> None:
 
 def gguf(data: bytes) -> None:
     """The GGUF metadata reader (``gguf_meta.scan``) and ``load_model_info`` with its vocabulary."""
-    from slotfile.model.bridge import ModelError, load_model_info
     from slotfile.model import gguf as gguf_meta
+    from slotfile.model.bridge import ModelError, load_model_info
 
     path = _write_input(data, "model.gguf")
     try:
