@@ -198,10 +198,13 @@ def test_verify_opens_files_in_the_model_layout(tmp_path):
 
 
 def test_enums_stay_plain_strings_in_json():
-    p = Problem(Severity.ERROR, "x", "body", 1, "m")
+    p = Problem(Severity.ERROR, "invalid", "body", 1, "m")
     assert (
-        json.dumps(p.to_dict()) == '{"severity": "error", "code": "x", "section": "body", "offset": 1, "message": "m"}'
+        json.dumps(p.to_dict())
+        == '{"severity": "error", "code": "invalid", "section": "body", "offset": 1, "message": "m"}'
     )
+    with pytest.raises(ValueError):
+        Problem(Severity.ERROR, "x", "body", 1, "m")  # an unregistered code is refused, never "damaged"
     assert json.dumps([FileFormat.GGSQ, TokenForm.PACKED, V.Status.SKIPPED]) == '["GGSQ", "packed", "skipped"]'
     assert f"{Severity.WARNING}" == "warning" and Severity("error") is Severity.ERROR
     sf = open_slot_file(BASE)
