@@ -52,7 +52,6 @@ _CODE_ARG = {
     ("ProblemRef", None): 2,  # ProblemRef(level, severity, code, ...)
     ("problem_class", None): 0,
     ("cause_of", None): 0,
-    ("info", None): 0,
 }
 
 
@@ -79,6 +78,13 @@ def _strings(node: ast.expr, consts: dict[str, str]) -> list[str]:
     return []
 
 
+def _is_code(node: ast.expr) -> bool:
+    """``x.code`` or ``x["code"]``."""
+    if isinstance(node, ast.Attribute):
+        return node.attr == "code"
+    return isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and node.slice.value == "code"
+
+
 def source_codes(root: Path = PKG, skip: Path | None = None) -> tuple[dict[str, list[str]], set[str]]:
     """(every code literal passed where a problem code goes, with where; every ProblemCode.X named)."""
     literals: dict[str, list[str]] = {}
@@ -98,6 +104,10 @@ def source_codes(root: Path = PKG, skip: Path | None = None) -> tuple[dict[str, 
             if isinstance(node, ast.Call):
                 for arg in _code_args(node):
                     for s in _strings(arg, consts):
+                        literals.setdefault(s, []).append(f"{path.name}:{node.lineno}")
+            elif isinstance(node, ast.Compare) and any(_is_code(x) for x in [node.left, *node.comparators]):
+                for x in [node.left, *node.comparators]:  # f.code == "truncated", p["code"] == "deep-rotation"
+                    for s in _strings(x, {}):
                         literals.setdefault(s, []).append(f"{path.name}:{node.lineno}")
             elif (
                 isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "ProblemCode"
@@ -128,10 +138,12 @@ def test_the_scan_finds_a_misspelt_code(tmp_path: Path):
         '    sf.problem("error", CODE, "header", 0, "m")\n'
         '    lv.error("crashed" if ok else "load-faild", "body", None, "m")\n'
         '    raise FormatError("m", 0, code="over-capp")\n'
+        '    return [p for p in sf.problems if p.code == "trunkated" or p["code"] != "k-only"]\n'
     )
     literals, _ = source_codes(pkg)
-    assert {"bad-magik", "load-faild", "over-capp", "crashed"} <= set(literals)
-    assert {c for c in literals if c not in set(ProblemCode)} == {"bad-magik", "load-faild", "over-capp"}
+    assert {"bad-magik", "load-faild", "over-capp", "crashed", "trunkated", "k-only"} <= set(literals)
+    unknown = {c for c in literals if c not in set(ProblemCode)}
+    assert unknown == {"bad-magik", "load-faild", "over-capp", "trunkated"}
 
 
 # ---------------------------------------------------------------------------------------
