@@ -1,0 +1,60 @@
+"""Which files ``slotfile verify ARGS`` checks.
+
+A file argument is taken as it is.  A directory is walked by :func:`slotfile.slotdir.walk.scan_dir`,
+the walker of ``ls`` and ``prune``: every regular file under it (recursively, symlinks not
+followed) named ``*.slot`` or ``*.bin`` or starting with a GGSQ or GGSN magic (the server saves
+slots under any name).  Temp files and files modified within the last ``settle`` seconds (a
+server may still be writing them: llama-server writes in place) are set aside, as ``ls`` and
+``prune`` set them aside.  A path that does not exist and a directory with no slot file under
+it are operational errors: a run that checks nothing must not pass.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from slotfile.slotdir.walk import SETTLE_SECONDS, DirScan, scan_dir
+
+
+def collect(
+    args: list[Path], settle: float = SETTLE_SECONDS, now: float | None = None
+) -> tuple[list[Path], list[str], list[str]]:
+    """(files to verify, operational errors, notes on what a directory walk set aside).
+
+    The files of a directory come sorted by path, the order of the report."""
+    files: list[Path] = []
+    errors: list[str] = []
+    notes: list[str] = []
+    for a in args:
+        if a.is_dir():
+            scan = scan_dir(a, settle=settle, now=now)
+            errors += scan.errors
+            aside = _set_aside(scan, settle)
+            if not scan.slots and not scan.errors:
+                errors.append(f"no slot files found under {a}{f' ({aside})' if aside else _what_is_there(a)}")
+            elif aside:
+                notes.append(f"{a}: {aside}")
+            files += sorted(Path(e.path) for e in scan.slots)
+        elif a.exists():
+            files.append(a)
+        else:
+            errors.append(f"{a}: no such file or directory")
+    return files, errors, notes
+
+
+def _set_aside(scan: DirScan, settle: float) -> str:
+    """What the walk set aside and did not verify ("" when nothing)."""
+    parts = []
+    if scan.temps:
+        parts.append(f"{len(scan.temps)} temp file(s)")
+    if scan.busy:
+        parts.append(f"{len(scan.busy)} file(s) modified within the last {settle:g} s (--settle)")
+    return "set aside: " + ", ".join(parts) + " not verified" if parts else ""
+
+
+def _what_is_there(d: Path) -> str:
+    """For a directory without slot files: a hint when it holds models instead."""
+    models = sum(1 for _ in d.rglob("*.gguf"))
+    if models:
+        return f" (it holds {models} GGUF model(s): give one with --model and the slot files as arguments)"
+    return ""
