@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import struct
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -205,8 +206,8 @@ def test_directory_collection(tmp_path):
 
 def test_directory_walk_sets_temp_and_busy_files_aside(tmp_path):
     """``verify DIR`` walks as ``ls`` and ``prune`` do (slotfile.slotdir.walk): slotfile's own
-    temp files, partial downloads and files modified within ``settle`` seconds (a server may
-    be writing them) are not verified, and a note says so."""
+    temp files and partial downloads are not verified, nor files still being written (modified
+    within ``settle`` seconds, and again while the walk waits for them); a note says so."""
     shutil.copy(damage.BASE, tmp_path / "old.slot")
     shutil.copy(damage.BASE, tmp_path / ".old.slot.slotfile-123-0123456789ab.tmp")
     shutil.copy(damage.BASE, tmp_path / "down.slot.part")
@@ -214,14 +215,21 @@ def test_directory_walk_sets_temp_and_busy_files_aside(tmp_path):
     now = os.stat(tmp_path / "new.slot").st_mtime
     for name in ("old.slot", ".old.slot.slotfile-123-0123456789ab.tmp", "down.slot.part"):
         os.utime(tmp_path / name, (now - 3600, now - 3600))
-    files, errors, notes = collect([tmp_path], settle=60, now=now)
+    files, errors, notes = collect([tmp_path], settle=60, wait=False)
     assert [p.name for p in files] == ["old.slot"] and errors == []
     assert notes == [
         f"{tmp_path}: set aside: 2 temp file(s), 1 file(s) modified within the last 60 s (--settle) not verified"
     ]
+    # a file that stops changing is verified once it has settled: the walk waits for it
+    os.utime(tmp_path / "new.slot")  # written just now
+    t0 = time.monotonic()
+    files, errors, notes = collect([tmp_path], settle=2)
+    assert [p.name for p in files] == ["new.slot", "old.slot"] and 1.5 < time.monotonic() - t0 < 30
+    assert notes == [f"{tmp_path}: set aside: 2 temp file(s) not verified"]
     # only files being written: nothing to verify, which fails the run as an empty directory does
     (tmp_path / "old.slot").unlink()
-    files, errors, notes = collect([tmp_path], settle=60, now=now)
+    os.utime(tmp_path / "new.slot")
+    files, errors, notes = collect([tmp_path], settle=60, wait=False)
     assert files == [] and notes == [] and errors[0].startswith(f"no slot files found under {tmp_path} (set aside: ")
     r = cli(tmp_path, "--settle", "0")
     assert r.exit_code == 0 and "1 file(s): 1 pass" in r.stdout  # the temp files stay aside
