@@ -218,7 +218,7 @@ def test_directory_walk_sets_temp_and_busy_files_aside(tmp_path):
     files, errors, notes = collect([tmp_path], settle=60, wait=False)
     assert [p.name for p in files] == ["old.slot"] and errors == []
     assert notes == [
-        f"{tmp_path}: set aside: 2 temp file(s), 1 file(s) modified within the last 60 s (--settle) not verified"
+        f"{tmp_path}: set aside: 2 temp file(s), 1 file(s) still being written (modified within 60 s, --settle) not verified"
     ]
     # a file that stops changing is verified once it has settled: the walk waits for it
     os.utime(tmp_path / "new.slot")  # written just now

@@ -154,7 +154,9 @@ def verify(
         512, "--n-ubatch", min=1, help="--deep: the recompute's n_ubatch (match the server's -ub; default 512)."
     ),
     settle: float = typer.Option(
-        5.0, "--settle", help="DIR: files modified more recently (seconds) are being written and are set aside."
+        5.0,
+        "--settle",
+        help="DIR: a file modified within this many seconds is waited for; one still being written is set aside.",
     ),
 ) -> None:
     """Structure, model metadata, a real test-load and (--deep) a recompute, each reported per file."""

@@ -46,9 +46,12 @@ def collect(
 
 
 def _walk(d: Path, settle: float, wait: bool) -> DirScan:
+    """The walk of ``d``; with ``wait``, again once ``settle`` seconds have passed since the
+    newest write (at most ``settle`` seconds from now, whatever a skewed clock says)."""
     scan = scan_dir(d, settle=settle)
     if wait and scan.busy:
-        time.sleep(max(0.0, max(e.mtime for e in scan.busy) + settle - time.time()))
+        newest = max(e.mtime for e in scan.busy)
+        time.sleep(min(settle, max(0.0, newest + settle - time.time())))
         scan = scan_dir(d, settle=settle)  # what was written meanwhile is still busy
     return scan
 
@@ -59,7 +62,7 @@ def _set_aside(scan: DirScan, settle: float) -> str:
     if scan.temps:
         parts.append(f"{len(scan.temps)} temp file(s)")
     if scan.busy:
-        parts.append(f"{len(scan.busy)} file(s) modified within the last {settle:g} s (--settle)")
+        parts.append(f"{len(scan.busy)} file(s) still being written (modified within {settle:g} s, --settle)")
     return "set aside: " + ", ".join(parts) + " not verified" if parts else ""
 
 
