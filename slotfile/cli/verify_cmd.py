@@ -44,7 +44,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from slotfile.exitcodes import OK, OPERATIONAL, PROBLEMS, USAGE
 from slotfile.slotdir.walk import SETTLE_SECONDS
@@ -129,7 +129,6 @@ def _start_pool(req: VerifyRequest) -> LoaderPool | None:
 
 def _run_verify(req: VerifyRequest, pool: LoaderPool | None) -> int:
     from slotfile.cli.common import err, fail
-    from slotfile.cli.verify_output import document, render, write_junit
     from slotfile.verify import Verifier, VerifyError, collect
 
     usage = req.usage_error()
@@ -167,6 +166,17 @@ def _run_verify(req: VerifyRequest, pool: LoaderPool | None) -> int:
     for r in reports:
         if r.error:
             fail(r.error)
+    return _emit(req, reports, errors, loaders, elapsed)
+
+
+def _emit(
+    req: VerifyRequest, reports: list[FileReport], errors: list[str], loaders: list[dict[str, Any]], elapsed: float
+) -> int:
+    """The JUnit file, then the JSON document or the listing; the exit code."""
+    from slotfile.cli.common import fail
+    from slotfile.cli.verify_output import document, render, write_junit
+
+    opts = req.options()
     rc = _exit_code(errors, reports)
     doc = document(reports, errors, opts, loaders, elapsed, rc)
     if req.junit is not None:
@@ -181,6 +191,7 @@ def _run_verify(req: VerifyRequest, pool: LoaderPool | None) -> int:
 
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
     elif reports:  # nothing verified: the error lines on stderr say why, stdout stays empty
+        paths = req.paths
         base = paths[0] if len(paths) == 1 and paths[0].is_dir() else None
         render(reports, loaders, elapsed, structure_only=opts.model is None, quiet=req.quiet, base=base)
     return rc
