@@ -76,12 +76,6 @@ def test_reader_tables_agree():
     assert reader.TRIAL_AHEAD == V.TRIAL_AHEAD
 
 
-def test_verify_loader_lines_agree():
-    from slotfile import verify
-
-    assert {v.version: v.loaders for v in V.VERSIONS.values() if v.format == "GGSQ"} == verify.LOADER_LINES
-
-
 def test_grammar_rotation_versions_agree():
     assert V.first_with_rotation("GGSQ") == g.ROT_STATE_VERSION
     assert V.first_with_rotation("GGSN") == g.ROT_SESSION_VERSION
