@@ -92,6 +92,7 @@ def test_scan_dir_waits_for_a_real_file_and_does_not_wait_without_a_bound(tmp_pa
     scan = scan_dir(tmp_path, settle=0.5, settle_wait=10, on_wait=lambda fs, b: told.append(([e.rel for e in fs], b)))
     assert time.monotonic() - t < 5 and 0.2 < scan.waited < 5
     assert [e.rel for e in scan.slots] == ["new.slot", "old.slot"] and not scan.busy and told == [(["new.slot"], 10)]
+    os.utime(tmp_path / "new.slot", (time.time() - DAY, time.time() - DAY))
     _put(tmp_path, "newer.slot", "llama_f16_fa.slot", 0.0, time.time())
     scan = scan_dir(tmp_path, settle=60)  # settle_wait 0: nothing waited for, the file stays busy
     assert [e.rel for e in scan.busy] == ["newer.slot"] and scan.waited == 0.0

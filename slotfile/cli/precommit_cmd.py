@@ -68,17 +68,18 @@ def run_precommit(args: PrecommitArgs) -> int:
 
 
 def _verify(files: list[Path], args: PrecommitArgs) -> int:
-    """``slotfile verify --quiet [--model M] [--llama-lib D] -- FILES``, in this process."""
-    from slotfile.cli.app import app
+    """``slotfile verify --quiet [--model M] [--llama-lib D] -- FILES`` in a child process (this
+    interpreter): the verify command exactly as a user runs it, its output passed through."""
+    import subprocess
 
-    argv = ["verify", "--quiet"]
+    argv = [sys.executable, "-m", "slotfile", "verify", "--quiet"]
     if args.model is not None:
         argv += ["--model", str(args.model)]
     if args.llama_lib is not None:
         argv += ["--llama-lib", str(args.llama_lib)]
     argv += ["--", *(str(p) for p in files)]
     try:
-        app(args=argv, prog_name="slotfile")
-    except SystemExit as e:
-        return e.code if isinstance(e.code, int) else (OK if e.code is None else OPERATIONAL)
-    return OK
+        return subprocess.run(argv, check=False).returncode
+    except OSError as e:
+        fail(f"cannot run slotfile verify: {e.strerror or e}", "precommit")
+        return OPERATIONAL
