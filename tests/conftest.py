@@ -115,7 +115,7 @@ def build_llama_v4(config: pytest.Config) -> Path:
         config,
         f"slotfile tests: building the llama.cpp library that writes state version 4 ({V4_SCRIPT.name}, "
         f"once per machine, about 3 min on 2 cores, cached in {cache}): the version-4 tests load through it "
-        f"(set {V4_ENV} to a built bin/ folder to skip this)",
+        f"(or set {V4_ENV} to one already built)",
     )
     cache.mkdir(parents=True, exist_ok=True)
     log = cache.parent / f"build-{os.getpid()}.log"
