@@ -29,7 +29,7 @@ from slotfile.repair.common import Options, Refused
 from slotfile.repair.report import Outcome
 from slotfile.safewrite import CheckFailed, Plan, WriteRefused, commit, create_temp, unlink_quiet, write_plan
 from slotfile.slotdir.restore import Checker, Fate, Restore, need_cells
-from slotfile.slotdir.walk import DirScan, Entry
+from slotfile.slotdir.walk import DirEntry, DirScan
 
 SCHEMA = "slotfile.resave-dir/1"
 
@@ -86,7 +86,7 @@ def server_check(checker: Checker, rel: str) -> Callable[[str], tuple[bool, str]
 
 
 def convert_one(
-    entry: Entry, r: Restore, outdir: str, checker: Checker, *, force: bool, dry_run: bool, timeout: float
+    entry: DirEntry, r: Restore, outdir: str, checker: Checker, *, force: bool, dry_run: bool, timeout: float
 ) -> FileResult:
     """One file; never raises for an expected failure."""
     out = os.path.join(outdir, entry.rel)
