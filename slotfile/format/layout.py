@@ -24,11 +24,11 @@ from slotfile.format.grammar import (
     SDFT_MAGIC,
     FormatError,
     ViewStream,
-    _row_ok,
-    _type_ok,
     kv_block,
     kv_block_legacy,
     rec_block,
+    row_ok,
+    type_ok,
 )
 
 
@@ -287,7 +287,7 @@ def _rec_entry_counts(view: Any, off: int, end: int, whole: bool) -> tuple[int, 
     entries: list[tuple[int, int]] = []
     while p + 12 <= end and len(entries) < 2 * n_layer:
         t, row = struct.unpack_from("<iQ", view, p)
-        if not (_type_ok(t) and _row_ok(t, row)) or p + 12 + cells * row > end:
+        if not (type_ok(t) and row_ok(t, row)) or p + 12 + cells * row > end:
             break
         entries.append((t, row))
         p += 12 + cells * row

@@ -29,11 +29,11 @@ from slotfile.llama.loader import (
     LIB_ENV,
     Library,
     LoaderError,
-    _telling_line,
-    _Worker,
+    WorkerProcess,
     library_label,
     resolve_library,
     server_library,
+    telling_line,
 )
 from slotfile.llama.worker.program import default_checkpoint_positions
 
@@ -101,7 +101,7 @@ def _run_one(request: dict[str, Any], timeout: float, lib: Library, t0: float) -
     """One worker over ``lib``; a refusal for a version mismatch has ``data["_wrong_version"]``."""
     n_gpu_layers = int((request.get("settings") or {}).get("n_gpu_layers") or 0)
     try:
-        w = _Worker(
+        w = WorkerProcess(
             str(request["model"]),
             request.get("draft_model"),
             n_gpu_layers,
@@ -145,7 +145,7 @@ def _run_one(request: dict[str, Any], timeout: float, lib: Library, t0: float) -
                 return WorkerResult(
                     False, f"llama.cpp worker ran past {timeout:.0f} s and was stopped", {}, True, log, dt
                 )
-            line = _telling_line(log)
+            line = telling_line(log)
             return WorkerResult(
                 False,
                 f"llama.cpp worker crashed ({w.exit_status or died})" + (f": {line}" if line else ""),

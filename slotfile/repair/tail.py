@@ -15,6 +15,8 @@ from construct import ConstructError
 from slotfile.format import appendix as ap
 from slotfile.format import grammar as g
 from slotfile.format.layout import Failure
+from slotfile.format.read_appendix import parse_seq_blob
+from slotfile.format.read_checks import check_block
 from slotfile.format.records import BlobInfo, FileFormat, SlotFile
 from slotfile.repair.common import Retry, view_of
 
@@ -108,15 +110,13 @@ class Tail:
 
 def check_blob(sf: SlotFile, view: memoryview, ref: BlobRef, section: str, partial: tuple[str, ...] | None) -> None:
     """Validate a seq blob the way the reader does (same code), recording ok / reason."""
-    from slotfile.format import reader as r
-
     scratch = SlotFile(path=sf.path, size=len(view), format=FileFormat.GGSQ, version=sf.version, buffer=sf.buffer)
     info = BlobInfo(section.rsplit(".", 1)[-1], ref.offset, ref.length, g.Run(ref.data_offset, ref.length, b""))
     try:
-        r._parse_seq_blob(scratch, view, info, section, partial)
+        parse_seq_blob(scratch, view, info, section, partial)
         if info.body is not None:
             for blk in info.body.blocks:
-                r._check_block(scratch, blk, f"{section}.{blk.role}")
+                check_block(scratch, blk, f"{section}.{blk.role}")
     except (ConstructError, ValueError, OverflowError, IndexError, AttributeError) as e:
         scratch.problem("error", "internal", section, ref.offset, f"{type(e).__name__}: {e}")
     errs = scratch.errors
