@@ -228,8 +228,6 @@ class Worker:
         tokens again one per llama_decode call (the path the server's generated tokens take),
         write that state to ``out_floor`` and decode the probe (logits C): the parent's noise
         floor, at the cost of ``tail`` single-token decodes."""
-        import numpy as np
-
         path, s, tokens = req["path"], request_settings(req["settings"]), [int(t) for t in req["tokens"]]
         probe = int(req["probe"])
         n_batch = int(req.get("n_batch") or DEEP_N_BATCH)
@@ -273,22 +271,7 @@ class Worker:
             return out
         finally:
             rt.L.llama_memory_clear(mem, True)
-        d = after_restore.astype(np.float64) - recomputed.astype(np.float64)
-        norm = float(np.linalg.norm(recomputed.astype(np.float64)))
-        top_r = np.argsort(-after_restore)[:5].tolist()
-        top_c = np.argsort(-recomputed)[:5].tolist()
-        lg: dict[str, Any] = {
-            "max_abs": float(np.max(np.abs(d))) if d.size else 0.0,
-            "mean_abs": float(np.mean(np.abs(d))) if d.size else 0.0,
-            "rel": float(np.linalg.norm(d) / norm) if norm > 0 else float(np.linalg.norm(d)),
-            "scale": float(np.std(recomputed)) if recomputed.size else 0.0,
-            "top5_restored": top_r,
-            "top5_recomputed": top_c,
-            "all_finite": bool(np.all(np.isfinite(after_restore))),
-        }
-        if floor is not None:
-            fd = floor.astype(np.float64) - recomputed.astype(np.float64)
-            lg["floor_rel"] = float(np.linalg.norm(fd) / norm) if norm > 0 else float(np.linalg.norm(fd))
+        lg = _compare_logits(after_restore, recomputed, floor)
         tail = tail if floor is not None else 0
         out.update(ok=True, message="recomputed", logits=lg, n_batch=n_batch, n_ubatch=n_ubatch, tail=tail)
         return out
@@ -305,6 +288,8 @@ class Worker:
     # ---------------------------------------------------------------- prefill
 
     def prefill(self, req: dict[str, Any]) -> dict[str, Any]:
+        """Decode the stored tokens into a fresh context (and the draft's), taking checkpoint
+        blobs on the way, then save the state with ``llama_state_seq_save_file``."""
         tokens: list[int] = [int(t) for t in req["tokens"]]
         words: list[int] = [int(w) for w in req["words"]]
         n = len(tokens)
@@ -330,31 +315,8 @@ class Worker:
             ds.setdefault("type_k", F16_NAME)
             ds = complete_settings(self.draft, ds, n)
             dctx = request_context(self.draft, ds, n_batch)
-        flags = rt.L.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
-        cps: list[dict[str, Any]] = []
         with open(req["blobs"], "wb") as bf:
-            for a, b in segments(n, at):
-                decode(ctx, tokens[a:b], a, seq, True, n_batch)
-                if dctx is not None:
-                    decode(dctx, tokens[a:b], a, seq, True, n_batch)
-                if b in at:
-                    pmin, pmax = pos_range(ctx, seq)
-                    item: dict[str, Any] = {"n_tokens": b, "pos_min": pmin, "pos_max": pmax}
-                    tgt = get_blob(ctx, seq, flags)
-                    item["tgt"] = [bf.tell(), len(tgt)]
-                    bf.write(tgt)
-                    if dctx is not None:
-                        dft = get_blob(dctx, seq, flags)
-                        item["dft"] = [bf.tell(), len(dft)]
-                        bf.write(dft)
-                    cps.append(item)
-            draft = None
-            if dctx is not None:
-                full = get_blob(dctx, seq, 0)
-                draft = [bf.tell(), len(full)]
-                bf.write(full)
-            bf.flush()
-            os.fsync(bf.fileno())
+            cps, draft = _prefill_into(bf, ctx, dctx, tokens, at, seq, n_batch)
         written = save_seq_file(ctx, req["out"], seq, words)
         if written == 0:
             raise Failed("llama_state_seq_save_file wrote nothing: " + logged_errors())
@@ -412,6 +374,63 @@ class Worker:
             res = {"ok": False, "message": str(e)}
         res["seconds"] = time.monotonic() - t0
         return res
+
+
+def _prefill_into(
+    bf: Any, ctx: Any, dctx: Any, tokens: list[int], at: list[int], seq: int, n_batch: int
+) -> tuple[list[dict[str, Any]], list[int] | None]:
+    """Decode ``tokens`` segment by segment, writing the PARTIAL_ONLY blobs at each checkpoint
+    position in ``at`` (and the draft's, with a draft context), then the draft's whole state, to
+    ``bf``: (the checkpoints' offsets and positions, the draft state's [offset, length])."""
+    flags = rt.L.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+    cps: list[dict[str, Any]] = []
+    for a, b in segments(len(tokens), at):
+        decode(ctx, tokens[a:b], a, seq, True, n_batch)
+        if dctx is not None:
+            decode(dctx, tokens[a:b], a, seq, True, n_batch)
+        if b in at:
+            pmin, pmax = pos_range(ctx, seq)
+            item: dict[str, Any] = {"n_tokens": b, "pos_min": pmin, "pos_max": pmax}
+            tgt = get_blob(ctx, seq, flags)
+            item["tgt"] = [bf.tell(), len(tgt)]
+            bf.write(tgt)
+            if dctx is not None:
+                dft = get_blob(dctx, seq, flags)
+                item["dft"] = [bf.tell(), len(dft)]
+                bf.write(dft)
+            cps.append(item)
+    draft = None
+    if dctx is not None:
+        full = get_blob(dctx, seq, 0)
+        draft = [bf.tell(), len(full)]
+        bf.write(full)
+    bf.flush()
+    os.fsync(bf.fileno())
+    return cps, draft
+
+
+def _compare_logits(after_restore: Any, recomputed: Any, floor: Any | None) -> dict[str, Any]:
+    """How far the restored state's next-token logits are from the recomputed ones (and, with a
+    noise floor, how far the floor's are): the numbers the parent judges the deep check by."""
+    import numpy as np  # only for deep: the worker's start-up stays without numpy
+
+    d = after_restore.astype(np.float64) - recomputed.astype(np.float64)
+    norm = float(np.linalg.norm(recomputed.astype(np.float64)))
+    top_r = np.argsort(-after_restore)[:5].tolist()
+    top_c = np.argsort(-recomputed)[:5].tolist()
+    lg: dict[str, Any] = {
+        "max_abs": float(np.max(np.abs(d))) if d.size else 0.0,
+        "mean_abs": float(np.mean(np.abs(d))) if d.size else 0.0,
+        "rel": float(np.linalg.norm(d) / norm) if norm > 0 else float(np.linalg.norm(d)),
+        "scale": float(np.std(recomputed)) if recomputed.size else 0.0,
+        "top5_restored": top_r,
+        "top5_recomputed": top_c,
+        "all_finite": bool(np.all(np.isfinite(after_restore))),
+    }
+    if floor is not None:
+        fd = floor.astype(np.float64) - recomputed.astype(np.float64)
+        lg["floor_rel"] = float(np.linalg.norm(fd) / norm) if norm > 0 else float(np.linalg.norm(fd))
+    return lg
 
 
 def main() -> int:
