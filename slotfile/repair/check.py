@@ -10,12 +10,12 @@ from typing import Any
 
 from slotfile.format.reader import open_slot_file
 from slotfile.format.records import SlotFile
-from slotfile.repair.common import Operational, Options
+from slotfile.repair.common import Operational, RepairOptions
 from slotfile.repair.report import Report
 
 
 def make_check(
-    opts: Options, test_draft: bool, report: Report, model_level: bool = False
+    opts: RepairOptions, test_draft: bool, report: Report, model_level: bool = False
 ) -> Callable[[str], tuple[bool, str]]:
     """The check of a written temp file.  ``model_level``: also read it against --model /
     --draft-model (migrate), and list the checks that ran in ``report.checked``."""
@@ -46,7 +46,7 @@ def make_check(
     return check
 
 
-def _expectations(opts: Options) -> dict[str, Any]:
+def _expectations(opts: RepairOptions) -> dict[str, Any]:
     from slotfile.model.bridge import ModelError, load_model_info
     from slotfile.model.expect import expect_from_model
 
@@ -59,7 +59,9 @@ def _expectations(opts: Options) -> dict[str, Any]:
         raise Operational(str(e)) from None
 
 
-def _test_load(sf: SlotFile, path: str, opts: Options, test_draft: bool, report: Report, used: dict[str, Any]) -> Any:
+def _test_load(
+    sf: SlotFile, path: str, opts: RepairOptions, test_draft: bool, report: Report, used: dict[str, Any]
+) -> Any:
     """The loader's result, or None when no llama.cpp at hand loads this state version (the
     test-load is skipped, with a note).  The library: --llama-lib, else $SLOTFILE_LLAMA_LIB,
     else llama-cpp-python's own and, when that one's version is not the file's, the one beside
@@ -92,7 +94,7 @@ class _TestLoad:
     """One written file's test-load: the pools it may use, and what it tells the report."""
 
     def __init__(
-        self, sf: SlotFile, path: str, opts: Options, test_draft: bool, report: Report, used: dict[str, Any]
+        self, sf: SlotFile, path: str, opts: RepairOptions, test_draft: bool, report: Report, used: dict[str, Any]
     ) -> None:
         assert opts.model is not None
         self.sf, self.path, self.opts, self.report, self.used = sf, path, opts, report, used

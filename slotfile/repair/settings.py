@@ -10,7 +10,7 @@ from slotfile.format import grammar as g
 from slotfile.format.reader import has_rot
 from slotfile.format.records import Body, SlotFile
 from slotfile.format.types import BY_NAME, KV_CACHE_TYPES, TRANSPOSABLE, TYPES, type_name
-from slotfile.repair.common import Options, Refused
+from slotfile.repair.common import Refused, RepairOptions
 from slotfile.repair.tail import Tail
 
 
@@ -208,7 +208,7 @@ def _streams(s: dict[str, Any], found: dict[str, Any]) -> None:
 
 
 def settings_for_rebuild(
-    sf: SlotFile, view: memoryview, tail: Tail, opts: Options, notes: list[str]
+    sf: SlotFile, view: memoryview, tail: Tail, opts: RepairOptions, notes: list[str]
 ) -> tuple[dict[str, Any], list[str]]:
     """The settings the damaged file was saved with, from whatever still shows them; the
     options fill in (or override) the rest."""

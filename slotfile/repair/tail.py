@@ -1,5 +1,9 @@
 """Tail analysis: what follows the body (or a damaged body), entry by entry, validated.
 
+"Tail" in :mod:`slotfile.repair` always means this appendix part of a slot file: the SCKP
+checkpoints and the SDFT draft state after the body, and whatever trailing bytes follow them.
+(It is not the worker's ``tail``, the last tokens decoded one per call for the deep check.)
+
 The framing comes from :mod:`slotfile.format.appendix`; this module adds what a repair needs on
 top: every blob checked the way the reader checks it, SCKP entries walked whatever the count
 says, a damaged magic tolerated when the entries behind it validate, and an intact SDFT
@@ -41,7 +45,7 @@ class BlobRef:
 
 
 @dataclass(slots=True)
-class Entry:
+class SckpEntry:
     index: int
     offset: int
     end: int
@@ -67,14 +71,14 @@ class SckpWalk:
     magic_ok: bool = True
     version: int | None = None
     count: int | None = None
-    entries: list[Entry] = field(default_factory=list)
+    entries: list[SckpEntry] = field(default_factory=list)
     stop: int = 0
     stop_reason: str = ""  # empty: stopped at EOF or at an SDFT magic
     at_sdft: bool = False
     cut_n_tokens: int | None = None  # n_tokens of the entry the walk broke off in, if readable
 
     @property
-    def good(self) -> list[Entry]:
+    def good(self) -> list[SckpEntry]:
         return [e for e in self.entries if e.ok]
 
     def known_n_tokens(self, n_max: int) -> list[int]:
@@ -179,11 +183,11 @@ def _walk_entries(sf: SlotFile, view: memoryview, w: SckpWalk, start: int, tgt_p
     raise AssertionError("an entry walk always ends with a Stop")
 
 
-def _entry(sf: SlotFile, view: memoryview, it: ap.EntryFrame, tgt_partial: tuple[str, ...] | None) -> Entry:
+def _entry(sf: SlotFile, view: memoryview, it: ap.EntryFrame, tgt_partial: tuple[str, ...] | None) -> SckpEntry:
     """One checkpoint, its blobs checked: an invalid data_tgt or head makes it go, an invalid
     data_dft only that blob."""
     sec = f"sckp.checkpoint[{it.index}]"
-    e = Entry(
+    e = SckpEntry(
         it.index, it.offset, it.end, it.n_tokens, it.pos_min, it.pos_max, _ref(it.tgt), _ref(it.dft), _ref(it.spec)
     )
     if e.tgt.length == 0:
