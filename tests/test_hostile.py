@@ -56,8 +56,11 @@ def check_read_only_paths(data: bytes, label: str, render: bool = True) -> SlotF
         json.dumps(to_json(sf, with_tokens=True))
         if not render:
             return sf
-        inspect_cmd.out = Console(file=io.StringIO(), markup=False, highlight=False)
-        inspect_cmd.render(sf, None, layers=False)
+        # inspect's console, swapped for a string buffer and put back after the render (the
+        # fixture cannot serve the hypothesis tests that call this: one MonkeyPatch per input)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(inspect_cmd, "out", Console(file=io.StringIO(), markup=False, highlight=False))
+            inspect_cmd.render(sf, None, layers=False)
     return sf
 
 
