@@ -5,16 +5,20 @@ current and the pre-mid-2025 layout) and ``llama_memory_recurrent::state_write``
 from __future__ import annotations
 
 import functools
+import struct
 from typing import Any
 
 from construct import (
     Computed,
+    Construct,
     Default,
+    FormatField,
     If,
     IfThenElse,
     Int32sl,
     Int32ul,
     Int64ul,
+    Renamed,
     Struct,
     Tell,
     this,
@@ -242,3 +246,51 @@ def rec_block(n_rec: int, has_p: bool = False) -> Struct:
         "s" / Seq("S", n_rec, RecLayer, 12),
         "end" / Tell,
     )
+
+
+# ---------------------------------------------------------------------------------------
+# single heads, for probes that cannot parse a whole block
+# ---------------------------------------------------------------------------------------
+
+# A count word: n_stream of a KV block, cell_count of a stream or REC block, n_layer.
+CountWord = Int32ul
+
+# What follows a KV stream's cell table (before the rotation words of version 4).
+KVStreamHead = Struct(
+    "v_trans" / VTransWord,
+    "n_layer" / Int32ul,
+)
+
+# The head of a recurrent cell (and of a legacy single-sequence KV cell): pos, n_seq_id.
+RecCellHead = Struct(
+    "pos" / Int32sl,
+    "n_seq_id" / Int32ul,
+)
+
+
+def fixed_reader(grammar: Construct) -> struct.Struct:
+    """A :class:`struct.Struct` that reads ``grammar`` (one little-endian integer field, or a
+    Struct of them) at struct's speed.  For probes and scans that read heads one at a time in
+    a loop (a cut body's settings, a REC block's entry count): the layout still comes from the
+    grammar, never from offsets written out by hand."""
+    fields = grammar.subcons if isinstance(grammar, Struct) else [grammar]
+    fmt = "<"
+    for field in fields:
+        c = field.subcon if isinstance(field, Renamed) else field
+        if not isinstance(c, FormatField) or not c.fmtstr.startswith("<"):
+            raise TypeError(f"not a little-endian integer field: {field!r}")
+        fmt += c.fmtstr[1:]
+    return struct.Struct(fmt)
+
+
+COUNT = fixed_reader(CountWord)
+KV_STREAM_HEAD = fixed_reader(KVStreamHead)  # v_trans, n_layer
+LAYER_HEAD = fixed_reader(KVLayerHead)  # type, row_size: a K layer, a plain V layer, a REC entry
+REC_CELL_HEAD = fixed_reader(RecCellHead)  # pos, n_seq_id
+
+
+def read_fixed(reader: struct.Struct, view: Any, off: int, end: int) -> tuple[Any, ...] | None:
+    """The fields ``reader`` reads at ``off``; None where fewer than its size bytes remain."""
+    if off < 0 or off + reader.size > end:
+        return None
+    return reader.unpack_from(view, off)

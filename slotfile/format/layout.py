@@ -18,14 +18,18 @@ from typing import Any
 from construct import ConstructError
 
 from slotfile.format.grammar import (
+    COUNT,
+    LAYER_HEAD,
     MAX_LAYERS,
     MAX_STREAMS,
+    REC_CELL_HEAD,
     SCKP_MAGIC,
     SDFT_MAGIC,
     FormatError,
     ViewStream,
     kv_block,
     kv_block_legacy,
+    read_fixed,
     rec_block,
     row_ok,
     type_ok,
@@ -263,34 +267,33 @@ def _parse_kv(
 
 
 def _rec_entry_counts(view: Any, off: int, end: int, whole: bool) -> tuple[int, int, list[tuple[int, int]]]:
-    """Scan a REC block greedily: (cell_count, n_layer, [(type, row_size), ...])."""
-    import struct
-
-    def u32(p: int) -> int | None:
-        return struct.unpack_from("<I", view, p)[0] if p + 4 <= end else None
-
-    cells = u32(off)
+    """Scan a REC block greedily: (cell_count, n_layer, [(type, row_size), ...]).  The heads
+    are read with the grammar's fixed readers: the entry count is what the block grammar
+    (rec_block) needs to be told, so it cannot parse the block to find it."""
+    got = read_fixed(COUNT, view, off, end)
+    cells = int(got[0]) if got is not None else None
     # the same cap as the grammar: one cell per sequence (no Python loop over a bogus count)
     if cells is None or cells > (MAX_STREAMS if whole else 1):
         return cells or 0, 0, []
-    p = off + 4
+    p = off + COUNT.size
     for _ in range(cells):
-        if p + 8 > end:
+        head = read_fixed(REC_CELL_HEAD, view, p, end)
+        if head is None:
             return cells, 0, []
-        nseq = struct.unpack_from("<I", view, p + 4)[0]
-        p += 8 + (4 * nseq if whole else 0)
-    p += 4  # s_trans
-    n_layer = u32(p)
+        p += REC_CELL_HEAD.size + (4 * head[1] if whole else 0)  # whole: n_seq_id seq ids follow
+    p += COUNT.size  # s_trans
+    got = read_fixed(COUNT, view, p, end)
+    n_layer = int(got[0]) if got is not None else None
     if n_layer is None or n_layer > MAX_LAYERS:
         return cells, 0, []
-    p += 4
+    p += COUNT.size
     entries: list[tuple[int, int]] = []
-    while p + 12 <= end and len(entries) < 2 * n_layer:
-        t, row = struct.unpack_from("<iQ", view, p)
-        if not (type_ok(t) and row_ok(t, row)) or p + 12 + cells * row > end:
+    while p + LAYER_HEAD.size <= end and len(entries) < 2 * n_layer:
+        t, row = LAYER_HEAD.unpack_from(view, p)
+        if not (type_ok(t) and row_ok(t, row)) or p + LAYER_HEAD.size + cells * row > end:
             break
         entries.append((t, row))
-        p += 12 + cells * row
+        p += LAYER_HEAD.size + cells * row
     return cells, n_layer, entries
 
 
