@@ -58,11 +58,6 @@ class SckpEntry:
     ok: bool = True
     reason: str = ""
 
-    @property
-    def head_end(self) -> int:
-        """End of n_tokens, pos_min, pos_max."""
-        return self.offset + 16
-
 
 @dataclass(slots=True)
 class SckpWalk:
