@@ -1,6 +1,6 @@
-"""Shared fixtures: the committed fixture files and their manifests; the markers; the CLI in-process.
+"""Shared fixtures: the committed fixture files and their manifests; the CLI in-process.
 
-Markers: ``llama`` on tests that load llama.cpp (llama-cpp-python, in-process or in a loader
+Markers (declared in pyproject.toml): ``llama`` on tests that load llama.cpp (llama-cpp-python, in-process or in a loader
 worker), ``slow`` on tests that take more than about 5 s.  The fast part alone:
 ``python -m pytest -m "not slow and not llama"``; ``.ci/run`` runs everything.
 """
@@ -36,14 +36,6 @@ def _load(name: str) -> dict[str, Any]:
 MANIFEST = _load("manifest.json")
 EXTRA = _load("extra-manifest.json")
 SLOT_FILES = sorted(p for p in SLOTS.iterdir() if p.suffix in (".slot", ".session"))
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "slow: takes more than about 5 s (deselect with -m 'not slow')")
-    config.addinivalue_line(
-        "markers",
-        "llama: loads llama.cpp through llama-cpp-python, in-process or in a worker (deselect with -m 'not llama')",
-    )
 
 
 def slotfile_cli(*args: object, env: dict[str, str | None] | None = None) -> Result:
