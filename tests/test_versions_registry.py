@@ -9,7 +9,7 @@ import struct
 import pytest
 
 from slotfile.format import grammar as g
-from slotfile.format import layout, reader
+from slotfile.format import layout, read_version, reader
 from slotfile.format import versions as V
 from slotfile.format.reader import open_slot_file, parse_buffer
 from slotfile.format.records import FileFormat, SlotFile
@@ -96,9 +96,9 @@ def test_reader_version_rules_agree(key: tuple[str, int]):
     fmt, version = key
     v = V.VERSIONS[key]
     sf = SlotFile("x", 0, FileFormat(fmt), version=version)
-    assert reader.has_rot(sf) == v.rotation_words
-    assert reader._may_be_legacy(sf) == (v.n_stream == V.NStream.SOMETIMES)
-    assert reader._newest(sf) == V.newest(fmt)
+    assert read_version.has_rot(sf) == v.rotation_words
+    assert read_version.may_be_legacy(sf) == (v.n_stream == V.NStream.SOMETIMES)
+    assert read_version._newest(sf) == V.newest(fmt)
 
 
 def _with_version(data: bytes, v: int) -> bytes:

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import shlex
 
-NOT_SLOT_FILE = "not-slot-file"  # the problem code of a recognised wrong input (a model, an archive, text)
-
 # Files people pass by mistake, recognised by their first bytes: (magic, what it is, what to do).
 FOREIGN_MAGICS: tuple[tuple[bytes, str, str], ...] = (
     (b"GGUF", "a GGUF model", "pass it with --model, and the slot file as the argument"),

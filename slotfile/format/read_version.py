@@ -7,6 +7,7 @@ helpers tell that apart from damage and describe it."""
 from __future__ import annotations
 
 from slotfile.format import grammar as g
+from slotfile.format import versions
 from slotfile.format.layout import (
     Detection,
 )
@@ -16,22 +17,10 @@ from slotfile.format.records import (
     SlotFile,
 )
 
-# Which llama.cpp line writes and loads each state version (slot-format.md §12).
-GGSQ_VERSIONS = {
-    2: "llama.cpp builds of mid-2024 to 2025 (KV blocks without n_stream until mid-2025; no cell ext, "
-    "no io_magic blob prefix)",
-    3: "llama.cpp of 2026 up to about October (llama-cpp-python 0.3.36 vendors this)",
-    4: "llama.cpp from 2026-10-05 on (every KV stream records its K/V rotation widths n_rot_k, n_rot_v)",
-}
-GGSN_VERSIONS = {
-    9: "llama.cpp builds of 2025 (session body with output ids, logits, embeddings; KV blocks without n_stream "
-    "until mid-2025)",
-    10: "llama.cpp of 2026 up to about October (llama-cpp-python 0.3.36)",
-    11: "llama.cpp from 2026-10-05 on (as state version 4: every KV stream records n_rot_k, n_rot_v)",
-}
-# How far past the newest known version a file is still read by trial (as the newest layout
-# with a few unknown words per KV stream, with a warning); anything further is refused.
-TRIAL_AHEAD = 2
+# The writer line of each known version, from the one version registry (slotfile.format.versions).
+GGSQ_VERSIONS = {v.version: v.writer for v in versions.VERSIONS.values() if v.format == "GGSQ"}
+GGSN_VERSIONS = {v.version: v.writer for v in versions.VERSIONS.values() if v.format == "GGSN"}
+TRIAL_AHEAD = versions.TRIAL_AHEAD
 
 
 # ---------------------------------------------------------------------------------------
@@ -43,7 +32,8 @@ TRIAL_EXTRAS = ((0, 0), (1, 0), (2, 0), (0, 1), (0, 2), (1, 1), (2, 2))
 def may_be_legacy(sf: SlotFile) -> bool:
     """State version 2 and session version 9 were written both before and after llama.cpp
     added n_stream to the KV block (mid-2025), without a version bump."""
-    return (sf.format, sf.version) in ((FileFormat.GGSQ, 2), (FileFormat.GGSN, 9))
+    info = versions.version_info(str(sf.format), sf.version)
+    return info is not None and info.n_stream is versions.NStream.SOMETIMES
 
 
 def _newest(sf: SlotFile) -> int:
@@ -56,8 +46,9 @@ def has_rot(sf: SlotFile) -> bool:
     read as the newest known layout, so it has them too."""
     if sf.version is None:
         return False
-    first = g.ROT_SESSION_VERSION if sf.format == FileFormat.GGSN else g.ROT_STATE_VERSION
-    return sf.format in (FileFormat.GGSQ, FileFormat.GGSN) and sf.version >= first
+    if sf.format not in (FileFormat.GGSQ, FileFormat.GGSN):
+        return False
+    return sf.version >= versions.first_with_rotation(str(sf.format))
 
 
 def body_rot(sf: SlotFile) -> bool:

@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Any
 from construct import ConstructError
 
 from slotfile.format import grammar as g
-from slotfile.format.foreign import NOT_SLOT_FILE, TEXT_SAMPLE, recognise_foreign
+from slotfile.format.foreign import TEXT_SAMPLE, recognise_foreign
 from slotfile.format.read_appendix import parse_appendices
 from slotfile.format.read_body import parse_body, parse_session_prefix, parse_tokens
 from slotfile.format.read_checks import check_semantics
-from slotfile.format.read_version import GGSN_VERSIONS, GGSQ_VERSIONS, has_rot, trial_version
+from slotfile.format.read_version import GGSN_VERSIONS, GGSQ_VERSIONS, TRIAL_AHEAD, has_rot, trial_version
 from slotfile.format.records import (
     Appendix,
     BlobInfo,
@@ -38,6 +38,7 @@ from slotfile.format.records import (
     TokenForm,
     TokenPayload,
 )
+from slotfile.problems import ProblemCode
 
 if TYPE_CHECKING:
     from slotfile.model.bridge import ModelInfo
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
 __all__ = [
     "GGSN_VERSIONS",
     "GGSQ_VERSIONS",
+    "TRIAL_AHEAD",
     "Appendix",
     "BlobInfo",
     "Body",
@@ -171,7 +173,7 @@ def _parse_header(sf: SlotFile, view: memoryview) -> bool:
     if size and not any(m.startswith(magic) for m in slot_magics):  # a cut magic ("qs") is a cut slot file
         foreign = recognise_foreign(bytes(view[:TEXT_SAMPLE]), size, sf.path)
         if foreign is not None:
-            sf.problem("error", NOT_SLOT_FILE, "header", 0, foreign)
+            sf.problem("error", ProblemCode.NOT_SLOT_FILE, "header", 0, foreign)
             return False
     if size == 0:
         sf.problem(
