@@ -1,0 +1,179 @@
+"""Compare two slot (or session) files: :func:`diff_files`.
+
+In file order: headers and settings (:mod:`.headers`), the stored tokens (:mod:`.tokens`), per
+memory block the cells both files hold and each layer's K/V/R/P/S rows over them
+(:mod:`.tensors`), then the appendices (:mod:`.appendix`).  When nothing differs in any of
+these, a last byte-level check compares everything they did not cover (cell metadata, the token
+payload's padding, entry headers), with the version word, state version 4's rotation words and
+the blob length words (which grow by those words) set aside: a file and its ``migrate`` to the
+other version then come out "identical but for the rotation words".
+
+Both files are opened read-only through :func:`slotfile.open_slot_file` and never modified.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from slotfile.diff.appendix import compare_checkpoints, compare_draft
+from slotfile.diff.headers import compare_headers
+from slotfile.diff.report import DiffReport, OtherDiff, Side
+from slotfile.diff.tensors import Context, Source, compare_bodies
+from slotfile.diff.tokens import compare_tokens
+from slotfile.format.records import Body, FileFormat, MemoryKind, SlotFile
+
+if TYPE_CHECKING:
+    from slotfile.model.bridge import ModelInfo
+
+
+def _open(path: Path) -> tuple[SlotFile | None, Side]:
+    from slotfile import open_slot_file
+
+    side = Side(str(path))
+    if path.is_dir():
+        side.unreadable = "is a directory, not a slot file"
+        return None, side
+    try:
+        sf = open_slot_file(path)
+    except OSError as e:
+        side.unreadable = f"cannot open: {e.strerror or e}"
+        return None, side
+    side.size, side.format, side.version, side.verdict = sf.size, str(sf.format), sf.version, sf.verdict
+    side.problems = [p.to_dict() for p in sf.problems]
+    first = sf.errors[0].line() if sf.errors else "no state could be read"
+    if sf.format == FileFormat.UNKNOWN or sf.version is None:
+        side.unreadable = first
+    elif sf.body is None or sf.body.layout is None:
+        side.unreadable = f"its state cannot be read ({first})"
+    return sf, side
+
+
+def diff_files(
+    path_a: str | os.PathLike[str],
+    path_b: str | os.PathLike[str],
+    model: ModelInfo | None = None,
+    head_k: int = 0,
+    head_v: int = 0,
+) -> DiffReport:
+    """Compare two files.  ``model``: detokenises the context around a token difference;
+    ``head_k`` / ``head_v``: elements per K / V head for the head angles (0: a whole row is one
+    head; :func:`slotfile.verify.head_sizes` reads them from a GGUF).  Never raises on bad
+    input: an unreadable file is a :class:`~slotfile.diff.report.Side` with ``unreadable`` set."""
+    t0 = time.perf_counter()
+    sa, side_a = _open(Path(path_a))
+    sb, side_b = _open(Path(path_b))
+    rep = DiffReport(side_a, side_b, head_k=head_k, head_v=head_v)
+    try:
+        if sa is not None and sb is not None and sa.version is not None and sb.version is not None:
+            _compare(rep, sa, sb, model)
+    finally:
+        rep.seconds = time.perf_counter() - t0
+        for sf in (sa, sb):
+            if sf is not None:
+                sf.close()
+    return rep
+
+
+def _compare(rep: DiffReport, a: SlotFile, b: SlotFile, model: ModelInfo | None) -> None:
+    rep.fields = compare_headers(a, b)
+    rep.tokens = compare_tokens(a, b, model)
+    if rep.unreadable:
+        return
+    # cells from the first token where the prompts diverge on hold other tokens: not compared
+    limit = rep.tokens.shared if rep.tokens.first_diff is not None else None
+    ctx = Context(Source.of(a), Source.of(b), rep.head_k, rep.head_v)
+    compare_bodies(ctx, "body", a.body, b.body, limit)
+    rep.checkpoints = compare_checkpoints(ctx, a, b, limit)
+    rep.draft, rep.draft_spec = compare_draft(ctx, a, b, limit)
+    rep.cells, rep.runs, rep.bytes_compared = ctx.cells, ctx.runs, ctx.bytes_compared
+    if not rep.differences():
+        other = other_bytes(a, b, ctx)
+        if other is not None:
+            rep.other.append(other)
+
+
+# ---------------------------------------------------------------------------------------
+# the last check: every byte not compared above
+# ---------------------------------------------------------------------------------------
+
+
+def _bodies(sf: SlotFile) -> list[Body]:
+    out = [sf.body] if sf.body is not None else []
+    for c in sf.checkpoints:
+        out += [bl.body for bl in (c.tgt, c.dft) if bl.body is not None]
+    if sf.draft is not None and sf.draft.dft is not None and sf.draft.dft.body is not None:
+        out.append(sf.draft.dft.body)
+    return out
+
+
+def set_aside(sf: SlotFile) -> list[tuple[int, int]]:
+    """Byte ranges the last check skips: the layer runs (compared run by run already), the
+    version word, every KV stream's rotation words (state version 4) and every blob's u64
+    length (which counts those words)."""
+    ranges = [(4, 8)]
+    ranges += [(r.data.offset, r.data.offset + r.data.length) for _, r in sf.value_runs()]
+    for body in _bodies(sf):
+        for blk in body.blocks:
+            if blk.kind != MemoryKind.KV:
+                continue
+            ranges += [(s.rot_offset, s.rot_offset + 8) for s in blk.streams if s.rot_offset is not None]
+    blobs = [bl for c in sf.checkpoints for bl in (c.tgt, c.dft, c.spec)]
+    if sf.draft is not None:
+        blobs += [bl for bl in (sf.draft.dft, sf.draft.spec) if bl is not None]
+    ranges += [(bl.offset, bl.offset + 8) for bl in blobs]
+    ranges.sort()
+    merged: list[tuple[int, int]] = []
+    for s, e in ranges:
+        if merged and s <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], e))
+        else:
+            merged.append((s, e))
+    return merged
+
+
+def _rest(view: memoryview, size: int, skip: list[tuple[int, int]]) -> tuple[bytes, list[tuple[int, int]]]:
+    """The bytes outside ``skip``, joined, and (offset in the joined bytes, file offset) per piece."""
+    pieces: list[bytes] = []
+    where: list[tuple[int, int]] = []
+    pos = at = 0
+    for s, e in [*skip, (size, size)]:
+        if s > pos:
+            where.append((at, pos))
+            pieces.append(bytes(view[pos:s]))
+            at += s - pos
+        pos = max(pos, e)
+    return b"".join(pieces), where
+
+
+def _file_offset(where: list[tuple[int, int]], k: int) -> int:
+    off = 0
+    for at, fo in where:
+        if at > k:
+            break
+        off = fo + (k - at)
+    return off
+
+
+def _section(sf: SlotFile, off: int) -> str:
+    name = "file"
+    for s in sf.sections:  # later sections are the more specific ones (checkpoints after sckp)
+        if s.offset <= off < s.offset + s.size:
+            name = s.name
+    return name
+
+
+def other_bytes(a: SlotFile, b: SlotFile, ctx: Context) -> OtherDiff | None:
+    ra, wa = _rest(ctx.a.view, a.size, set_aside(a))
+    rb, wb = _rest(ctx.b.view, b.size, set_aside(b))
+    if ra == rb:
+        return None
+    n = min(len(ra), len(rb))
+    ne = np.flatnonzero(np.frombuffer(ra, np.uint8, n) != np.frombuffer(rb, np.uint8, n))
+    k = int(ne[0]) if ne.size else n
+    oa, ob = _file_offset(wa, k), _file_offset(wb, k)
+    return OtherDiff(oa, ob, _section(a, oa), _section(b, ob))

@@ -1,0 +1,366 @@
+"""slotfile diff: two files compared in file order (headers and settings, tokens, layers over the
+shared cells, appendices), exit codes like cmp (0 identical, 1 different, 8 cannot read), against
+the committed fixtures written by real llama.cpp libraries and copies of them damaged here."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from slotfile.diff import SCHEMA, Status, Verdict, diff_files
+from slotfile.diff.tensors import bytes_equal
+from slotfile.format.reader import open_slot_file
+from slotfile.repair import Options, Outcome, run
+from slotfile.safewrite import resolve_target
+
+from .conftest import MODELS, SLOTS, slotfile_cli
+
+LLAMA = MODELS / "llama.gguf"
+F16 = SLOTS / "llama_f16_fa.slot"  # 54 tokens, V row-major, two checkpoints
+F16_T = SLOTS / "llama_f16_nofa.slot"  # the same prompt with V transposed (flash attention off)
+Q8 = SLOTS / "llama_q8_0_fa.slot"
+DRAFT = SLOTS / "llama_draft_sdft.slot"
+GEMMA = SLOTS / "gemma3_iswa_fa.slot"
+
+
+def _copy(src: Path, dst: Path) -> Path:
+    shutil.copyfile(src, dst)
+    return dst
+
+
+def _flip(path: Path, offset: int, mask: int = 0x40) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= mask
+    path.write_bytes(bytes(data))
+
+
+def _stream(path: Path, block: int = 0) -> Any:
+    sf = open_slot_file(path)
+    return sf.body.blocks[block].active_streams()[0]
+
+
+def _bad(rep: Any) -> list[Any]:
+    return [r for r in rep.runs if r.status != Status.IDENTICAL]
+
+
+def _migrate(src: Path, out: Path, to: int, model: Path | None = None) -> Path:
+    rep = run(
+        "migrate", str(src), resolve_target(src, out), Options(model=str(model) if model else None, to_version=to)
+    )
+    assert rep.outcome == Outcome.REPAIRED, rep.reason
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "src", [F16, F16_T, Q8, DRAFT, GEMMA, SLOTS / "extra-llama.session", SLOTS / "extra-jamba.slot"]
+)
+def test_identical_copy_exits_0(tmp_path: Path, src: Path):
+    b = _copy(src, tmp_path / "b.slot")
+    rep = diff_files(src, b)
+    assert rep.verdict == Verdict.IDENTICAL and rep.exit_code == 0, rep.differences()
+    assert rep.runs and all(r.status == Status.IDENTICAL for r in rep.runs)
+    assert all(r.stats is None for r in rep.runs)  # equal bytes: no statistics computed
+    res = slotfile_cli("diff", src, b)
+    assert res.exit_code == 0, res.stdout + res.stderr
+    assert "result: identical" in res.stdout
+
+
+def test_flipped_byte_in_a_v_row_names_layer_part_and_cell(tmp_path: Path):
+    b = _copy(F16, tmp_path / "b.slot")
+    st = _stream(F16)
+    v1 = st.v[1]
+    cell = 17
+    _flip(b, v1.data.offset + cell * v1.row_size + 5)
+    rep = diff_files(F16, b)
+    assert rep.exit_code == 1 and rep.verdict == Verdict.DIFFERENT
+    bad = _bad(rep)
+    assert [(r.container, r.part, r.layer) for r in bad] == [("body", "V", 1)]
+    r = bad[0]
+    assert r.first_cell == cell and r.differing_cells == 1 and r.first_pos == int(st.positions[cell])
+    assert r.first_offset_a == v1.data.offset + cell * v1.row_size + 5
+    assert r.stats is not None and r.stats["worst_cell"] == cell and r.stats["rel"] > 0 and r.stats["angle"] > 0
+    # the checkpoints hold their own copies of the cache: untouched
+    assert all(c.status == Status.IDENTICAL for c in rep.checkpoints)
+    res = slotfile_cli("diff", F16, b)
+    assert res.exit_code == 1
+    assert "body.kv.stream[0] V layer 1 (f16): 1 of 54 cells differ; first cell 17" in res.stdout
+    assert "worst cell 17" in res.stdout and "relative difference" in res.stdout
+
+
+def test_flipped_byte_in_a_transposed_v_column(tmp_path: Path):
+    b = _copy(F16_T, tmp_path / "b.slot")
+    st = _stream(F16_T)
+    v0 = st.v[0]
+    assert v0.transposed
+    elem, cell = 9, 30
+    _flip(b, v0.data.offset + (elem * st.cell_count + cell) * 2 + 1)
+    rep = diff_files(F16_T, b)
+    (r,) = _bad(rep)
+    assert (r.part, r.layer, r.first_cell, r.differing_cells) == ("V", 0, cell, 1)
+    assert r.first_offset_a == v0.data.offset + (elem * st.cell_count + cell) * 2 + 1
+    assert r.stats["worst_cell"] == cell
+
+
+def test_quantized_rows_are_dequantized(tmp_path: Path):
+    b = _copy(Q8, tmp_path / "b.slot")
+    k0 = _stream(Q8).k[0]
+    cell = 40
+    _flip(b, k0.data.offset + cell * k0.row_size + 10, 0x7F)  # a quant, not the block scale
+    rep = diff_files(Q8, b, head_k=32, head_v=32)
+    (r,) = _bad(rep)
+    assert (r.part, r.layer, r.first_cell, r.type_a) == ("K", 0, cell, "q8_0")
+    assert r.stats["head"] == 32 and 0 < r.stats["angle"] < 90 and r.stats["max_abs"] > 0
+
+
+def test_different_tokens_give_the_first_index_and_the_shared_count(tmp_path: Path):
+    b = _copy(F16, tmp_path / "b.slot")
+    sf = open_slot_file(F16)
+    at = 20
+    data = bytearray(b.read_bytes())
+    old = int(sf.tokens.tokens[at])
+    struct.pack_into("<i", data, sf.tokens.ids_offset + 4 * at, (old + 1) % 320)
+    b.write_bytes(bytes(data))
+    rep = diff_files(F16, b)
+    t = rep.tokens
+    assert (t.first_diff, t.shared, t.n_a, t.n_b) == (at, at, 54, 54)
+    assert (t.token_a, t.token_b) == (old, (old + 1) % 320)
+    # only the cells of the shared prefix are compared (positions 0..19)
+    body_cells = [c for c in rep.cells if c.container == "body"]
+    assert body_cells and all(c.compared == at and c.pos_last == at - 1 for c in body_cells)
+    assert rep.exit_code == 1 and "tokens" in rep.differences()
+    res = slotfile_cli("diff", F16, b, "--model", LLAMA)
+    assert res.exit_code == 1
+    assert f"tokens: differ from index {at} ({at} shared; A holds 54, B 54)" in res.stdout
+    assert "A from there:" in res.stdout and "B from there:" in res.stdout
+    js = json.loads(slotfile_cli("diff", F16, b, "--model", LLAMA, "--json").stdout)
+    assert js["tokens"]["context"]["text_a"] != js["tokens"]["context"]["text_b"]
+
+
+@pytest.mark.parametrize("src", [F16, F16_T, DRAFT, GEMMA, SLOTS / "llama_2stream.slot", SLOTS / "extra-jamba.slot"])
+def test_v3_and_its_v4_migration_are_identical_but_for_the_rotation_words(tmp_path: Path, src: Path):
+    v4 = _migrate(src, tmp_path / "v4.slot", 4)
+    assert open_slot_file(v4).version == 4
+    rep = diff_files(src, v4)
+    assert rep.verdict == Verdict.ROTATION_ONLY, rep.differences()
+    assert rep.exit_code == 0
+    names = {f.name for f in rep.rotation_fields}
+    assert "version" in names
+    if any(b.kind == "KV" for b in open_slot_file(src).body.blocks):
+        assert {"n_rot_k", "n_rot_v"} <= names
+    res = slotfile_cli("diff", src, v4)
+    assert res.exit_code == 0
+    assert "result: identical but for the rotation words (state version 3 / 4)" in res.stdout
+    # and back the other way
+    assert diff_files(v4, src).verdict == Verdict.ROTATION_ONLY
+
+
+def test_rotated_q8_0_migration_and_real_v4_file(tmp_path: Path):
+    """A q8_0 cache of head 128: the migrated file is identical but for the rotation words
+    (128, 64); against what a real v4 library wrote for the same recipe, diff names the few
+    cells whose rounding differs."""
+    src = SLOTS / "v4" / "v3" / "llama128_q8_0_fa.slot"
+    model = MODELS / "llama128.gguf"
+    v4 = _migrate(src, tmp_path / "v4.slot", 4, model)
+    rep = diff_files(src, v4)
+    assert rep.verdict == Verdict.ROTATION_ONLY, rep.differences()
+    rot = {(f.name, f.b) for f in rep.rotation_fields}
+    assert ("n_rot_k", 128) in rot and ("n_rot_v", 64) in rot
+    real = diff_files(v4, SLOTS / "v4" / "llama128_q8_0_fa.slot")
+    if real.verdict == Verdict.DIFFERENT:
+        assert all(r.status in (Status.IDENTICAL, Status.DIFFERENT) for r in real.runs)
+        assert all(r.first_cell is not None and r.differing_cells >= 1 for r in _bad(real))
+
+
+def test_two_rotation_settings_are_a_real_difference(tmp_path: Path):
+    """Rotation words on both sides that disagree (one writer ran with LLAMA_ATTN_ROT_DISABLE):
+    not "identical but for the rotation words"."""
+    v4 = _migrate(SLOTS / "v4" / "v3" / "llama128_q8_0_fa.slot", tmp_path / "v4.slot", 4, MODELS / "llama128.gguf")
+    zero = _copy(v4, tmp_path / "zero.slot")
+    st = _stream(v4)
+    data = bytearray(zero.read_bytes())
+    struct.pack_into("<II", data, st.rot_offset, 0, 0)
+    zero.write_bytes(bytes(data))
+    rep = diff_files(v4, zero)
+    assert rep.verdict == Verdict.DIFFERENT and rep.exit_code == 1
+    assert any(f.name == "n_rot_k" and not f.same and not f.rotation for f in rep.fields)
+
+
+def _drop_last_checkpoint(src: Path, out: Path) -> Path:
+    sf = open_slot_file(src)
+    last = sf.checkpoints[-1]
+    data = src.read_bytes()
+    new = bytearray(data[: last.offset] + data[last.end :])
+    struct.pack_into("<I", new, sf.sckp.offset + 8, len(sf.checkpoints) - 1)  # SCKP: magic, version, count
+    out.write_bytes(bytes(new))
+    assert len(open_slot_file(out).checkpoints) == len(sf.checkpoints) - 1 and not open_slot_file(out).errors
+    return out
+
+
+def test_checkpoint_in_one_file_only(tmp_path: Path):
+    b = _drop_last_checkpoint(F16, tmp_path / "b.slot")
+    rep = diff_files(F16, b)
+    assert rep.exit_code == 1
+    only = [c for c in rep.checkpoints if c.status == Status.ONLY_A]
+    sf = open_slot_file(F16)
+    assert [(c.n_tokens, c.index_a) for c in only] == [(sf.checkpoints[-1].n_tokens, sf.checkpoints[-1].index)]
+    assert all(c.status == Status.IDENTICAL for c in rep.checkpoints if c not in only)
+    assert not _bad(rep)  # the body and the other checkpoint are untouched
+    res = slotfile_cli("diff", b, F16)
+    assert res.exit_code == 1 and "only in B" in res.stdout
+
+
+def test_differing_checkpoint_blob_is_compared_like_the_body(tmp_path: Path):
+    b = _copy(F16, tmp_path / "b.slot")
+    ck = open_slot_file(F16).checkpoints[0]
+    k = ck.tgt.body.blocks[0].active_streams()[0].k[0]
+    _flip(b, k.data.offset + 3 * k.row_size + 1)
+    rep = diff_files(F16, b)
+    (r,) = _bad(rep)
+    assert r.container == "sckp.checkpoint[0].data_tgt" and (r.part, r.layer, r.first_cell) == ("K", 0, 3)
+    assert rep.checkpoints[0].status == Status.DIFFERENT and rep.checkpoints[1].status == Status.IDENTICAL
+
+
+def test_draft_state_in_one_file_only_and_differing(tmp_path: Path):
+    sf = open_slot_file(DRAFT)
+    assert sf.draft is not None
+    stripped = tmp_path / "nodraft.slot"
+    stripped.write_bytes(DRAFT.read_bytes()[: sf.draft.offset])
+    rep = diff_files(DRAFT, stripped)
+    assert rep.draft is not None and rep.draft.status == Status.ONLY_A and rep.exit_code == 1
+    b = _copy(DRAFT, tmp_path / "b.slot")
+    v = sf.draft.dft.body.blocks[0].active_streams()[0].v[0]
+    _flip(b, v.data.offset + 7 * v.row_size)
+    rep = diff_files(DRAFT, b)
+    (r,) = _bad(rep)
+    assert r.container == "sdft.data_dft" and (r.part, r.first_cell) == ("V", 7)
+    assert rep.draft.status == Status.DIFFERENT
+
+
+def test_flash_attention_on_against_off_is_compared_by_value():
+    rep = diff_files(F16, F16_T)
+    assert rep.exit_code == 1  # v_trans differs
+    assert any(f.name == "v_trans" and (f.a, f.b) == (0, 1) for f in rep.fields)
+    v = [r for r in rep.runs if r.container == "body" and r.part == "V"]
+    assert v and all(r.by_value and r.cells == 54 for r in v)
+    k = [r for r in rep.runs if r.container == "body" and r.part == "K"]
+    assert k and all(not r.by_value for r in k)
+
+
+def test_unrelated_files_are_different_not_a_crash():
+    rep = diff_files(F16, GEMMA)
+    assert rep.exit_code == 1
+    assert any(f.name == "memory class" and not f.same for f in rep.fields)
+    res = slotfile_cli("diff", F16, GEMMA)
+    assert res.exit_code == 1 and "result: different" in res.stdout
+
+
+def test_unreadable_inputs_exit_8(tmp_path: Path):
+    missing = tmp_path / "missing.slot"
+    res = slotfile_cli("diff", F16, missing)
+    assert res.exit_code == 8 and "cannot open" in res.stderr and "Traceback" not in res.stdout + res.stderr
+    res = slotfile_cli("diff", LLAMA, F16)
+    assert res.exit_code == 8 and "GGUF" in res.stderr
+    cut = tmp_path / "cut.slot"
+    cut.write_bytes(F16.read_bytes()[:9000])  # inside the body
+    res = slotfile_cli("diff", F16, cut)
+    assert res.exit_code == 8, res.stdout
+    assert "cannot read B" in res.stdout and "truncated" in res.stderr.lower() + res.stdout.lower()
+    assert "tokens: equal" in res.stdout  # what can be compared still is
+    res = slotfile_cli("diff", F16, tmp_path)
+    assert res.exit_code == 8 and "directory" in res.stderr
+    res = slotfile_cli("diff", F16, F16, "--model", tmp_path / "none.gguf")
+    assert res.exit_code == 8
+    res = slotfile_cli("diff", F16)
+    assert res.exit_code == 2
+
+
+def test_json_schema(tmp_path: Path):
+    b = _copy(F16, tmp_path / "b.slot")
+    v1 = _stream(F16).v[1]
+    _flip(b, v1.data.offset + 2 * v1.row_size)
+    res = slotfile_cli("diff", F16, b, "--json")
+    assert res.exit_code == 1
+    js = json.loads(res.stdout)
+    assert js["schema"] == SCHEMA == "slotfile.diff/1"
+    assert {
+        "a",
+        "b",
+        "verdict",
+        "identical",
+        "differences",
+        "unreadable",
+        "head_k",
+        "head_v",
+        "fields",
+        "tokens",
+        "cells",
+        "layers",
+        "checkpoints",
+        "draft",
+        "draft_spec",
+        "other",
+        "bytes_compared",
+        "seconds",
+        "exit_code",
+    } <= set(js)
+    assert js["verdict"] == "different" and js["identical"] is False and js["exit_code"] == 1
+    assert {"path", "size", "format", "version", "verdict", "problems", "unreadable"} <= set(js["a"])
+    assert {"section", "field", "a", "b", "same", "rotation"} <= set(js["fields"][0])
+    assert {"same", "n_a", "n_b", "shared", "first_diff", "context"} <= set(js["tokens"])
+    (bad,) = [r for r in js["layers"] if r["status"] != "identical"]
+    assert {
+        "section",
+        "part",
+        "layer",
+        "status",
+        "type_a",
+        "type_b",
+        "cells",
+        "differing_cells",
+        "first_cell",
+        "first_pos",
+        "first_offset_a",
+        "stats",
+    } <= set(bad)
+    assert (bad["part"], bad["layer"], bad["first_cell"]) == ("V", 1, 2)
+    assert {"angle", "rel", "lnorm", "median_angle", "max_abs", "worst_cell", "worst_pos", "head"} <= set(bad["stats"])
+    assert {"n_tokens", "pos_min", "pos_max", "status", "index_a", "index_b", "blobs"} <= set(js["checkpoints"][0])
+    same = json.loads(slotfile_cli("diff", F16, F16, "--json").stdout)
+    assert same["verdict"] == "identical" and same["exit_code"] == 0 and same["identical"] is True
+
+
+def test_bytes_equal_catches_the_last_bytes():
+    a = bytes(range(256)) * 3 + b"xyz"
+    b = bytearray(a)
+    assert bytes_equal(memoryview(a), memoryview(bytes(b)))
+    b[-1] ^= 1
+    assert not bytes_equal(memoryview(a), memoryview(bytes(b)))
+    b[-1] ^= 1
+    b[13] ^= 1
+    assert not bytes_equal(memoryview(a)[1:], memoryview(bytes(b))[1:])  # unaligned views
+    assert not bytes_equal(memoryview(a), memoryview(a)[:-1])
+
+
+def test_other_bytes_are_caught(tmp_path: Path):
+    """A byte outside every compared field (the seq id of a cell: the slot it was saved from)."""
+    b = _copy(F16, tmp_path / "b.slot")
+    st = _stream(F16)
+    cells = st.cells
+    stride = cells.cells.dtype.itemsize
+    off = cells.offset + 5 * stride + cells.cells.dtype.fields["seq_id"][1]
+    data = bytearray(b.read_bytes())
+    struct.pack_into("<i", data, off, 3)
+    b.write_bytes(bytes(data))
+    rep = diff_files(F16, b)
+    assert rep.exit_code == 1
+    assert any(not c.meta_same for c in rep.cells)
+    assert np.all([r.status == Status.IDENTICAL for r in rep.runs])
