@@ -19,6 +19,7 @@ from slotfile.diff.report import CellsDiff, DiffReport, RunDiff, Status, Verdict
 from slotfile.exitcodes import OPERATIONAL
 
 MAX_RUN_LINES = 40  # differing layers listed one per line; the rest counted
+MAX_PROBLEMS = 3  # reader errors listed per file
 
 
 def _v(x: Any) -> str:
@@ -85,6 +86,15 @@ def _cells_line(c: CellsDiff) -> str:
 
 def render(rep: DiffReport) -> str:
     lines = [_side("A", rep.a), _side("B", rep.b)]
+    for name, side in (("A", rep.a), ("B", rep.b)):
+        errs = [p for p in side.problems if p.get("severity") == "error"]
+        for p in errs[:MAX_PROBLEMS]:
+            lines.append(
+                f"  {name} problem: {escape_text(str(p['section']))} at offset {p['offset']}: "
+                f"{escape_text(str(p['message']))}"
+            )
+        if len(errs) > MAX_PROBLEMS:
+            lines.append(f"  {name}: {len(errs) - MAX_PROBLEMS} more problems (slotfile inspect {name} lists them)")
     differing = [f for f in rep.fields if not f.same]
     if rep.fields:
         lines.append(f"headers and settings: {len(rep.fields) - len(differing)} of {len(rep.fields)} equal")
@@ -162,6 +172,12 @@ def _result(rep: DiffReport) -> str:
         return f"result: identical but for the rotation words (state version {rep.a.version} / {rep.b.version})"
     diffs = rep.differences()
     shown = ", ".join(diffs[:6]) + (f", ... ({len(diffs)} in all)" if len(diffs) > 6 else "")
+    layout = next((f for f in rep.fields if f.section == "body" and f.name == "layout" and not f.same), None)
+    if layout is not None:
+        return (
+            f"result: different: the memory layouts differ (A: {_v(layout.a)}, B: {_v(layout.b)}), so these are "
+            f"states of different models or settings; {shown}"
+        )
     return f"result: different: {shown}"
 
 

@@ -87,9 +87,12 @@ def _compare(rep: DiffReport, a: SlotFile, b: SlotFile, model: ModelInfo | None)
     # cells from the first token where the prompts diverge on hold other tokens: not compared
     limit = rep.tokens.shared if rep.tokens.first_diff is not None else None
     ctx = Context(Source.of(a), Source.of(b), rep.head_k, rep.head_v)
-    compare_bodies(ctx, "body", a.body, b.body, limit)
-    rep.checkpoints = compare_checkpoints(ctx, a, b, limit)
-    rep.draft, rep.draft_spec = compare_draft(ctx, a, b, limit)
+    try:
+        compare_bodies(ctx, "body", a.body, b.body, limit)
+        rep.checkpoints = compare_checkpoints(ctx, a, b, limit)
+        rep.draft, rep.draft_spec = compare_draft(ctx, a, b, limit)
+    finally:
+        ctx.close()
     rep.cells, rep.runs, rep.bytes_compared = ctx.cells, ctx.runs, ctx.bytes_compared
     if not rep.differences():
         other = other_bytes(a, b, ctx)

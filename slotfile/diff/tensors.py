@@ -13,7 +13,9 @@ compared by value over every shared cell.
 from __future__ import annotations
 
 import mmap
+import os
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -23,10 +25,8 @@ from slotfile.diff.report import CellsDiff, RunDiff, Status
 from slotfile.format import grammar as g
 from slotfile.format.records import Body, KVStream, LayerRun, MemoryBlock, MemoryKind, SlotFile
 
-# the deep level's statistics, imported (not copied) so that diff and verify --deep measure alike
-from slotfile.verify import cell_stats
-
 CHUNK_BYTES = 8 << 20  # bytes of each file compared (and then released) at a time
+JOBS = 2  # threads comparing chunks
 WORD = 8  # bytes compared as one uint64
 
 
@@ -80,9 +80,44 @@ class Context:
     bytes_compared: int = 0
     cells: list[CellsDiff] = field(default_factory=list)
     runs: list[RunDiff] = field(default_factory=list)
+    jobs: int = field(default_factory=lambda: min(JOBS, os.cpu_count() or 1))
+    _pool: ThreadPoolExecutor | None = None
 
     def head(self, part: str) -> int:
         return self.head_k if part == "K" else self.head_v if part == "V" else 0
+
+    def chunks_equal(self, pa: int, pb: int, n: int, step: int) -> Iterator[tuple[int, int, bool]]:
+        """(offset, length, equal) of each ``step``-byte chunk of ``n`` bytes at ``pa`` in A and
+        ``pb`` in B, in order, each chunk's pages released once compared.  numpy's comparison
+        lets the GIL go, so with two threads two chunks (and their page faults) go at once."""
+
+        def one(off: int) -> tuple[int, int, bool]:
+            k = min(step, n - off)
+            same = bytes_equal(self.a.view[pa + off : pa + off + k], self.b.view[pb + off : pb + off + k])
+            if same:  # a differing chunk is read again by the caller
+                self.a.release(pa + off, k)
+                self.b.release(pb + off, k)
+            return off, k, same
+
+        offsets = range(0, n, step)
+        if self.jobs < 2 or len(offsets) < 2:
+            yield from map(one, offsets)
+            return
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.jobs, thread_name_prefix="slotfile-diff")
+        # bounded look-ahead: at most 2 x jobs chunks in flight (the resident set stays flat)
+        ahead = 2 * self.jobs
+        pending = [self._pool.submit(one, o) for o in offsets[:ahead]]
+        for i in range(len(offsets)):
+            res = pending[i].result()
+            if i + ahead < len(offsets):
+                pending.append(self._pool.submit(one, offsets[i + ahead]))
+            yield res
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
 
 
 # ---------------------------------------------------------------------------------------
@@ -150,18 +185,12 @@ def align(ca: g.CellTable | None, cb: g.CellTable | None, limit: int | None) -> 
 def _first_diff(ctx: Context, pa: int, pb: int, n: int) -> int | None:
     """The first differing byte of ``n`` bytes at ``pa`` in A and ``pb`` in B, relative to them
     (None: equal), a chunk at a time."""
-    for off in range(0, n, CHUNK_BYTES):
-        k = min(CHUNK_BYTES, n - off)
-        xa, xb = pa + off, pb + off
-        same = bytes_equal(ctx.a.view[xa : xa + k], ctx.b.view[xb : xb + k])
-        ctx.a.release(xa, k)
-        ctx.b.release(xb, k)
-        if not same:
-            ua = np.frombuffer(ctx.a.view, np.uint8, k, xa)
-            ub = np.frombuffer(ctx.b.view, np.uint8, k, xb)
-            ctx.bytes_compared += off + k
-            return off + int(np.flatnonzero(ua != ub)[0])
     ctx.bytes_compared += n
+    for off, k, same in ctx.chunks_equal(pa, pb, n, CHUNK_BYTES):
+        if not same:
+            ua = np.frombuffer(ctx.a.view, np.uint8, k, pa + off)
+            ub = np.frombuffer(ctx.b.view, np.uint8, k, pb + off)
+            return off + int(np.flatnonzero(ua != ub)[0])
     return None
 
 
@@ -169,22 +198,21 @@ def _rows_diff(ctx: Context, pa: int, pb: int, m: int, row: int) -> tuple[np.nda
     """``m`` rows of ``row`` bytes at ``pa`` in A and ``pb`` in B: the indices of the rows whose
     bytes differ and the file offsets of the first differing byte."""
     total = m * row
-    step = max(1, CHUNK_BYTES // row) * row
     found: list[np.ndarray] = []
     first_a = first_b = None
-    for off in range(0, total, step):
-        n = min(step, total - off)
+    for off, n, same in ctx.chunks_equal(pa, pb, total, max(1, CHUNK_BYTES // row) * row):
+        if same:
+            continue
         xa, xb = pa + off, pb + off
-        if not bytes_equal(ctx.a.view[xa : xa + n], ctx.b.view[xb : xb + n]):
-            ua = np.frombuffer(ctx.a.view, np.uint8, n, xa).reshape(-1, row)
-            ub = np.frombuffer(ctx.b.view, np.uint8, n, xb).reshape(-1, row)
-            neq = ua != ub
-            rows = np.flatnonzero(neq.any(axis=1))
-            if first_a is None:
-                j = int(np.flatnonzero(neq[rows[0]])[0])
-                first_a, first_b = xa + int(rows[0]) * row + j, xb + int(rows[0]) * row + j
-            found.append(rows + off // row)
-            del ua, ub, neq
+        ua = np.frombuffer(ctx.a.view, np.uint8, n, xa).reshape(-1, row)
+        ub = np.frombuffer(ctx.b.view, np.uint8, n, xb).reshape(-1, row)
+        neq = ua != ub
+        rows = np.flatnonzero(neq.any(axis=1))
+        if first_a is None:
+            j = int(np.flatnonzero(neq[rows[0]])[0])
+            first_a, first_b = xa + int(rows[0]) * row + j, xb + int(rows[0]) * row + j
+        found.append(rows + off // row)
+        del ua, ub, neq
         ctx.a.release(xa, n)
         ctx.b.release(xb, n)
     ctx.bytes_compared += total
@@ -258,6 +286,11 @@ def _stats(
 ) -> np.ndarray:
     """The deep statistics of cells ``sel_a`` of A against ``sel_b`` of B into ``rd.stats``;
     returns the mask of selected cells whose values differ."""
+    # the deep level's statistics, imported (not copied) so that diff and verify --deep measure
+    # alike; here, not at the top: slotfile.verify brings the loader and model modules, which a
+    # diff of equal bytes never needs
+    from slotfile.verify import cell_stats
+
     xa, xb = select(ra, sel_a), select(rb, sel_b)
     st = cell_stats(xa, xb, head)
     nan_b = ~np.isfinite(st.rel)
