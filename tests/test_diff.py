@@ -145,6 +145,52 @@ def test_different_tokens_give_the_first_index_and_the_shared_count(tmp_path: Pa
     assert js["tokens"]["context"]["text_a"] != js["tokens"]["context"]["text_b"]
 
 
+def _prefix_file(src: Path, out: Path) -> Path:
+    """A slot file of the first checkpoint's tokens and state: a plain KV cache's checkpoint blob
+    is its whole cache at that point (PARTIAL_ONLY is ignored by llama_kv_cache), so header +
+    packed tokens + the blob's body is what a save taken then would hold."""
+    sf = open_slot_file(src)
+    ck = sf.checkpoints[0]
+    n = ck.n_tokens
+    payload = struct.pack("<iII", -1, 1, n) + sf.tokens.tokens[:n].astype("<i4").tobytes() + struct.pack("<I", 0)
+    out.write_bytes(struct.pack("<III", 0x67677371, 3, len(payload) // 4) + payload + bytes(ck.tgt.data.view[8:]))
+    b = open_slot_file(out)
+    assert b.verdict == "ok" and b.n_tokens == n
+    return out
+
+
+def test_a_save_taken_earlier_shares_a_prefix(tmp_path: Path):
+    b = _prefix_file(F16, tmp_path / "early.slot")
+    rep = diff_files(F16, b)
+    t = rep.tokens
+    assert (t.shared, t.first_diff, t.n_a, t.n_b, t.token_b) == (16, 16, 54, 16, None)
+    (cells,) = [c for c in rep.cells if c.container == "body"]
+    assert (cells.cells_a, cells.cells_b, cells.compared, cells.pos_first, cells.pos_last) == (54, 16, 16, 0, 15)
+    assert all(r.status == Status.IDENTICAL and r.cells == 16 for r in rep.runs)  # the shared cells agree
+    assert rep.exit_code == 1
+    res = slotfile_cli("diff", F16, b)
+    assert "tokens: differ from index 16 (16 shared; A holds 54, B 16): B ends there" in res.stdout
+    assert "54 cells in A, 16 in B; 16 compared (positions 0..15)" in res.stdout
+
+
+def test_align_finds_a_shifted_window():
+    """An SWA cache keeps only its last window: the shared cells start at different cells."""
+    from slotfile.diff.tensors import align
+    from slotfile.format import grammar as g
+
+    def table(start: int, n: int) -> g.CellTable:
+        cells = np.zeros(n, g.kv_cell_dtype(0))
+        cells["pos"], cells["n_seq_id"] = np.arange(start, start + n), 1
+        return g.CellTable(0, cells, cells["seq_id"], cells.tobytes())
+
+    al = align(table(46, 8), table(40, 8), None)
+    assert (al.a0, al.b0, al.m, al.meta_same) == (0, 6, 2, True)
+    al = align(table(40, 8), table(46, 8), None)
+    assert (al.a0, al.b0, al.m) == (6, 0, 2)
+    assert align(table(40, 8), table(40, 8), 44).m == 4  # below the first diverging token only
+    assert align(table(0, 4), table(10, 4), None).m == 0
+
+
 @pytest.mark.parametrize("src", [F16, F16_T, DRAFT, GEMMA, SLOTS / "llama_2stream.slot", SLOTS / "extra-jamba.slot"])
 def test_v3_and_its_v4_migration_are_identical_but_for_the_rotation_words(tmp_path: Path, src: Path):
     v4 = _migrate(src, tmp_path / "v4.slot", 4)

@@ -108,9 +108,15 @@ def render(rep: DiffReport) -> str:
         elif t.first_diff is None:
             lines.append(f"tokens: equal ids ({t.n_a}); the media chunks differ")
         else:
+            at = (
+                f"B ends there, A goes on with {t.token_a}"
+                if t.token_b is None
+                else f"A ends there, B goes on with {t.token_b}"
+                if t.token_a is None
+                else f"A {t.token_a}, B {t.token_b}"
+            )
             lines.append(
-                f"tokens: differ from index {t.first_diff} ({t.shared} shared; A holds {t.n_a}, B {t.n_b}): "
-                f"A {_v(t.token_a)}, B {_v(t.token_b)}"
+                f"tokens: differ from index {t.first_diff} ({t.shared} shared; A holds {t.n_a}, B {t.n_b}): {at}"
             )
             if t.text_a is not None:
                 lines.append(f"  shared before it: {escape_text(t.shared_text or '', 120)!s}")
