@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from slotfile.diff.appendix import compare_checkpoints, compare_draft
-from slotfile.diff.headers import compare_headers
-from slotfile.diff.report import DiffReport, OtherDiff, Side
+from slotfile.diff.headers import blob_rotation_fields, compare_headers, rotation_step
+from slotfile.diff.report import DiffReport, FieldDiff, OtherDiff, Side
 from slotfile.diff.tensors import Context, Source, compare_bodies
 from slotfile.diff.tokens import compare_tokens
 from slotfile.format.records import Body, FileFormat, MemoryKind, SlotFile
@@ -94,10 +94,28 @@ def _compare(rep: DiffReport, a: SlotFile, b: SlotFile, model: ModelInfo | None)
     finally:
         ctx.close()
     rep.cells, rep.runs, rep.bytes_compared = ctx.cells, ctx.runs, ctx.bytes_compared
+    rep.fields += _blob_rotation(a, b, rep)
     if not rep.differences():
         other = other_bytes(a, b, ctx)
         if other is not None:
             rep.other.append(other)
+
+
+def _blob_rotation(a: SlotFile, b: SlotFile, rep: DiffReport) -> list[FieldDiff]:
+    """The rotation words of every checkpoint and draft blob both files hold."""
+    step = rotation_step(a, b)
+    out: list[FieldDiff] = []
+    ck_a = {c.index: c for c in a.checkpoints}
+    ck_b = {c.index: c for c in b.checkpoints}
+    for cd in rep.checkpoints:
+        if cd.index_a is None or cd.index_b is None:
+            continue
+        ca, cb = ck_a[cd.index_a], ck_b[cd.index_b]
+        for ba, bb in ((ca.tgt, cb.tgt), (ca.dft, cb.dft)):
+            out += blob_rotation_fields(f"sckp.checkpoint[{cd.index_a}].{ba.name}", ba.body, bb.body, step)
+    if a.draft is not None and b.draft is not None and a.draft.dft is not None and b.draft.dft is not None:
+        out += blob_rotation_fields("sdft.data_dft", a.draft.dft.body, b.draft.dft.body, step)
+    return out
 
 
 # ---------------------------------------------------------------------------------------

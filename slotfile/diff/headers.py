@@ -112,6 +112,24 @@ def body_fields(prefix: str, a: Body | None, b: Body | None, rot_step: bool) -> 
         yield from block_fields(prefix, ba, bb, rot_step)
 
 
+def blob_rotation_fields(prefix: str, a: Body | None, b: Body | None, rot_step: bool) -> Iterator[FieldDiff]:
+    """The rotation words of a checkpoint or draft blob's KV streams (a blob is a
+    ``llama_state_seq_get_data_ext`` state: version 4 writes them there too); its other
+    settings show in its cells and layers."""
+    if a is None or b is None or a.layout is None or b.layout is None:
+        return
+    for ba, bb in zip(a.blocks, b.blocks, strict=False):
+        if ba.kind != MemoryKind.KV or bb.kind != MemoryKind.KV:
+            continue
+        for sa, sb in pair_streams(ba, bb):
+            if sa is None or sb is None or not (sa.cell_count or sb.cell_count):
+                continue
+            sec = f"{prefix}.{ba.role}.stream[{sa.index}]"
+            for name in ("n_rot_k", "n_rot_v"):
+                va, vb = getattr(sa, name), getattr(sb, name)
+                yield FieldDiff(sec, name, va, vb, rotation=rot_step and (va is None) != (vb is None))
+
+
 def rotation_step(a: SlotFile, b: SlotFile) -> bool:
     """Whether the two versions differ only by state version 4's rotation words."""
     return a.format == b.format and {a.version, b.version} in ROTATION_STEPS
