@@ -6,7 +6,8 @@
 Builds one file with ``slotfile.format.synth`` (a real llama-server layout: GGSQ 3, packed
 tokens, one KV block of 32 layers, 8 KV heads x 128, f16, 8,192 cells at the default size), copies
 it byte for byte (B), and makes a third copy with one byte flipped in the last cell of the last V
-layer (C, so that ``cmp`` too reads nearly all of it).  The page cache is warmed with one ``cmp``
+layer (C, so that ``cmp`` too reads nearly all of it), and a pair an eighth the size (the peak RSS of
+``diff`` must not follow the file size).  The page cache is warmed with one ``cmp``
 of each pair; then, interleaved and rotating the order, ``cmp A B`` / ``slotfile diff A B`` and
 ``cmp A C`` / ``slotfile diff A C`` run as child processes.  Wall time: min over ``--repeat``
 runs; peak RSS: the child's ``ru_maxrss`` through GNU time when installed (``os.wait4`` of a child
@@ -94,6 +95,13 @@ def main() -> int:
         f.seek(flip)
         f.write(bytes([byte[0] ^ 0x40]))
 
+    # the resident set must not follow the file: the same diff on a file an eighth the size
+    small, small_b = work / "small.slot", work / "small_b.slot"
+    subprocess.check_output([py, "-c", BUILD, str(small), str(max(16, n_cells // 8))], cwd=ROOT)
+    shutil.copyfile(small, small_b)
+    run(["cmp", str(small), str(small_b)])
+    small_rss = max(run([py, "-m", "slotfile", "diff", str(small), str(small_b)])[1] for _ in range(2))
+
     cases = {
         "identical": (["cmp", str(a), str(b)], [py, "-m", "slotfile", "diff", str(a), str(b)]),
         "one byte flipped near the end": (["cmp", str(a), str(c)], [py, "-m", "slotfile", "diff", str(a), str(c)]),
@@ -124,6 +132,9 @@ def main() -> int:
         "layout": "GGSQ 3, packed tokens, 1 KV block, 32 layers, K and V f16 1024 wide, no appendix",
         "repeat": args.repeat,
         "startup_s": round(start[0], 3),
+        "startup_rss_mib": round(start[1] / 1024, 1),
+        "small_file_bytes": small.stat().st_size,
+        "small_file_diff_peak_rss_mib": round(small_rss / 1024, 1),
         "rss_via": "GNU time" if TIME else "os.wait4",
         "cases": {},
     }
@@ -145,7 +156,7 @@ def main() -> int:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(text + "\n")
     if not args.keep:
-        for p in (a, b, c):
+        for p in (a, b, c, small, small_b):
             p.unlink(missing_ok=True)
         if args.work is None:
             shutil.rmtree(work, ignore_errors=True)

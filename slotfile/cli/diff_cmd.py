@@ -12,11 +12,14 @@ import json
 import sys
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from slotfile.cli.terminal import escape_text
 from slotfile.diff.report import CellsDiff, DiffReport, RunDiff, Status, Verdict
 from slotfile.exitcodes import OPERATIONAL
+
+if TYPE_CHECKING:
+    from slotfile.model.bridge import ModelInfo
 
 MAX_RUN_LINES = 40  # differing layers listed one per line; the rest counted
 MAX_PROBLEMS = 3  # reader errors listed per file
@@ -187,6 +190,22 @@ def _result(rep: DiffReport) -> str:
     return f"result: different: {shown}"
 
 
+def head_sizes(info: ModelInfo) -> tuple[int, int]:
+    """Elements per K and per V head from the GGUF metadata (``{arch}.attention.key_length`` /
+    ``value_length``, else ``embedding_length / head_count``); 0 where unknown (whole rows)."""
+
+    def num(key: str) -> int:
+        v = info.get(key)
+        try:
+            return int(max(v) if isinstance(v, list) else v)
+        except (TypeError, ValueError):
+            return 0
+
+    n_embd, n_head = num("embedding_length"), num("attention.head_count")
+    k = num("attention.key_length") or (n_embd // n_head if n_head else 0)
+    return k, num("attention.value_length") or k
+
+
 def run_diff(a: Path, b: Path, model: Path | None, json_out: bool) -> int:
     from slotfile.cli.common import fail
     from slotfile.diff import diff_files
@@ -195,14 +214,13 @@ def run_diff(a: Path, b: Path, model: Path | None, json_out: bool) -> int:
     head_k = head_v = 0
     if model is not None:
         from slotfile.model.bridge import ModelError, load_model_info
-        from slotfile.verify import head_sizes
 
         try:
             info = load_model_info(model)
         except ModelError as e:
             fail(str(e), "diff")
             return OPERATIONAL
-        head_k, head_v = head_sizes(str(model))
+        head_k, head_v = head_sizes(info)
     rep = diff_files(a, b, info, head_k, head_v)
     if json_out:
         sys.stdout.write(json.dumps(rep.to_dict(), indent=1, allow_nan=False) + "\n")

@@ -25,8 +25,9 @@ from slotfile.diff.report import CellsDiff, RunDiff, Status
 from slotfile.format import grammar as g
 from slotfile.format.records import Body, KVStream, LayerRun, MemoryBlock, MemoryKind, SlotFile
 
-CHUNK_BYTES = 8 << 20  # bytes of each file compared (and then released) at a time
+CHUNK_BYTES = 4 << 20  # bytes of each file compared (and then released) at a time
 JOBS = 2  # threads comparing chunks
+AHEAD = 1  # chunks in flight per thread (each maps CHUNK_BYTES of both files until compared)
 WORD = 8  # bytes compared as one uint64
 
 
@@ -105,8 +106,8 @@ class Context:
             return
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.jobs, thread_name_prefix="slotfile-diff")
-        # bounded look-ahead: at most 2 x jobs chunks in flight (the resident set stays flat)
-        ahead = 2 * self.jobs
+        # bounded look-ahead: AHEAD x jobs chunks in flight (the resident set stays flat)
+        ahead = AHEAD * self.jobs
         pending = [self._pool.submit(one, o) for o in offsets[:ahead]]
         for i in range(len(offsets)):
             res = pending[i].result()
