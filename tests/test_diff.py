@@ -410,3 +410,34 @@ def test_other_bytes_are_caught(tmp_path: Path):
     assert rep.exit_code == 1
     assert any(not c.meta_same for c in rep.cells)
     assert np.all([r.status == Status.IDENTICAL for r in rep.runs])
+
+
+def test_damaged_cell_position_is_named_and_rows_still_compared(tmp_path: Path):
+    b = _copy(F16, tmp_path / "b.slot")
+    cells = _stream(F16).cells
+    off = cells.offset + 20 * cells.cells.dtype.itemsize  # pos is the first field of a cell
+    data = bytearray(b.read_bytes())
+    struct.pack_into("<i", data, off, 999)
+    b.write_bytes(bytes(data))
+    rep = diff_files(F16, b)
+    (c,) = [c for c in rep.cells if c.container == "body"]
+    assert not c.meta_same and c.compared == 54 and "cell 20" in c.note and "999" in c.note
+    assert all(r.status == Status.IDENTICAL for r in rep.runs)
+    assert rep.exit_code == 1
+    assert "cell 20 differs: position 20 in A, 999 in B" in slotfile_cli("diff", F16, b).stdout
+
+
+def test_non_finite_value_is_named(tmp_path: Path):
+    b = _copy(F16, tmp_path / "b.slot")
+    k1 = _stream(F16).k[1]
+    data = bytearray(b.read_bytes())
+    struct.pack_into("<H", data, k1.data.offset + 9 * k1.row_size + 4, 0x7E00)  # an f16 NaN
+    b.write_bytes(bytes(data))
+    rep = diff_files(F16, b)
+    (r,) = _bad(rep)
+    assert (r.part, r.layer, r.first_cell) == ("K", 1, 9) and r.stats["nonfinite_b_cell"] == 9
+    js = json.loads(slotfile_cli("diff", F16, b, "--json").stdout)  # no NaN in the JSON
+    (row,) = [x for x in js["layers"] if x["status"] != "identical"]
+    assert row["stats"]["nonfinite_b_cell"] == 9
+    back = diff_files(b, F16)
+    assert _bad(back)[0].stats["nonfinite_a_cell"] == 9

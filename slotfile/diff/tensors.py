@@ -168,14 +168,38 @@ def align(ca: g.CellTable | None, cb: g.CellTable | None, limit: int | None) -> 
         ok &= pa[a0 : a0 + n] < limit
     bad = np.flatnonzero(~ok)
     m = int(bad[0]) if bad.size else n
-    meta_same = True
+    note = ""
+    if m < n and limit is None and a0 == b0 == 0 and pa.size == pb.size:
+        # the same prompt and as many cells, but a cell's position (or ext) differs: damage to the
+        # cell metadata, not another state; say where, and still compare every row index by index
+        note = f"cell {m} differs: position {int(pa[m])} in A, {int(pb[m])} in B" + (
+            " (or its cell ext)" if pa[m] == pb[m] else ""
+        )
+        m = n
+    meta_same = not note
     if m == pa.size == pb.size and a0 == b0 == 0 and ca.size == cb.size:
-        meta_same = bytes(ca.raw) == bytes(cb.raw)  # every cell compared: the exact bytes
+        meta_same &= bytes(ca.raw) == bytes(cb.raw)  # every cell compared: the exact bytes
     else:
         for f in META_FIELDS:
             if f in names_a and f in names_b:
                 meta_same &= bool(np.array_equal(xa[f][a0 : a0 + m], xb[f][b0 : b0 + m]))
-    return Alignment(a0, b0, m, meta_same)
+    if not meta_same and not note:
+        note = _first_meta_difference(xa, xb, a0, b0, m)
+    return Alignment(a0, b0, m, meta_same, note)
+
+
+def _first_meta_difference(xa: np.ndarray, xb: np.ndarray, a0: int, b0: int, m: int) -> str:
+    best: tuple[int, str] | None = None
+    for f in xa.dtype.names or ():
+        if f not in (xb.dtype.names or ()):
+            continue
+        ne = np.flatnonzero(xa[f][a0 : a0 + m] != xb[f][b0 : b0 + m])
+        if ne.size and (best is None or int(ne[0]) < best[0]):
+            best = (int(ne[0]), f)
+    if best is None:
+        return ""
+    i, f = best
+    return f"cell {a0 + i}: {f} {int(xa[f][a0 + i])} in A, {int(xb[f][b0 + i])} in B"
 
 
 # ---------------------------------------------------------------------------------------
