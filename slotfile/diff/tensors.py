@@ -223,6 +223,8 @@ def _rows_diff(ctx: Context, pa: int, pb: int, m: int, row: int) -> tuple[np.nda
     """``m`` rows of ``row`` bytes at ``pa`` in A and ``pb`` in B: the indices of the rows whose
     bytes differ and the file offsets of the first differing byte."""
     total = m * row
+    if total <= 0:  # rows of no bytes (an S entry of a zero-width state): nothing to compare
+        return np.empty(0, np.intp), None, None
     found: list[np.ndarray] = []
     first_a = first_b = None
     for off, n, same in ctx.chunks_equal(pa, pb, total, max(1, CHUNK_BYTES // row) * row):
