@@ -29,6 +29,7 @@ CHUNK_BYTES = 4 << 20  # bytes of each file compared (and then released) at a ti
 JOBS = 2  # threads comparing chunks
 AHEAD = 1  # chunks in flight per thread (each maps CHUNK_BYTES of both files until compared)
 WORD = 8  # bytes compared as one uint64
+STATS_ELEMENTS = 1 << 20  # values per call of the statistics (float64 temporaries of ~8 MiB each)
 
 
 @dataclass
@@ -308,28 +309,54 @@ def select(run: LayerRun, cells: np.ndarray) -> LayerRun:
     return replace(run, n_cells=k, data=g.Run(run.data.offset, cols.nbytes, _bytes_view(cols)))
 
 
+def _cell_stats(ra: LayerRun, rb: LayerRun, sel_a: np.ndarray, sel_b: np.ndarray, head: int) -> tuple[Any, int]:
+    """:func:`slotfile.verify.cell_stats` of cells ``sel_a`` of A against ``sel_b`` of B, called on
+    at most :data:`STATS_ELEMENTS` values at a time (its own chunks are 4,096 cells, whatever the
+    row width: 4,096 rows of 8,192 float64 are 256 MiB per array), the per-cell results joined.
+    Returns (the joined CellStats, the first selected cell holding a non-finite value in B or -1)."""
+    # the deep level's statistics, imported (not copied) so that diff and verify --deep measure
+    # alike; here, not at the top: slotfile.verify brings the loader and model modules, which a
+    # diff of equal bytes never needs
+    from slotfile.verify import CellStats, cell_stats
+
+    per = max(1, STATS_ELEMENTS // max(1, ra.elements or 1))
+    parts = []
+    max_abs = 0.0
+    first_bad = first_bad_b = -1
+    for i in range(0, sel_a.size, per):
+        xa, xb = select(ra, sel_a[i : i + per]), select(rb, sel_b[i : i + per])
+        st = cell_stats(xa, xb, head)
+        if first_bad < 0 and st.first_bad >= 0:
+            first_bad = i + st.first_bad
+        if not np.isfinite(st.rel).all():  # non-finite in B: cell_stats zeroes only its first argument's
+            fb = cell_stats(xb, xa, head).first_bad
+            if first_bad_b < 0 and fb >= 0:
+                first_bad_b = i + fb
+            for arr in (st.rel, st.angle, st.lnorm):
+                np.nan_to_num(arr, copy=False, nan=np.inf)
+        max_abs = max(max_abs, st.max_abs)
+        parts.append(st)
+    joined = CellStats(
+        np.concatenate([p.angle for p in parts]),
+        np.concatenate([p.lnorm for p in parts]),
+        np.concatenate([p.rel for p in parts]),
+        max_abs=max_abs,
+        first_bad=first_bad,
+    )
+    return joined, first_bad_b
+
+
 def _stats(
     rd: RunDiff, ra: LayerRun, rb: LayerRun, sel_a: np.ndarray, sel_b: np.ndarray, pos_a: np.ndarray | None, head: int
 ) -> np.ndarray:
     """The deep statistics of cells ``sel_a`` of A against ``sel_b`` of B into ``rd.stats``;
     returns the mask of selected cells whose values differ."""
-    # the deep level's statistics, imported (not copied) so that diff and verify --deep measure
-    # alike; here, not at the top: slotfile.verify brings the loader and model modules, which a
-    # diff of equal bytes never needs
-    from slotfile.verify import cell_stats
-
-    xa, xb = select(ra, sel_a), select(rb, sel_b)
-    st = cell_stats(xa, xb, head)
-    nan_b = ~np.isfinite(st.rel)
-    first_bad_b = -1
-    if nan_b.any():  # non-finite in B: cell_stats zeroes only its first argument's
-        first_bad_b = cell_stats(xb, xa, head).first_bad
-        for arr in (st.rel, st.angle, st.lnorm):
-            np.nan_to_num(arr, copy=False, nan=np.inf)
+    st, first_bad_b = _cell_stats(ra, rb, sel_a, sel_b, head)
     # exact: a zero difference vector (the angle of two equal rows is arccos noise, ~1e-6 degrees)
-    differ = (st.rel != 0) | nan_b
-    if st.first_bad >= 0:
-        differ[st.first_bad] = True
+    differ = (st.rel != 0) | ~np.isfinite(st.rel)
+    for i in (st.first_bad, first_bad_b):
+        if i >= 0:
+            differ[i] = True
     s = st.summary(np.flatnonzero(differ)) if differ.any() else st.summary()
 
     def cell(i: int) -> int | None:
@@ -347,7 +374,6 @@ def _stats(
         "median_angle": s.median_angle,
         "lnorm": s.lnorm,
         "rel": s.rel,
-        "layer_rel": s.layer_rel,
         "max_abs": s.max_abs,
         "worst_cell": cell(worst),
         "worst_pos": pos(worst),
@@ -436,6 +462,8 @@ def compare_run(
         idx = np.arange(al.m)
         differ = _try_stats(rd, ra, rb, idx + al.a0, idx + al.b0, pos_a, head)
         ctx.bytes_compared += al.m * ra.row_size
+        ctx.a.release(ra.data.offset, ra.data.length)
+        ctx.b.release(rb.data.offset, rb.data.length)
         if differ is None:
             rd.status = Status.INCOMPARABLE
             return rd
@@ -445,6 +473,9 @@ def compare_run(
             return rd
         rd.differing_cells = int(differ.sum())
         first = int(np.flatnonzero(differ)[0]) + al.a0
+    # the statistics read the differing rows through the mmaps: hand those pages back too
+    ctx.a.release(ra.data.offset, ra.data.length)
+    ctx.b.release(rb.data.offset, rb.data.length)
     rd.status = Status.DIFFERENT
     rd.first_cell = first
     rd.first_pos = int(pos_a[first]) if pos_a is not None and first < pos_a.size else None
