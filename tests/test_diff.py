@@ -469,3 +469,18 @@ def test_every_fixture_is_compared_without_an_error():
             assert rep.exit_code in (0, 1), rep.unreadable
             if a == b:
                 assert rep.verdict == Verdict.IDENTICAL, (a, rep.differences())
+
+
+def test_model_layer_is_named_with_the_model(tmp_path: Path):
+    """iSWA: the SWA cache holds model layers 0 and 2; with --model its cache layer 1 is named
+    as model layer 2."""
+    b = _copy(GEMMA, tmp_path / "b.slot")
+    st = _stream(GEMMA, block=1)
+    v1 = st.v[1]
+    _flip(b, v1.data.offset + 2 * v1.row_size + 3)
+    res = slotfile_cli("diff", GEMMA, b, "--model", MODELS / "gemma3.gguf")
+    assert res.exit_code == 1
+    assert "body.kv-swa.stream[0] V layer 1 (model layer 2) (f16): 1 of" in res.stdout
+    js = json.loads(slotfile_cli("diff", GEMMA, b, "--json").stdout)
+    (row,) = [x for x in js["layers"] if x["status"] != "identical"]
+    assert (row["block"], row["layer"], row["model_layer"]) == ("kv-swa", 1, None)  # no model: cache index only

@@ -44,7 +44,9 @@ def _side(name: str, s: Any) -> str:
 
 
 def _run_line(r: RunDiff) -> str:
-    head = f"  {r.where} {r.part} layer {r.layer}"
+    head = f"  {r.where} {r.part} layer {r.layer}" + (
+        f" (model layer {r.model_layer})" if r.model_layer is not None and r.model_layer != r.layer else ""
+    )
     types = r.type_a if r.type_a == r.type_b else f"{_v(r.type_a)} / {_v(r.type_b)}"
     if r.status == Status.ONLY_A:
         return f"{head} ({r.type_a}): only in A"

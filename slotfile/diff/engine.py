@@ -86,7 +86,7 @@ def _compare(rep: DiffReport, a: SlotFile, b: SlotFile, model: ModelInfo | None)
         return
     # cells from the first token where the prompts diverge on hold other tokens: not compared
     limit = rep.tokens.shared if rep.tokens.first_diff is not None else None
-    ctx = Context(Source.of(a), Source.of(b), rep.head_k, rep.head_v)
+    ctx = Context(Source.of(a), Source.of(b), rep.head_k, rep.head_v, model_layers=_model_layers(model))
     try:
         compare_bodies(ctx, "body", a.body, b.body, limit)
         rep.checkpoints = compare_checkpoints(ctx, a, b, limit)
@@ -99,6 +99,20 @@ def _compare(rep: DiffReport, a: SlotFile, b: SlotFile, model: ModelInfo | None)
         other = other_bytes(a, b, ctx)
         if other is not None:
             rep.other.append(other)
+
+
+def _model_layers(model: ModelInfo | None) -> dict[str, tuple[int, ...]]:
+    """Block role -> the model layers of its cache layers, from the model's expected layout
+    (empty without a model or for an architecture slotfile does not model)."""
+    if model is None:
+        return {}
+    from slotfile.model.expect import expect_from_model
+
+    try:
+        exp = expect_from_model(model)
+    except (ValueError, KeyError, TypeError):  # metadata slotfile cannot model: cache indices only
+        return {}
+    return {b.role: tuple(b.layers) for b in exp.blocks}
 
 
 def _blob_rotation(a: SlotFile, b: SlotFile, rep: DiffReport) -> list[FieldDiff]:

@@ -207,6 +207,7 @@ class RunDiff:
     first_offset_b: int | None = None
     stats: dict[str, Any] | None = None
     reason: str = ""
+    model_layer: int | None = None  # with --model: the model's layer index of this cache layer
 
     @property
     def where(self) -> str:
@@ -221,6 +222,7 @@ class RunDiff:
                 "stream": self.stream,
                 "part": self.part,
                 "layer": self.layer,
+                "model_layer": self.model_layer,
                 "status": str(self.status),
                 "type_a": self.type_a,
                 "type_b": self.type_b,

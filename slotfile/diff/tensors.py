@@ -82,11 +82,21 @@ class Context:
     bytes_compared: int = 0
     cells: list[CellsDiff] = field(default_factory=list)
     runs: list[RunDiff] = field(default_factory=list)
+    # with --model: the model layer of each cache layer, by block role (target model only)
+    model_layers: dict[str, tuple[int, ...]] = field(default_factory=dict)
     jobs: int = field(default_factory=lambda: min(JOBS, os.cpu_count() or 1))
     _pool: ThreadPoolExecutor | None = None
 
     def head(self, part: str) -> int:
         return self.head_k if part == "K" else self.head_v if part == "V" else 0
+
+    def model_layer(self, container: str, role: str, index: int) -> int | None:
+        """The model layer of cache layer ``index`` of block ``role`` (None: no model, or a draft
+        blob, whose layers are the draft model's)."""
+        if container != "body" and not container.endswith("data_tgt"):
+            return None
+        layers = self.model_layers.get(role)
+        return layers[index] if layers is not None and 0 <= index < len(layers) else None
 
     def chunks_equal(self, pa: int, pb: int, n: int, step: int) -> Iterator[tuple[int, int, bool]]:
         """(offset, length, equal) of each ``step``-byte chunk of ``n`` bytes at ``pa`` in A and
@@ -417,6 +427,7 @@ def compare_run(
     r = ra if ra is not None else rb
     assert r is not None
     rd = RunDiff(container, block, stream, r.part, r.index, Status.IDENTICAL, cells=al.m)
+    rd.model_layer = ctx.model_layer(container, block, r.index)
     if ra is not None:
         rd.type_a, rd.offset_a = ra.type_name, ra.data.offset
     if rb is not None:
