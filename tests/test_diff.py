@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from slotfile.diff import SCHEMA, Status, Verdict, diff_files
-from slotfile.diff.tensors import bytes_equal
+from slotfile.diff.rawbytes import bytes_equal
 from slotfile.format.reader import open_slot_file
 from slotfile.repair import Options, Outcome, run
 from slotfile.safewrite import resolve_target
@@ -175,7 +175,7 @@ def test_a_save_taken_earlier_shares_a_prefix(tmp_path: Path):
 
 def test_align_finds_a_shifted_window():
     """An SWA cache keeps only its last window: the shared cells start at different cells."""
-    from slotfile.diff.tensors import align
+    from slotfile.diff.cells import align
     from slotfile.format import grammar as g
 
     def table(start: int, n: int) -> g.CellTable:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from slotfile.cli.terminal import escape_text
-from slotfile.diff.report import CellsDiff, DiffReport, RunDiff, Status, Verdict
+from slotfile.diff.report import CellsDiff, DiffReport, RunDiff, Status, TokenDiff, Verdict
 from slotfile.exitcodes import OPERATIONAL
 
 if TYPE_CHECKING:
@@ -89,7 +89,7 @@ def _cells_line(c: CellsDiff) -> str:
     return f"  {c.where}: {c.cells_a} cells in A, {c.cells_b} in B; {c.compared} compared{span}{meta}{note}"
 
 
-def render(rep: DiffReport) -> str:
+def _header_lines(rep: DiffReport) -> list[str]:
     lines = [_side("A", rep.a), _side("B", rep.b)]
     for name, side in (("A", rep.a), ("B", rep.b)):
         errs = [p for p in side.problems if p.get("severity") == "error"]
@@ -106,32 +106,35 @@ def render(rep: DiffReport) -> str:
         for f in differing:
             tag = "  (rotation words)" if f.rotation else ""
             lines.append(f"  {f.section} {f.name}: {_v(f.a)} | {_v(f.b)}{tag}")
-    t = rep.tokens
-    if t is not None:
-        if t.same:
-            lines.append(f"tokens: equal ({t.n_a} tokens)")
-        elif t.first_diff is None:
-            lines.append(f"tokens: equal ids ({t.n_a}); the media chunks differ")
-        else:
-            at = (
-                f"B ends there, A goes on with {t.token_a}"
-                if t.token_b is None
-                else f"A ends there, B goes on with {t.token_b}"
-                if t.token_a is None
-                else f"A {t.token_a}, B {t.token_b}"
-            )
-            lines.append(
-                f"tokens: differ from index {t.first_diff} ({t.shared} shared; A holds {t.n_a}, B {t.n_b}): {at}"
-            )
-            if t.text_a is not None:
-                lines.append(f"  shared before it: {escape_text(t.shared_text or '', 120)!s}")
-                lines.append(f"  A from there: {escape_text(t.text_a, 120)}")
-                lines.append(f"  B from there: {escape_text(t.text_b or '', 120)}")
-            else:
-                lines.append(f"  ids from index {t.context_start}: {t.shared_ids} then A {t.ids_a}, B {t.ids_b}")
-    for side in (rep.a, rep.b):
-        if side.unreadable:
-            lines.append(f"cannot read {'A' if side is rep.a else 'B'}: {escape_text(side.unreadable)}")
+    return lines
+
+
+def _token_lines(t: TokenDiff | None) -> list[str]:
+    if t is None:
+        return []
+    if t.same:
+        return [f"tokens: equal ({t.n_a} tokens)"]
+    if t.first_diff is None:
+        return [f"tokens: equal ids ({t.n_a}); the media chunks differ"]
+    at = (
+        f"B ends there, A goes on with {t.token_a}"
+        if t.token_b is None
+        else f"A ends there, B goes on with {t.token_b}"
+        if t.token_a is None
+        else f"A {t.token_a}, B {t.token_b}"
+    )
+    lines = [f"tokens: differ from index {t.first_diff} ({t.shared} shared; A holds {t.n_a}, B {t.n_b}): {at}"]
+    if t.text_a is not None:
+        lines.append(f"  shared before it: {escape_text(t.shared_text or '', 120)}")
+        lines.append(f"  A from there: {escape_text(t.text_a, 120)}")
+        lines.append(f"  B from there: {escape_text(t.text_b or '', 120)}")
+    else:
+        lines.append(f"  ids from index {t.context_start}: {t.shared_ids} then A {t.ids_a}, B {t.ids_b}")
+    return lines
+
+
+def _layer_lines(rep: DiffReport) -> list[str]:
+    lines = []
     if rep.cells:
         lines.append("cells:")
         lines += [_cells_line(c) for c in rep.cells]
@@ -143,6 +146,11 @@ def render(rep: DiffReport) -> str:
         lines += [_run_line(r) for r in bad[:MAX_RUN_LINES]]
         if len(bad) > MAX_RUN_LINES:
             lines.append(f"  ... and {len(bad) - MAX_RUN_LINES} more (--json lists every layer)")
+    return lines
+
+
+def _appendix_lines(rep: DiffReport) -> list[str]:
+    lines = []
     if rep.checkpoints:
         n_a = sum(1 for c in rep.checkpoints if c.index_a is not None)
         n_b = sum(1 for c in rep.checkpoints if c.index_b is not None)
@@ -169,6 +177,16 @@ def render(rep: DiffReport) -> str:
         lines.append(
             f"other bytes differ: from byte {o.offset_a} of A ({o.section_a}), {o.offset_b} of B ({o.section_b})"
         )
+    return lines
+
+
+def render(rep: DiffReport) -> str:
+    """The text report, in file order, ending with the result line."""
+    lines = _header_lines(rep) + _token_lines(rep.tokens)
+    for name, side in (("A", rep.a), ("B", rep.b)):
+        if side.unreadable:
+            lines.append(f"cannot read {name}: {escape_text(side.unreadable)}")
+    lines += _layer_lines(rep) + _appendix_lines(rep)
     lines.append(_result(rep))
     return "\n".join(lines) + "\n"
 

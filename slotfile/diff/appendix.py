@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from slotfile.diff.rawbytes import Context, bytes_equal
 from slotfile.diff.report import BlobDiff, CheckpointDiff, Status
-from slotfile.diff.tensors import Context, bytes_equal, compare_bodies
+from slotfile.diff.tensors import compare_bodies
 from slotfile.format.records import BlobInfo, Checkpoint, SlotFile
 
 

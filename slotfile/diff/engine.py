@@ -22,8 +22,9 @@ import numpy as np
 
 from slotfile.diff.appendix import compare_checkpoints, compare_draft
 from slotfile.diff.headers import blob_rotation_fields, compare_headers, rotation_step
+from slotfile.diff.rawbytes import Context, Source
 from slotfile.diff.report import DiffReport, FieldDiff, OtherDiff, Side
-from slotfile.diff.tensors import Context, Source, compare_bodies
+from slotfile.diff.tensors import compare_bodies
 from slotfile.diff.tokens import compare_tokens
 from slotfile.format.records import Body, FileFormat, MemoryKind, SlotFile
 
