@@ -568,9 +568,9 @@ def diff(
     """Where two files differ, in file order: headers and settings, tokens, every layer over the
     cells both hold (head angle, relative difference, worst cell), checkpoints, draft state.
     Exit 0 identical (or identical but for the rotation words), 1 different, 8 cannot read."""
-    from slotfile.cli.diff_cmd import run_diff
+    from slotfile.cli.diff_cmd import DiffArgs, run_diff
 
-    raise typer.Exit(run_diff(file_a, file_b, model, json_out))
+    raise typer.Exit(run_diff(DiffArgs(file_a, file_b, model, json_out)))
 
 
 def main() -> None:

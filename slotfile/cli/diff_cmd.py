@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import sys
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -226,10 +227,21 @@ def head_sizes(info: ModelInfo) -> tuple[int, int]:
     return k, num("attention.value_length") or k
 
 
-def run_diff(a: Path, b: Path, model: Path | None, json_out: bool) -> int:
+@dataclass(frozen=True, slots=True)
+class DiffArgs:
+    """What ``slotfile diff`` was given."""
+
+    file_a: Path
+    file_b: Path
+    model: Path | None = None
+    json_out: bool = False
+
+
+def run_diff(args: DiffArgs) -> int:
     from slotfile.cli.common import fail
     from slotfile.diff import diff_files
 
+    a, b, model = args.file_a, args.file_b, args.model
     info = None
     head_k = head_v = 0
     if model is not None:
@@ -242,7 +254,7 @@ def run_diff(a: Path, b: Path, model: Path | None, json_out: bool) -> int:
             return OPERATIONAL
         head_k, head_v = head_sizes(info)
     rep = diff_files(a, b, info, head_k, head_v)
-    if json_out:
+    if args.json_out:
         sys.stdout.write(json.dumps(rep.to_dict(), indent=1, allow_nan=False) + "\n")
     else:
         sys.stdout.write(render(rep))
