@@ -16,6 +16,7 @@ import pytest
 from slotfile.diff import SCHEMA, Status, Verdict, diff_files
 from slotfile.diff.rawbytes import bytes_equal
 from slotfile.format.reader import open_slot_file
+from slotfile.model.bridge import load_model_info
 from slotfile.repair import Options, Outcome, run
 from slotfile.safewrite import resolve_target
 
@@ -115,7 +116,7 @@ def test_quantized_rows_are_dequantized(tmp_path: Path):
     k0 = _stream(Q8).k[0]
     cell = 40
     _flip(b, k0.data.offset + cell * k0.row_size + 10, 0x7F)  # a quant, not the block scale
-    rep = diff_files(Q8, b, head_k=32, head_v=32)
+    rep = diff_files(Q8, b, load_model_info(LLAMA))
     (r,) = _bad(rep)
     assert (r.part, r.layer, r.first_cell, r.type_a) == ("K", 0, cell, "q8_0")
     assert r.stats["head"] == 32 and 0 < r.stats["angle"] < 90 and r.stats["max_abs"] > 0

@@ -13,14 +13,11 @@ import sys
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from slotfile.cli.terminal import escape_text
 from slotfile.diff.report import CellsDiff, DiffReport, RunDiff, Status, TokenDiff, Verdict
 from slotfile.exitcodes import OPERATIONAL
-
-if TYPE_CHECKING:
-    from slotfile.model.bridge import ModelInfo
 
 MAX_RUN_LINES = 40  # differing layers listed one per line; the rest counted
 MAX_PROBLEMS = 3  # reader errors listed per file
@@ -211,22 +208,6 @@ def _result(rep: DiffReport) -> str:
     return f"result: different: {shown}"
 
 
-def head_sizes(info: ModelInfo) -> tuple[int, int]:
-    """Elements per K and per V head from the GGUF metadata (``{arch}.attention.key_length`` /
-    ``value_length``, else ``embedding_length / head_count``); 0 where unknown (whole rows)."""
-
-    def num(key: str) -> int:
-        v = info.get(key)
-        try:
-            return int(max(v) if isinstance(v, list) else v)
-        except (TypeError, ValueError):
-            return 0
-
-    n_embd, n_head = num("embedding_length"), num("attention.head_count")
-    k = num("attention.key_length") or (n_embd // n_head if n_head else 0)
-    return k, num("attention.value_length") or k
-
-
 @dataclass(frozen=True, slots=True)
 class DiffArgs:
     """What ``slotfile diff`` was given."""
@@ -243,7 +224,6 @@ def run_diff(args: DiffArgs) -> int:
 
     a, b, model = args.file_a, args.file_b, args.model
     info = None
-    head_k = head_v = 0
     if model is not None:
         from slotfile.model.bridge import ModelError, load_model_info
 
@@ -252,8 +232,7 @@ def run_diff(args: DiffArgs) -> int:
         except ModelError as e:
             fail(str(e), "diff")
             return OPERATIONAL
-        head_k, head_v = head_sizes(info)
-    rep = diff_files(a, b, info, head_k, head_v)
+    rep = diff_files(a, b, info)
     if args.json_out:
         sys.stdout.write(json.dumps(rep.to_dict(), indent=1, allow_nan=False) + "\n")
     else:

@@ -26,7 +26,7 @@ from slotfile.diff.rawbytes import Context, Source
 from slotfile.diff.report import DiffReport, FieldDiff, OtherDiff, Side
 from slotfile.diff.tensors import compare_bodies
 from slotfile.diff.tokens import compare_tokens
-from slotfile.format.records import Body, FileFormat, MemoryKind, SlotFile
+from slotfile.format.records import BlockExpect, Body, CacheExpect, FileFormat, MemoryKind, SlotFile
 
 if TYPE_CHECKING:
     from slotfile.model.bridge import ModelInfo
@@ -58,17 +58,15 @@ def diff_files(
     path_a: str | os.PathLike[str],
     path_b: str | os.PathLike[str],
     model: ModelInfo | None = None,
-    head_k: int = 0,
-    head_v: int = 0,
 ) -> DiffReport:
-    """Compare two files.  ``model``: detokenises the context around a token difference;
-    ``head_k`` / ``head_v``: elements per K / V head for the head angles (0: a whole row is one
-    head; :func:`slotfile.verify.head_sizes` reads them from a GGUF).  Never raises on bad
-    input: an unreadable file is a :class:`~slotfile.diff.report.Side` with ``unreadable`` set."""
+    """Compare two files.  ``model`` (the target model): detokenises the context around a token
+    difference, gives each cache's head size for the head angles (without it a whole row is one
+    head) and each cache layer's model layer.  Never raises on bad input: an unreadable file is
+    a :class:`~slotfile.diff.report.Side` with ``unreadable`` set."""
     t0 = time.perf_counter()
     sa, side_a = _open(Path(path_a))
     sb, side_b = _open(Path(path_b))
-    rep = DiffReport(side_a, side_b, head_k=head_k, head_v=head_v)
+    rep = DiffReport(side_a, side_b)
     try:
         if sa is not None and sb is not None and sa.version is not None and sb.version is not None:
             _compare(rep, sa, sb, model)
@@ -87,7 +85,11 @@ def _compare(rep: DiffReport, a: SlotFile, b: SlotFile, model: ModelInfo | None)
         return
     # cells from the first token where the prompts diverge on hold other tokens: not compared
     limit = rep.tokens.shared if rep.tokens.first_diff is not None else None
-    ctx = Context(Source.of(a), Source.of(b), rep.head_k, rep.head_v, model_layers=_model_layers(model))
+    blocks = _model_blocks(model)
+    first = next((blk for blk in blocks.values() if isinstance(blk, CacheExpect)), None)
+    if first is not None:
+        rep.head_k, rep.head_v = max(first.head_k, 0), max(first.head_v, 0)
+    ctx = Context(Source.of(a), Source.of(b), model_blocks=blocks)
     try:
         compare_bodies(ctx, "body", a.body, b.body, limit)
         rep.checkpoints = compare_checkpoints(ctx, a, b, limit)
@@ -102,9 +104,9 @@ def _compare(rep: DiffReport, a: SlotFile, b: SlotFile, model: ModelInfo | None)
             rep.other.append(other)
 
 
-def _model_layers(model: ModelInfo | None) -> dict[str, tuple[int, ...]]:
-    """Block role -> the model layers of its cache layers, from the model's expected layout
-    (empty without a model or for an architecture slotfile does not model)."""
+def _model_blocks(model: ModelInfo | None) -> dict[str, BlockExpect]:
+    """Block role -> the model's expected block (head sizes, the model layers of its cache
+    layers; empty without a model or for an architecture slotfile does not model)."""
     if model is None:
         return {}
     from slotfile.model.expect import expect_from_model
@@ -113,7 +115,7 @@ def _model_layers(model: ModelInfo | None) -> dict[str, tuple[int, ...]]:
         exp = expect_from_model(model)
     except (ValueError, KeyError, TypeError):  # metadata slotfile cannot model: cache indices only
         return {}
-    return {b.role: tuple(b.layers) for b in exp.blocks}
+    return {b.role: b for b in exp.blocks}
 
 
 def _blob_rotation(a: SlotFile, b: SlotFile, rep: DiffReport) -> list[FieldDiff]:

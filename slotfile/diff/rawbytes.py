@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from slotfile.diff.report import CellsDiff, RunDiff
-from slotfile.format.records import LayerRun, SlotFile
+from slotfile.format.records import BlockExpect, CacheExpect, LayerRun, SlotFile
 
 CHUNK_BYTES = 4 << 20  # bytes of each file compared (and then released) at a time
 JOBS = 2  # threads comparing chunks
@@ -68,29 +68,38 @@ def bytes_equal(a: memoryview, b: memoryview) -> bool:
 
 @dataclass
 class Context:
-    """What every run comparison shares: the two files' bytes, head sizes, a byte counter."""
+    """What every run comparison shares: the two files' bytes, what the model says of each
+    block (head sizes, model layers), the results and a byte counter."""
 
     a: Source
     b: Source
-    head_k: int = 0
-    head_v: int = 0
+    # with --model: the target model's expected blocks by role (slotfile.model.expect)
+    model_blocks: dict[str, BlockExpect] = field(default_factory=dict)
     bytes_compared: int = 0
     cells: list[CellsDiff] = field(default_factory=list)
     runs: list[RunDiff] = field(default_factory=list)
-    # with --model: the model layer of each cache layer, by block role (target model only)
-    model_layers: dict[str, tuple[int, ...]] = field(default_factory=dict)
     jobs: int = field(default_factory=lambda: min(JOBS, os.cpu_count() or 1))
     _pool: ThreadPoolExecutor | None = None
 
-    def head(self, part: str) -> int:
-        return self.head_k if part == "K" else self.head_v if part == "V" else 0
+    def _block(self, container: str, role: str) -> BlockExpect | None:
+        # a draft blob holds the draft model's state: the target's expectation says nothing of it
+        if container != "body" and not container.endswith("data_tgt"):
+            return None
+        return self.model_blocks.get(role)
+
+    def head(self, container: str, role: str, part: str) -> int:
+        """Elements per K or V head of block ``role`` (``n_embd_head_k_all`` / ``_v_all`` of its
+        cache); 0 without a model, for R/S rows and for mixed head sizes: a row is one head."""
+        blk = self._block(container, role)
+        if not isinstance(blk, CacheExpect) or part not in ("K", "V"):
+            return 0
+        return max(blk.head_k if part == "K" else blk.head_v, 0)
 
     def model_layer(self, container: str, role: str, index: int) -> int | None:
         """The model layer of cache layer ``index`` of block ``role`` (None: no model, or a draft
         blob, whose layers are the draft model's)."""
-        if container != "body" and not container.endswith("data_tgt"):
-            return None
-        layers = self.model_layers.get(role)
+        blk = self._block(container, role)
+        layers = blk.layers if blk is not None else None
         return layers[index] if layers is not None and 0 <= index < len(layers) else None
 
     def chunks_equal(self, pa: int, pb: int, n: int, step: int) -> Iterator[tuple[int, int, bool]]:

@@ -56,7 +56,7 @@ def _by_bytes(
     rd.first_offset_a, rd.first_offset_b = fa, fb
     sel_a, sel_b = d + al.a0, d + al.b0
     if ra.elements is not None:
-        _try_stats(rd, ra, rb, sel_a, sel_b, pos_a, ctx.head(ra.part))
+        _try_stats(rd, ra, rb, sel_a, sel_b, pos_a, ctx.head(rd.container, rd.block, ra.part))
     else:
         rd.reason = f"type {ra.type_name} cannot be dequantized: bytes compared only"
     rd.differing_cells = int(d.size)
@@ -70,7 +70,7 @@ def _by_value(
     differing cell, None when every value is equal (or cannot be dequantized: ``rd.status``)."""
     rd.by_value = True
     idx = np.arange(al.m)
-    differ = _try_stats(rd, ra, rb, idx + al.a0, idx + al.b0, pos_a, ctx.head(ra.part))
+    differ = _try_stats(rd, ra, rb, idx + al.a0, idx + al.b0, pos_a, ctx.head(rd.container, rd.block, ra.part))
     ctx.bytes_compared += al.m * ra.row_size
     if differ is None:
         rd.status = Status.INCOMPARABLE
