@@ -558,10 +558,15 @@ def migrate(
     ),
 )
 def diff(
-    file_a: Path = typer.Argument(..., help="First slot (GGSQ) or session (GGSN) file (opened read-only)."),
-    file_b: Path = typer.Argument(..., help="Second file."),
+    file_a: Path = typer.Argument(
+        ..., metavar="A", help="First slot (GGSQ) or session (GGSN) file (opened read-only)."
+    ),
+    file_b: Path = typer.Argument(..., metavar="B", help="Second file."),
     model: Path | None = typer.Option(
-        None, "--model", "-m", help="GGUF model: detokenised context around a token difference; head sizes."
+        None,
+        "--model",
+        "-m",
+        help="GGUF model: text around a token difference, head sizes for the angles, model layer numbers.",
     ),
     json_out: bool = typer.Option(False, "--json", help="JSON on stdout (schema slotfile.diff/1)."),
 ) -> None:
