@@ -485,3 +485,18 @@ def test_model_layer_is_named_with_the_model(tmp_path: Path):
     js = json.loads(slotfile_cli("diff", GEMMA, b, "--json").stdout)
     (row,) = [x for x in js["layers"] if x["status"] != "identical"]
     assert (row["block"], row["layer"], row["model_layer"]) == ("kv-swa", 1, None)  # no model: cache index only
+
+
+def test_only_the_version_word_differs(tmp_path: Path):
+    """A recurrent-only state has no KV stream, so no rotation words: a file whose version word
+    alone differs is "identical but for the version word" (exit 0), not different."""
+    src = SLOTS / "extra-mamba.slot"
+    b = _copy(src, tmp_path / "b.slot")
+    data = bytearray(b.read_bytes())
+    struct.pack_into("<I", data, 4, 2)
+    b.write_bytes(bytes(data))
+    rep = diff_files(src, b)
+    assert rep.verdict == Verdict.VERSION_ONLY and rep.exit_code == 0 and not rep.differences()
+    res = slotfile_cli("diff", src, b)
+    assert res.exit_code == 0 and "result: identical but for the version word (3 / 2)" in res.stdout
+    assert json.loads(slotfile_cli("diff", src, b, "--json").stdout)["verdict"] == "identical-but-version"

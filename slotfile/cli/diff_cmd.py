@@ -197,6 +197,8 @@ def _result(rep: DiffReport) -> str:
         return "result: identical"
     if v == Verdict.ROTATION_ONLY:
         return f"result: identical but for the rotation words (state version {rep.a.version} / {rep.b.version})"
+    if v == Verdict.VERSION_ONLY:
+        return f"result: identical but for the version word ({rep.a.version} / {rep.b.version})"
     diffs = rep.differences()
     shown = ", ".join(diffs[:6]) + (f", ... ({len(diffs)} in all)" if len(diffs) > 6 else "")
     layout = next((f for f in rep.fields if f.section == "body" and f.name == "layout" and not f.same), None)

@@ -31,6 +31,7 @@ class Status(StrEnum):
 class Verdict(StrEnum):
     IDENTICAL = "identical"
     ROTATION_ONLY = "identical-but-rotation"  # a v3 file and its v4 migration: only version and rotation words
+    VERSION_ONLY = "identical-but-version"  # only the version word differs (same format, every other byte equal)
     DIFFERENT = "different"
     UNREADABLE = "unreadable"
 
@@ -94,6 +95,11 @@ class FieldDiff:
             "same": self.same,
             "rotation": self.rotation,
         }
+
+
+def _version(f: FieldDiff) -> bool:
+    """The header's version word (the format word is a field of its own: two formats differ)."""
+    return f.section == "header" and f.name == "version"
 
 
 @dataclass(slots=True)
@@ -329,8 +335,9 @@ class DiffReport:
         return [f"{n}: {s.unreadable}" for n, s in (("A", self.a), ("B", self.b)) if s.unreadable]
 
     def differences(self) -> list[str]:
-        """Every difference as a short phrase, in file order (rotation-only fields excluded)."""
-        out = [f"{f.section} {f.name}" for f in self.fields if not f.same and not f.rotation]
+        """Every difference as a short phrase, in file order; the version word of two files of
+        one format, and rotation words only one of them has, are not counted (see ``verdict``)."""
+        out = [f"{f.section} {f.name}" for f in self.fields if not f.same and not f.rotation and not _version(f)]
         if self.tokens is not None and not self.tokens.same:
             out.append("tokens")
         out += [f"cells of {c.where}" for c in self.cells if not c.same]
@@ -354,7 +361,11 @@ class DiffReport:
             return Verdict.UNREADABLE
         if self.differences():
             return Verdict.DIFFERENT
-        return Verdict.ROTATION_ONLY if self.rotation_fields else Verdict.IDENTICAL
+        if self.rotation_fields:
+            return Verdict.ROTATION_ONLY
+        if any(_version(f) and not f.same for f in self.fields):
+            return Verdict.VERSION_ONLY
+        return Verdict.IDENTICAL
 
     @property
     def exit_code(self) -> int:
@@ -369,7 +380,7 @@ class DiffReport:
             "a": self.a.to_dict(),
             "b": self.b.to_dict(),
             "verdict": str(self.verdict),
-            "identical": self.verdict in (Verdict.IDENTICAL, Verdict.ROTATION_ONLY),
+            "identical": self.verdict in (Verdict.IDENTICAL, Verdict.ROTATION_ONLY, Verdict.VERSION_ONLY),
             "differences": self.differences(),
             "unreadable": self.unreadable,
             "head_k": self.head_k,
