@@ -500,3 +500,29 @@ def test_only_the_version_word_differs(tmp_path: Path):
     res = slotfile_cli("diff", src, b)
     assert res.exit_code == 0 and "result: identical but for the version word (3 / 2)" in res.stdout
     assert json.loads(slotfile_cli("diff", src, b, "--json").stdout)["verdict"] == "identical-but-version"
+
+
+def test_the_damage_corpus_is_named(tmp_path: Path):
+    """tests/damage.py's damaged copies against their originals: each one's damage named by
+    layer and cell (or token index, checkpoint, or where a truncated copy was cut)."""
+    from .damage import CORPUS, build
+
+    got = {}
+    for d in CORPUS:
+        rep = diff_files(d.base, build(d, tmp_path))
+        got[d.name] = rep
+    bad = {k: [(r.part, r.layer, r.first_cell, r.differing_cells) for r in _bad(rep)] for k, rep in got.items()}
+    assert bad["kv-swapped-layer0"] == [("K", 0, 0, 54), ("V", 0, 0, 54)]
+    assert bad["v-row-zeroed"] == [("V", 1, 10, 1)]
+    assert bad["k-layer1-scaled"] == [("K", 1, 0, 54)]
+    assert got["k-layer1-scaled"].runs[1].stats["lnorm"] == pytest.approx(np.log(1.5), abs=0.01)
+    assert got["token-changed"].tokens.first_diff == 20 and bad["token-changed"] == []
+    assert [c.status for c in got["sckp-count-corrupt"].checkpoints] == [Status.ONLY_A, Status.ONLY_A]
+    assert got["checkpoint-len-plus-one"].checkpoints[0].status == Status.DIFFERENT
+    cut = got["body-truncated"]
+    assert cut.exit_code == 8 and "inside body.kv K layer 1, cell 48 of 54" in cut.b.unreadable
+    assert "a truncated copy" in cut.b.unreadable
+    assert got["version-4"].verdict == Verdict.ROTATION_ONLY
+    assert got["recurrent-two-cells"].exit_code == 8
+    for name, rep in got.items():
+        assert rep.exit_code in ((0,) if name == "version-4" else (1, 8)), name

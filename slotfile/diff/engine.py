@@ -22,7 +22,7 @@ import numpy as np
 
 from slotfile.diff.appendix import compare_checkpoints, compare_draft
 from slotfile.diff.headers import blob_rotation_fields, compare_headers, rotation_step
-from slotfile.diff.rawbytes import Context, Source
+from slotfile.diff.rawbytes import CHUNK_BYTES, Context, Source, bytes_equal
 from slotfile.diff.report import DiffReport, FieldDiff, OtherDiff, Side
 from slotfile.diff.tensors import compare_bodies
 from slotfile.diff.tokens import compare_tokens
@@ -70,6 +70,8 @@ def diff_files(
     try:
         if sa is not None and sb is not None and sa.version is not None and sb.version is not None:
             _compare(rep, sa, sb, model)
+        if sa is not None and sb is not None:
+            _locate_cut(side_a, side_b, sa, sb)
     finally:
         rep.seconds = time.perf_counter() - t0
         for sf in (sa, sb):
@@ -133,6 +135,54 @@ def _blob_rotation(a: SlotFile, b: SlotFile, rep: DiffReport) -> list[FieldDiff]
     if a.draft is not None and b.draft is not None and a.draft.dft is not None and b.draft.dft is not None:
         out += blob_rotation_fields("sdft.data_dft", a.draft.dft.body, b.draft.dft.body, step)
     return out
+
+
+def where_in(sf: SlotFile, off: int) -> str | None:
+    """What ``sf`` holds at byte ``off``: a layer run's cell, else the section's name."""
+    for name, r in sf.value_runs():
+        if r.data.offset <= off < r.data.offset + r.data.length:
+            rel = off - r.data.offset
+            if r.transposed and r.n_cells:
+                el = r.row_size // r.n_embd if r.n_embd else 1
+                cell = rel // el % r.n_cells
+            else:
+                cell = rel // r.row_size if r.row_size else 0
+            return f"{name} {r.part} layer {r.index}, cell {cell} of {r.n_cells}"
+    sec = _section(sf, off)
+    return None if sec == "file" else sec
+
+
+def _prefix_equal(a: Source, b: Source, n: int) -> bool:
+    """Whether the first ``n`` bytes of two files are equal (chunked, pages handed back)."""
+    step = CHUNK_BYTES
+    for off in range(0, n, step):
+        k = min(step, n - off)
+        same = len(a.view) >= off + k and bytes_equal(a.view[off : off + k], b.view[off : off + k])
+        a.release(off, k)
+        b.release(off, k)
+        if not same:
+            return False
+    return True
+
+
+def _locate_cut(side_a: Side, side_b: Side, a: SlotFile, b: SlotFile) -> None:
+    """A file that cannot be read and is shorter than the other: where the cut falls in the
+    other file's layout (the layer and cell a truncated copy lost), and whether the bytes before
+    it are the other file's."""
+    for cut, whole, side in ((a, b, side_a), (b, a, side_b)):
+        if side.unreadable is None or whole.body is None or whole.body.layout is None or cut.size >= whole.size:
+            continue
+        if cut.format != whole.format:  # not a slot file, or another kind: no cut of this one
+            continue
+        where = where_in(whole, cut.size)
+        if where is None:
+            continue
+        n = cut.size
+        same = _prefix_equal(Source.of(cut), Source.of(whole), n)
+        other = "B" if cut is a else "A"
+        side.unreadable += f"; it ends at byte {n}, which in {other} is inside {where}" + (
+            f" (every byte before it is {other}'s: a truncated copy)" if same else ""
+        )
 
 
 # ---------------------------------------------------------------------------------------
