@@ -90,10 +90,12 @@ class Context:
     def head(self, container: str, role: str, part: str) -> int:
         """Elements per K or V head of block ``role`` (``n_embd_head_k_all`` / ``_v_all`` of its
         cache); 0 without a model, for R/S rows and for mixed head sizes: a row is one head."""
+        from slotfile.verify.judge import head_size  # the deep level's rule, one home (called only for differing runs)
+
         blk = self._block(container, role)
         if not isinstance(blk, CacheExpect) or part not in ("K", "V"):
             return 0
-        return max(blk.head_k if part == "K" else blk.head_v, 0)
+        return head_size(blk, part)
 
     def model_layer(self, container: str, role: str, index: int) -> int | None:
         """The model layer of cache layer ``index`` of block ``role`` (None: no model, or a draft

@@ -1,6 +1,6 @@
 """The values of two runs where their bytes differ: the statistics of ``slotfile verify --deep``
 (head angle, |ln norm ratio|, relative difference, worst cell), computed by
-:func:`slotfile.verify.cell_stats` over the selected cells, quantized types dequantized."""
+:func:`slotfile.verify.stats.cell_stats` over the selected cells, quantized types dequantized."""
 
 from __future__ import annotations
 
@@ -41,14 +41,14 @@ def select(run: LayerRun, cells: np.ndarray) -> LayerRun:
 
 
 def _cell_stats(ra: LayerRun, rb: LayerRun, sel_a: np.ndarray, sel_b: np.ndarray, head: int) -> tuple[Any, int]:
-    """:func:`slotfile.verify.cell_stats` of cells ``sel_a`` of A against ``sel_b`` of B, called on
+    """:func:`slotfile.verify.stats.cell_stats` of cells ``sel_a`` of A against ``sel_b`` of B, called on
     at most :data:`STATS_ELEMENTS` values at a time (its own chunks are 4,096 cells, whatever the
     row width: 4,096 rows of 8,192 float64 are 256 MiB per array), the per-cell results joined.
     Returns (the joined CellStats, the first selected cell holding a non-finite value in B or -1)."""
     # the deep level's statistics, imported (not copied) so that diff and verify --deep measure
     # alike; here, not at the top: slotfile.verify brings the loader and model modules, which a
     # diff of equal bytes never needs
-    from slotfile.verify import CellStats, cell_stats
+    from slotfile.verify.stats import CellStats, cell_stats
 
     per = max(1, STATS_ELEMENTS // max(1, ra.elements or 1))
     parts = []
