@@ -16,9 +16,7 @@ from typing import Any
 
 from slotfile.diff.report import FieldDiff
 from slotfile.format.records import Body, KVStream, LayerRun, MemoryBlock, MemoryKind, SlotFile
-
-# version pairs that differ only by the rotation words (GGSQ 3/4, GGSN 10/11)
-ROTATION_STEPS = ({3, 4}, {10, 11})
+from slotfile.format.versions import version_info
 
 
 def types_of(runs: list[LayerRun]) -> str | None:
@@ -131,8 +129,12 @@ def blob_rotation_fields(prefix: str, a: Body | None, b: Body | None, rot_step: 
 
 
 def rotation_step(a: SlotFile, b: SlotFile) -> bool:
-    """Whether the two versions differ only by state version 4's rotation words."""
-    return a.format == b.format and {a.version, b.version} in ROTATION_STEPS
+    """Whether one file's version has the rotation words and the other's not (GGSQ 3/4, GGSN
+    10/11: slotfile.format.versions, the one table of what each version holds)."""
+    if a.format != b.format:
+        return False
+    va, vb = version_info(a.format, a.version), version_info(b.format, b.version)
+    return va is not None and vb is not None and va.rotation_words != vb.rotation_words
 
 
 def compare_headers(a: SlotFile, b: SlotFile) -> list[FieldDiff]:
