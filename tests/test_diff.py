@@ -526,3 +526,13 @@ def test_the_damage_corpus_is_named(tmp_path: Path):
     assert got["recurrent-two-cells"].exit_code == 8
     for name, rep in got.items():
         assert rep.exit_code in ((0,) if name == "version-4" else (1, 8)), name
+
+
+def test_help_and_examples():
+    short, long = slotfile_cli("diff", "-h"), slotfile_cli("diff", "--help")
+    assert short.exit_code == 0 and short.stdout == long.stdout
+    assert "Usage: slotfile diff" in short.stdout and "-h, --help" in short.stdout
+    examples = short.stdout.split("Examples:", 1)[1].strip().splitlines()
+    assert len(examples) >= 2
+    for line in examples:  # one example a line, inside 80 columns (as tests/cli holds every command to)
+        assert line.strip().startswith("slotfile diff ") and len(line) <= 80, line

@@ -554,7 +554,7 @@ def migrate(
     context_settings=HELP,
     epilog=_examples(
         "slotfile diff slot0.bin slot0.repaired.bin",
-        "slotfile diff slot0.bin slot0.v4.bin             # identical but for the rotation words",
+        "slotfile diff slot0.bin slot0.v4.bin     # after migrate --to 4: exit 0",
         "slotfile diff a.bin b.bin --model model.gguf --json",
     ),
 )
