@@ -3,8 +3,9 @@ mmaps, a chunk at a time on two threads, each compared chunk's pages handed back
 ``madvise(MADV_DONTNEED)`` so that the resident set follows the chunks in flight, not the file.
 
 :class:`Context` is what every comparison of one diff shares (the two files, the model's
-expected blocks for head sizes and layer numbers, the results); :func:`rows_diff` and :func:`columns_diff` find the cells of a
-run whose bytes differ (row-major runs, and V stored transposed).
+expected blocks for head sizes and layer numbers, the results); :func:`rows_diff` and
+:func:`columns_diff` find the cells of a run whose bytes differ (row-major runs, and V stored
+transposed).
 """
 
 from __future__ import annotations
