@@ -549,6 +549,36 @@ def migrate(
     raise typer.Exit(run_repair(args))
 
 
+@app.command(
+    "diff",
+    context_settings=HELP,
+    epilog=_examples(
+        "slotfile diff slot0.bin slot0.repaired.bin",
+        "slotfile diff slot0.bin slot0.v4.bin     # after migrate --to 4: exit 0",
+        "slotfile diff a.bin b.bin --model model.gguf --json",
+    ),
+)
+def diff(
+    file_a: Path = typer.Argument(
+        ..., metavar="A", help="First slot (GGSQ) or session (GGSN) file (opened read-only)."
+    ),
+    file_b: Path = typer.Argument(..., metavar="B", help="Second file."),
+    model: Path | None = typer.Option(
+        None,
+        "--model",
+        "-m",
+        help="GGUF model: text around a token difference, head sizes for the angles, model layer numbers.",
+    ),
+    json_out: bool = typer.Option(False, "--json", help="JSON on stdout (schema slotfile.diff/1)."),
+) -> None:
+    """Where two files differ, in file order: headers and settings, tokens, every layer over the
+    cells both hold (head angle, relative difference, worst cell), checkpoints, draft state.
+    Exit 0 identical (or identical but for the rotation words), 1 different, 8 cannot read."""
+    from slotfile.cli.diff_cmd import DiffArgs, run_diff
+
+    raise typer.Exit(run_diff(DiffArgs(file_a, file_b, model, json_out)))
+
+
 def main() -> None:
     """The console script.  It ends with os._exit once the output is flushed and the atexit
     handlers have run: the interpreter's teardown of numpy, rich and typer costs ~0.15 s of
