@@ -3,8 +3,10 @@ its two failures, and the input as the repairs see it."""
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -70,6 +72,49 @@ def start(command: str, sf: SlotFile, dry_run: bool, temps: list[str] | None, si
     if sink is not None:
         sink.append(report)
     return Planned(report, temps=temps if temps is not None else [])
+
+
+class Operation(Protocol):
+    """What the runner calls for each repair command."""
+
+    def __call__(
+        self,
+        sf: SlotFile,
+        opts: RepairOptions,
+        workdir: str,
+        *,
+        dry_run: bool = False,
+        temps: list[str] | None = None,
+        sink: list[Report] | None = None,
+        retry: Retry | None = None,
+    ) -> Planned: ...
+
+
+Planner = Callable[[SlotFile, RepairOptions, str, Planned, Retry], Planned]
+
+
+def operation(command: str) -> Callable[[Planner], Operation]:
+    """Give a planner ``(sf, opts, workdir, out, retry)`` the runner's :class:`Operation`
+    signature: ``out`` is :func:`start`'s fresh result (``out.report.dry_run`` says whether
+    this is a dry run) and ``retry`` is never None."""
+
+    def wrap(planner: Planner) -> Operation:
+        @functools.wraps(planner)
+        def op(
+            sf: SlotFile,
+            opts: RepairOptions,
+            workdir: str,
+            *,
+            dry_run: bool = False,
+            temps: list[str] | None = None,
+            sink: list[Report] | None = None,
+            retry: Retry | None = None,
+        ) -> Planned:
+            return planner(sf, opts, workdir, start(command, sf, dry_run, temps, sink), retry or Retry())
+
+        return op
+
+    return wrap
 
 
 def header_tokens_ok(sf: SlotFile) -> None:

@@ -20,7 +20,7 @@ from slotfile.repair.common import (
     Retry,
     body_ok,
     header_tokens_ok,
-    start,
+    operation,
     tgt_partial,
     tokens_of,
     view_of,
@@ -110,17 +110,9 @@ def _transpose_run(plan: TPlan, src: str, run: Any, pos: int, cells: int, to_v_t
     return run.data.offset + run.data.length
 
 
-def resave(
-    sf: SlotFile,
-    opts: RepairOptions,
-    workdir: str,
-    *,
-    dry_run: bool = False,
-    temps: list[str] | None = None,
-    sink: list[Report] | None = None,
-    retry: Retry | None = None,
-) -> Planned:
-    out = start("re-save", sf, dry_run, temps, sink)
+@operation("re-save")
+def resave(sf: SlotFile, opts: RepairOptions, workdir: str, out: Planned, retry: Retry) -> Planned:
+    dry_run = out.report.dry_run
     header_tokens_ok(sf)
     if opts.model is None:
         raise Refused("re-save needs --model")

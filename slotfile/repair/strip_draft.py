@@ -5,22 +5,13 @@ from __future__ import annotations
 
 from slotfile.format import grammar as g
 from slotfile.format.records import Checkpoint, SlotFile
-from slotfile.repair.common import Planned, Refused, RepairOptions, Retry, body_ok, header_tokens_ok, start
+from slotfile.repair.common import Planned, Refused, RepairOptions, Retry, body_ok, header_tokens_ok, operation
 from slotfile.repair.report import Report
 from slotfile.safewrite import Plan
 
 
-def strip_draft(
-    sf: SlotFile,
-    opts: RepairOptions,
-    workdir: str,
-    *,
-    dry_run: bool = False,
-    temps: list[str] | None = None,
-    sink: list[Report] | None = None,
-    retry: Retry | None = None,
-) -> Planned:
-    out = start("strip-draft", sf, dry_run, temps, sink)
+@operation("strip-draft")
+def strip_draft(sf: SlotFile, opts: RepairOptions, workdir: str, out: Planned, retry: Retry) -> Planned:
     report = out.report
     header_tokens_ok(sf)
     if not body_ok(sf):

@@ -20,7 +20,7 @@ from slotfile.repair.common import (
     Retry,
     body_ok,
     header_tokens_ok,
-    start,
+    operation,
     tokens_of,
     view_of,
     words_of,
@@ -33,18 +33,9 @@ from slotfile.repair.tail import SckpWalk, Tail, analyse_tail, apply_exclusions
 from slotfile.safewrite import Plan, create_temp
 
 
-def truncate_recover(
-    sf: SlotFile,
-    opts: RepairOptions,
-    workdir: str,
-    *,
-    dry_run: bool = False,
-    temps: list[str] | None = None,
-    sink: list[Report] | None = None,
-    retry: Retry | None = None,
-) -> Planned:
-    retry = retry or Retry()
-    out = start("truncate-recover", sf, dry_run, temps, sink)
+@operation("truncate-recover")
+def truncate_recover(sf: SlotFile, opts: RepairOptions, workdir: str, out: Planned, retry: Retry) -> Planned:
+    dry_run = out.report.dry_run
     header_tokens_ok(sf)
     view = view_of(sf)
     if body_ok(sf) and not retry.force_rebuild:
