@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import functools
+import inspect as _inspect
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any, NoReturn
 
 import typer
 
@@ -35,6 +40,18 @@ _LLAMA_LIB_HELP = (
 )
 
 
+_LLAMA_LIB = typer.Option(None, "--llama-lib", help=_LLAMA_LIB_HELP)
+
+
+def _model(help: str) -> Any:
+    """``--model/-m``: every command takes it; what it is used for differs."""
+    return typer.Option(None, "--model", "-m", help=help)
+
+
+def _json(help: str) -> Any:
+    return typer.Option(False, "--json", help=help)
+
+
 def _version(value: bool) -> None:
     if value:
         typer.echo(f"slotfile {__version__}")
@@ -60,7 +77,7 @@ def _root(
 )
 def inspect(
     files: list[Path] = typer.Argument(..., help="Slot (GGSQ) or session (GGSN) files."),
-    model: Path | None = typer.Option(None, "--model", "-m", help="GGUF model: adds a detokenised preview."),
+    model: Path | None = _model("GGUF model: adds a detokenised preview."),
     layers: bool = typer.Option(False, "--layers", help="List every layer's K/V/R/S entry."),
 ) -> None:
     """A summary of each file: format, tokens, memory layout, sections, checkpoints, verdict."""
@@ -79,9 +96,9 @@ def inspect(
 )
 def dump(
     file: Path = typer.Argument(..., help="Slot (GGSQ) or session (GGSN) file."),
-    json_out: bool = typer.Option(False, "--json", help="JSON on stdout (schema slotfile.dump/1, see README)."),
+    json_out: bool = _json("JSON on stdout (schema slotfile.dump/1, see README)."),
     tokens: bool = typer.Option(False, "--tokens", help="Include the token id arrays."),
-    model: Path | None = typer.Option(None, "--model", "-m", help="GGUF model: adds the detokenised text."),
+    model: Path | None = _model("GGUF model: adds the detokenised text."),
 ) -> None:
     """Every field with its byte offset, as text or JSON."""
     from slotfile.cli.dump_cmd import DumpArgs, run_dump
@@ -133,21 +150,21 @@ def verify(
     paths: list[Path] = typer.Argument(
         ..., help="Slot files, or directories (every *.slot / *.bin / slot-magic file under them)."
     ),
-    model: Path | None = typer.Option(None, "--model", "-m", help="GGUF model: metadata checks and a test-load."),
+    model: Path | None = _model("GGUF model: metadata checks and a test-load."),
     draft_model: Path | None = typer.Option(
         None, "--draft-model", help="Draft GGUF: check and test-load the draft state."
     ),
     deep: bool = typer.Option(False, "--deep", help="Recompute the state from the tokens and compare K/V and logits."),
     n_gpu_layers: int = typer.Option(0, "--n-gpu-layers", help="Layers to offload in the loader (default 0: CPU)."),
     jobs: int = typer.Option(1, "--jobs", "-j", help="Loader worker processes (files verified in parallel)."),
-    json_out: bool = typer.Option(False, "--json", help="JSON on stdout (schema slotfile.verify/1, see README)."),
+    json_out: bool = _json("JSON on stdout (schema slotfile.verify/1, see README)."),
     junit: Path | None = typer.Option(None, "--junit", help="Also write JUnit XML here (one testcase per file)."),
     timeout: float = typer.Option(300.0, "--timeout", help="Seconds allowed for each llama.cpp load."),
     scan: bool = typer.Option(
         False, "--scan", help="Structure level: check every K/V/R/S value is finite (reads all data)."
     ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No table: the failing files and the summary line only."),
-    llama_lib: Path | None = typer.Option(None, "--llama-lib", help=_LLAMA_LIB_HELP),
+    llama_lib: Path | None = _LLAMA_LIB,
     server_args: str | None = _SERVER_ARGS,
     n_batch: int = typer.Option(
         2048, "--n-batch", min=1, help="--deep: the recompute's n_batch (match the server's -b; default 2048)."
@@ -202,16 +219,75 @@ def verify(
 
 
 _OUT = typer.Option(None, "--output", "-o", help="Where to write the repaired file (must not exist unless --force).")
-_FORCE = typer.Option(False, "--force", help="Replace an existing OUT (or backup).")
-_IN_PLACE = typer.Option(
-    False, "--in-place", help="Replace IN itself, keeping IN.bak (or --backup); never through a symlink."
-)
-_BACKUP = typer.Option(None, "--backup", help="Backup path for --in-place (default IN.bak).")
-_DRY = typer.Option(False, "--dry-run", help="Print the plan; write nothing.")
-_JSON = typer.Option(False, "--json", help="The report as JSON on stdout (schema slotfile.repair/1).")
 _DRAFT = typer.Option(None, "--draft-model", help="Draft GGUF: test-load (and rebuild) the draft state too.")
-_TIMEOUT = typer.Option(600.0, "--timeout", help="Seconds allowed for each llama.cpp worker.")
-_LLAMA_LIB = typer.Option(None, "--llama-lib", help=_LLAMA_LIB_HELP)
+
+
+@dataclass(frozen=True, slots=True)
+class _Write:
+    """The options every command that writes one file shares (``RepairArgs`` fields)."""
+
+    force: bool
+    in_place: bool
+    backup: Path | None
+    dry_run: bool
+    json_out: bool
+    timeout: float
+    llama_lib: Path | None
+
+
+# _Write's fields as typer parameters, in the order --help lists them
+_WRITE_PARAMS = [
+    _inspect.Parameter(name, _inspect.Parameter.POSITIONAL_OR_KEYWORD, default=option, annotation=kind)
+    for name, kind, option in (
+        ("force", bool, typer.Option(False, "--force", help="Replace an existing OUT (or backup).")),
+        (
+            "in_place",
+            bool,
+            typer.Option(
+                False, "--in-place", help="Replace IN itself, keeping IN.bak (or --backup); never through a symlink."
+            ),
+        ),
+        ("backup", Path | None, typer.Option(None, "--backup", help="Backup path for --in-place (default IN.bak).")),
+        ("dry_run", bool, typer.Option(False, "--dry-run", help="Print the plan; write nothing.")),
+        (
+            "json_out",
+            bool,
+            _json("The report as JSON on stdout (schema slotfile.repair/1)."),
+        ),
+        ("timeout", float, typer.Option(600.0, "--timeout", help="Seconds allowed for each llama.cpp worker.")),
+        ("llama_lib", Path | None, _LLAMA_LIB),
+    )
+]
+
+
+def _writes_one_file(command: Callable[..., None]) -> Callable[..., None]:
+    """Give ``command``'s ``write: _Write`` parameter to typer as the seven shared options
+    (in its place in the signature) and hand them back to ``command`` as one ``_Write``."""
+    sig = _inspect.signature(command, eval_str=True)
+    params = list(sig.parameters.values())
+    at = [p.name for p in params].index("write")
+    params[at : at + 1] = _WRITE_PARAMS
+    names = [p.name for p in _WRITE_PARAMS]
+
+    @functools.wraps(command)
+    def wrapper(**kwargs: Any) -> None:
+        write = _Write(**{n: kwargs.pop(n) for n in names})
+        command(write=write, **kwargs)
+
+    wrapper.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
+    wrapper.__annotations__ = {p.name: p.annotation for p in params} | {"return": None}
+    return wrapper
+
+
+# the placeholder default of the ``write`` parameter :func:`_writes_one_file` replaces
+_WRITE: Any = None
+
+
+def _repair(command: str, file: Path, output: Path | None, write: _Write, **specific: Any) -> NoReturn:
+    """Run one file-writing command through :func:`slotfile.cli.repair_cmd.run_repair`."""
+    from slotfile.cli.repair_cmd import RepairArgs, run_repair
+
+    raise typer.Exit(run_repair(RepairArgs(command, file, output, **asdict(write), **specific)))
 
 
 @app.command(
@@ -223,12 +299,11 @@ _LLAMA_LIB = typer.Option(None, "--llama-lib", help=_LLAMA_LIB_HELP)
         "slotfile truncate-recover slot0.bin -o fixed.bin -m model.gguf",
     ),
 )
+@_writes_one_file
 def truncate_recover(
     file: Path = typer.Argument(..., help="Damaged slot file (opened read-only)."),
     output: Path | None = _OUT,
-    model: Path | None = typer.Option(
-        None, "--model", "-m", help="GGUF model: test-load the result; rebuild a damaged body from the tokens."
-    ),
+    model: Path | None = _model("GGUF model: test-load the result; rebuild a damaged body from the tokens."),
     draft_model: Path | None = _DRAFT,
     flash_attn: str | None = typer.Option(
         None, "--flash-attn", help="on|off: for a rebuild when the damaged file no longer shows it."
@@ -242,37 +317,22 @@ def truncate_recover(
     checkpoint_at: list[int] | None = typer.Option(
         None, "--checkpoint-at", help="Rebuild checkpoints at these n_tokens (repeatable)."
     ),
-    force: bool = _FORCE,
-    in_place: bool = _IN_PLACE,
-    backup: Path | None = _BACKUP,
-    dry_run: bool = _DRY,
-    json_out: bool = _JSON,
-    timeout: float = _TIMEOUT,
-    llama_lib: Path | None = _LLAMA_LIB,
+    write: _Write = _WRITE,
 ) -> None:
     """Keep every intact section; drop damaged checkpoints, a damaged SDFT and trailing bytes;
     with --model rebuild a cut body."""
-    from slotfile.cli.repair_cmd import RepairArgs, run_repair
-
-    args = RepairArgs(
+    _repair(
         "truncate-recover",
         file,
         output,
-        force=force,
-        in_place=in_place,
-        backup=backup,
-        dry_run=dry_run,
-        json_out=json_out,
+        write,
         model=model,
         draft_model=draft_model,
         flash_attn=flash_attn,
         cache_type_k=cache_type_k,
         cache_type_v=cache_type_v,
         checkpoint_at=tuple(checkpoint_at or ()),
-        timeout=timeout,
-        llama_lib=llama_lib,
     )
-    raise typer.Exit(run_repair(args))
 
 
 @app.command(
@@ -283,36 +343,16 @@ def truncate_recover(
         "slotfile strip-draft slot0.bin --in-place     # keeps slot0.bin.bak",
     ),
 )
+@_writes_one_file
 def strip_draft(
     file: Path = typer.Argument(..., help="Slot file (opened read-only)."),
     output: Path | None = _OUT,
-    model: Path | None = typer.Option(None, "--model", "-m", help="GGUF model: test-load the result."),
-    force: bool = _FORCE,
-    in_place: bool = _IN_PLACE,
-    backup: Path | None = _BACKUP,
-    dry_run: bool = _DRY,
-    json_out: bool = _JSON,
-    timeout: float = _TIMEOUT,
-    llama_lib: Path | None = _LLAMA_LIB,
+    model: Path | None = _model("GGUF model: test-load the result."),
+    write: _Write = _WRITE,
 ) -> None:
     """Remove the SDFT appendix and every checkpoint's draft and speculative blobs; the target
     state stays byte-identical."""
-    from slotfile.cli.repair_cmd import RepairArgs, run_repair
-
-    args = RepairArgs(
-        "strip-draft",
-        file,
-        output,
-        force=force,
-        in_place=in_place,
-        backup=backup,
-        dry_run=dry_run,
-        json_out=json_out,
-        model=model,
-        timeout=timeout,
-        llama_lib=llama_lib,
-    )
-    raise typer.Exit(run_repair(args))
+    _repair("strip-draft", file, output, write, model=model)
 
 
 _RESAVE_CTK = typer.Option(None, "--cache-type-k", help="Recompute the state with this K cache type (lossy).")
@@ -341,10 +381,11 @@ _SETTLE_WAIT = typer.Option(
         "slotfile re-save slots/ -o new/ --server-args 'llama-server -m m.gguf -np 4'",
     ),
 )
+@_writes_one_file
 def re_save(
     file: Path = typer.Argument(..., help="Slot file (opened read-only), or a directory (with --server-args)."),
     output: Path | None = _OUT,
-    model: Path | None = typer.Option(None, "--model", "-m", help="GGUF model (required)."),
+    model: Path | None = _model("GGUF model (required)."),
     draft_model: Path | None = _DRAFT,
     flash_attn: str | None = typer.Option(None, "--flash-attn", help="on|off: write the V layout for this setting."),
     tokens: str | None = typer.Option(None, "--tokens", help="packed|plain: convert the token payload."),
@@ -354,13 +395,7 @@ def re_save(
     cache_type_k: str | None = _RESAVE_CTK,
     cache_type_v: str | None = _RESAVE_CTV,
     server_args: str | None = _RESAVE_SERVER_ARGS,
-    force: bool = _FORCE,
-    in_place: bool = _IN_PLACE,
-    backup: Path | None = _BACKUP,
-    dry_run: bool = _DRY,
-    json_out: bool = _JSON,
-    timeout: float = _TIMEOUT,
-    llama_lib: Path | None = _LLAMA_LIB,
+    write: _Write = _WRITE,
     settle: float = _SETTLE,
     settle_wait: float = _SETTLE_WAIT,
 ) -> None:
@@ -375,38 +410,29 @@ def re_save(
                     output,
                     server_args,
                     model,
-                    dry_run=dry_run,
-                    force=force,
-                    json_out=json_out,
-                    in_place=in_place,
-                    timeout=timeout,
+                    dry_run=write.dry_run,
+                    force=write.force,
+                    json_out=write.json_out,
+                    in_place=write.in_place,
+                    timeout=write.timeout,
                     settle=settle,
                     settle_wait=settle_wait,
                 )
             )
         )
-    from slotfile.cli.repair_cmd import RepairArgs, run_repair
-
-    args = RepairArgs(
+    _repair(
         "re-save",
         file,
         output,
-        force=force,
-        in_place=in_place,
-        backup=backup,
-        dry_run=dry_run,
-        json_out=json_out,
+        write,
         model=model,
         draft_model=draft_model,
         flash_attn=flash_attn,
         tokens=tokens,
         recompute=recompute,
-        timeout=timeout,
         cache_type_k=cache_type_k,
         cache_type_v=cache_type_v,
-        llama_lib=llama_lib,
     )
-    raise typer.Exit(run_repair(args))
 
 
 @app.command(
@@ -420,10 +446,10 @@ def re_save(
 )
 def ls(
     directory: Path = typer.Argument(..., help="A --slot-save-path directory (searched recursively)."),
-    json_out: bool = typer.Option(False, "--json", help="JSON on stdout (schema slotfile.ls/1)."),
+    json_out: bool = _json("JSON on stdout (schema slotfile.ls/1)."),
     sort: str = typer.Option("path", "--sort", help="path|size|age|tokens (largest / oldest first)."),
     server_args: str | None = _LS_SERVER_ARGS,
-    model: Path | None = typer.Option(None, "--model", "-m", help="GGUF model (default: the server's -m)."),
+    model: Path | None = _model("GGUF model (default: the server's -m)."),
     settle: float = _SETTLE,
     settle_wait: float = _SETTLE_WAIT,
 ) -> None:
@@ -450,7 +476,7 @@ def prune(
     keep: int | None = typer.Option(None, "--keep", help="Keep at most this many files (the newest)."),
     damaged: bool = typer.Option(False, "--damaged", help="Remove damaged files (first)."),
     delete: bool = typer.Option(False, "--delete", help="Remove the planned files (without it: print the plan only)."),
-    json_out: bool = typer.Option(False, "--json", help="JSON on stdout (schema slotfile.prune/1)."),
+    json_out: bool = _json("JSON on stdout (schema slotfile.prune/1)."),
     settle: float = _SETTLE,
     settle_wait: float = _SETTLE_WAIT,
 ) -> None:
@@ -472,8 +498,8 @@ def prune(
 def precommit(
     files: list[Path] = typer.Argument(..., help="Files a commit adds or changes (as pre-commit passes them)."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Name every file passed over, and why."),
-    model: Path | None = typer.Option(None, "--model", "-m", help="GGUF model: metadata checks and a test-load."),
-    llama_lib: Path | None = typer.Option(None, "--llama-lib", help=_LLAMA_LIB_HELP),
+    model: Path | None = _model("GGUF model: metadata checks and a test-load."),
+    llama_lib: Path | None = _LLAMA_LIB,
 ) -> None:
     """The pre-commit hook: verify the files that carry a slot magic (GGSQ/GGSN), pass over the rest."""
     from slotfile.cli.precommit_cmd import PrecommitArgs, run_precommit
@@ -505,48 +531,23 @@ def completion(shell: str = typer.Argument(..., help="bash, zsh or fish.")) -> N
         "slotfile migrate slot0.v4.bin -o slot0.bin --to 3 -m model.gguf",
     ),
 )
+@_writes_one_file
 def migrate(
     file: Path = typer.Argument(..., help="Slot (GGSQ 3/4) or session (GGSN 10/11) file (opened read-only)."),
     output: Path | None = _OUT,
     to: int = typer.Option(..., "--to", help="Target state version: 3 or 4 (a session file: 10 or 11, or 3/4)."),
-    model: Path | None = typer.Option(
-        None,
-        "--model",
-        "-m",
-        help="GGUF model: the rotation widths of a quantized cache; checks and test-loads the result.",
+    model: Path | None = _model(
+        "GGUF model: the rotation widths of a quantized cache; checks and test-loads the result."
     ),
     draft_model: Path | None = typer.Option(
         None, "--draft-model", help="Draft GGUF: the widths of a quantized draft cache."
     ),
-    force: bool = _FORCE,
-    in_place: bool = _IN_PLACE,
-    backup: Path | None = _BACKUP,
-    dry_run: bool = _DRY,
-    json_out: bool = _JSON,
-    timeout: float = _TIMEOUT,
-    llama_lib: Path | None = _LLAMA_LIB,
+    write: _Write = _WRITE,
 ) -> None:
     """Convert between state versions 3 and 4 (llama.cpp before / from 2026-10-05): add or
     remove the K/V rotation words.  With --llama-lib DIR (a build of the target version) the
     output is test-loaded through it before it lands."""
-    from slotfile.cli.repair_cmd import RepairArgs, run_repair
-
-    args = RepairArgs(
-        "migrate",
-        file,
-        output,
-        force=force,
-        in_place=in_place,
-        backup=backup,
-        dry_run=dry_run,
-        json_out=json_out,
-        model=model,
-        draft_model=draft_model,
-        to_version=to,
-        timeout=timeout,
-        llama_lib=llama_lib,
-    )
-    raise typer.Exit(run_repair(args))
+    _repair("migrate", file, output, write, model=model, draft_model=draft_model, to_version=to)
 
 
 @app.command(
@@ -563,13 +564,10 @@ def diff(
         ..., metavar="A", help="First slot (GGSQ) or session (GGSN) file (opened read-only)."
     ),
     file_b: Path = typer.Argument(..., metavar="B", help="Second file."),
-    model: Path | None = typer.Option(
-        None,
-        "--model",
-        "-m",
-        help="GGUF model: text around a token difference, head sizes for the angles, model layer numbers.",
+    model: Path | None = _model(
+        "GGUF model: text around a token difference, head sizes for the angles, model layer numbers."
     ),
-    json_out: bool = typer.Option(False, "--json", help="JSON on stdout (schema slotfile.diff/1)."),
+    json_out: bool = _json("JSON on stdout (schema slotfile.diff/1)."),
 ) -> None:
     """Where two files differ, in file order: headers and settings, tokens, every layer over the
     cells both hold (head angle, relative difference, worst cell), checkpoints, draft state.
