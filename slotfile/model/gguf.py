@@ -249,14 +249,18 @@ class _Scanner:
         self.pos += n
         return v
 
-    def array(self, key: str, depth: int) -> list[Any] | GGUFArray | None:
+    def array_head(self, key: str, depth: int) -> tuple[int, int]:
+        """An array's element type and count (gguf.cpp's gguf_reader: type u32, count u64)."""
         if depth >= MAX_DEPTH:
             raise self.fail(key, self.pos, f"arrays nested more than {MAX_DEPTH} deep")
         at = self.pos
         itype = self.read_u32(key, "array type")
         if itype not in _MIN_SIZE:
             raise self.fail(key, at, f"unknown array element type {itype}")
-        n = self.count(key, itype)
+        return itype, self.count(key, itype)
+
+    def array(self, key: str, depth: int) -> list[Any] | GGUFArray | None:
+        itype, n = self.array_head(key, depth)
         start = self.pos
         if n <= self.short and n <= self.budget:
             self.budget -= n
@@ -281,13 +285,7 @@ class _Scanner:
         return GGUFArray(key, itype, n, start, self.pos, self.buf, self.order, marks)
 
     def skip_array(self, key: str, depth: int) -> None:
-        if depth >= MAX_DEPTH:
-            raise self.fail(key, self.pos, f"arrays nested more than {MAX_DEPTH} deep")
-        at = self.pos
-        itype = self.read_u32(key, "array type")
-        if itype not in _MIN_SIZE:
-            raise self.fail(key, at, f"unknown array element type {itype}")
-        n = self.count(key, itype)
+        itype, n = self.array_head(key, depth)
         if itype in _DTYPE:
             self.pos += n * _MIN_SIZE[itype]
         elif itype == STRING:

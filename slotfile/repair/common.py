@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
@@ -74,29 +74,18 @@ def start(command: str, sf: SlotFile, dry_run: bool, temps: list[str] | None, si
     return Planned(report, temps=temps if temps is not None else [])
 
 
-class Operation(Protocol):
-    """What the runner calls for each repair command."""
-
-    def __call__(
-        self,
-        sf: SlotFile,
-        opts: RepairOptions,
-        workdir: str,
-        *,
-        dry_run: bool = False,
-        temps: list[str] | None = None,
-        sink: list[Report] | None = None,
-        retry: Retry | None = None,
-    ) -> Planned: ...
-
-
 Planner = Callable[[SlotFile, RepairOptions, str, Planned, Retry], Planned]
 
 
+# what the runner calls: (sf, opts, workdir, *, dry_run, temps, sink, retry) -> Planned
+Operation = Callable[..., Planned]
+
+
 def operation(command: str) -> Callable[[Planner], Operation]:
-    """Give a planner ``(sf, opts, workdir, out, retry)`` the runner's :class:`Operation`
-    signature: ``out`` is :func:`start`'s fresh result (``out.report.dry_run`` says whether
-    this is a dry run) and ``retry`` is never None."""
+    """Give a planner ``(sf, opts, workdir, out, retry)`` the runner's operation signature
+    ``(sf, opts, workdir, *, dry_run, temps, sink, retry)``: ``out`` is :func:`start`'s
+    fresh result (``out.report.dry_run`` says whether this is a dry run) and ``retry`` is
+    never None."""
 
     def wrap(planner: Planner) -> Operation:
         @functools.wraps(planner)
@@ -154,6 +143,33 @@ def words_of(sf: SlotFile) -> list[int]:
 def tokens_of(sf: SlotFile) -> list[int]:
     assert sf.tokens is not None
     return [int(x) for x in sf.tokens.tokens]
+
+
+def prefill_request(
+    sf: SlotFile,
+    opts: RepairOptions,
+    settings: dict[str, Any],
+    words: list[int],
+    at: list[int] | None,
+    base: str,
+    blobs: str,
+) -> dict[str, Any]:
+    """The worker's ``prefill`` request (llama/worker/program.py): prefill ``sf``'s tokens
+    under ``settings``, take checkpoints at the n_tokens ``at``, save the state to ``base``
+    with ``words`` as its token payload and the checkpoint / draft blobs to ``blobs``."""
+    return {
+        "op": "prefill",
+        "model": opts.model,
+        "draft_model": opts.draft_model,
+        "settings": settings,
+        "tokens": tokens_of(sf),
+        "words": words,
+        "checkpoints_at": at,
+        "out": base,
+        "blobs": blobs,
+        "llama_lib": opts.llama_lib,
+        "state_version": sf.version,
+    }
 
 
 def worker_ok(res: Any, what: str) -> None:

@@ -46,6 +46,16 @@ class Rebuilt:
     def empty(self) -> None:
         self.plan.literal(g.blob_length(0))
 
+    def end_checkpoint(self, i: int, n_tokens: int, o: SckpEntry | None, size: int, how: str) -> None:
+        """A checkpoint's data_spec, carried over from the input's checkpoint ``o`` at the same
+        n_tokens (else empty), and the checkpoint's line in the report."""
+        if o is not None and o.spec.length:
+            size += self.carried(o.spec.offset, o.spec.length)
+            how += "; data_spec carried over"
+        else:
+            self.empty()
+        self.report.rebuild(f"sckp.checkpoint[{i}]", size, how, n_tokens=n_tokens)
+
 
 def _orig(tail: Tail) -> dict[int, SckpEntry]:
     return {e.n_tokens: e for e in (tail.sckp.good if tail.sckp else [])}
@@ -72,12 +82,7 @@ def plan_rebuilt_checkpoints(rb: Rebuilt, tail: Tail) -> None:
             rb.empty()
             if o is not None and o.dft.length:
                 how += "; damaged data_dft dropped"
-        if o is not None and o.spec.length:
-            size += rb.carried(o.spec.offset, o.spec.length)
-            how += "; data_spec carried over"
-        else:
-            rb.empty()
-        rb.report.rebuild(f"sckp.checkpoint[{i}]", size, how, n_tokens=c["n_tokens"])
+        rb.end_checkpoint(i, c["n_tokens"], o, size, how)
 
 
 def plan_rebuilt_sdft(rb: Rebuilt, tail: Tail) -> None:
@@ -114,12 +119,7 @@ def plan_recomputed_tail(rb: Rebuilt, tail: Tail) -> None:
                     8 + o.dft.length,
                     "its V layout no longer matches (give --draft-model to recompute it)",
                 )
-        if o is not None and o.spec.length:
-            size += rb.carried(o.spec.offset, o.spec.length)
-            how += "; data_spec carried over"
-        else:
-            rb.empty()
-        rb.report.rebuild(f"sckp.checkpoint[{i}]", size, how, n_tokens=c["n_tokens"])
+        rb.end_checkpoint(i, c["n_tokens"], o, size, how)
     _plan_recomputed_sdft(rb, tail)
 
 

@@ -21,6 +21,7 @@ from slotfile.repair.common import (
     body_ok,
     header_tokens_ok,
     operation,
+    prefill_request,
     tgt_partial,
     tokens_of,
     view_of,
@@ -215,22 +216,8 @@ class _Job:
         os.close(fd)
         self.out.temps.append(blobs)
         at = [e.n_tokens for e in (self.tail.sckp.good if self.tail.sckp else [])]
-        res = run_worker(
-            {
-                "op": "prefill",
-                "model": opts.model,
-                "draft_model": opts.draft_model,
-                "settings": self.new_settings,
-                "tokens": tokens_of(sf),
-                "words": self.new_words,
-                "checkpoints_at": at,
-                "out": base,
-                "blobs": blobs,
-                "llama_lib": opts.llama_lib,
-                "state_version": sf.version,
-            },
-            timeout=opts.timeout,
-        )
+        request = prefill_request(sf, opts, self.new_settings, self.new_words, at, base, blobs)
+        res = run_worker(request, timeout=opts.timeout)
         self.report.timings["llama.cpp"] = time.monotonic() - t0
         worker_ok(res, "recomputing the state")
         size = int(res.data["file_size"])

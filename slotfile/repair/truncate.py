@@ -21,7 +21,7 @@ from slotfile.repair.common import (
     body_ok,
     header_tokens_ok,
     operation,
-    tokens_of,
+    prefill_request,
     view_of,
     words_of,
 )
@@ -124,15 +124,7 @@ def _dry_rebuild(
         + (", ".join(map(str, at)) if at else "chosen from the model (recurrent/hybrid/SWA need them)")
         + f" ({at_src})",
     )
-    if tail.sckp is not None:
-        for e in tail.sckp.entries:
-            report.drop(
-                f"sckp.checkpoint[{e.index}]",
-                e.offset,
-                e.end - e.offset,
-                "would be replaced by a rebuilt checkpoint" if e.ok else e.reason,
-                n_tokens=e.n_tokens,
-            )
+    _drop_old_checkpoints(report, tail, "would be replaced by a rebuilt checkpoint")
     if tail.sdft is not None:
         report.keep("sdft", tail.sdft.offset, tail.sdft.end - tail.sdft.offset, found_by="scan")
     if not retry.force_rebuild:
@@ -162,23 +154,8 @@ def _run_prefill(
     from slotfile.llama.requests import run_worker
 
     t0 = time.monotonic()
-    res = run_worker(
-        {
-            "op": "prefill",
-            "model": opts.model,
-            "draft_model": opts.draft_model,
-            "settings": settings,
-            "draft_settings": None,
-            "tokens": tokens_of(sf),
-            "words": words_of(sf),
-            "checkpoints_at": at,
-            "out": base,
-            "blobs": blobs,
-            "llama_lib": opts.llama_lib,
-            "state_version": sf.version,
-        },
-        timeout=opts.timeout,
-    )
+    # no draft_settings: the worker derives the draft context from the target's settings
+    res = run_worker(prefill_request(sf, opts, settings, words_of(sf), at, base, blobs), timeout=opts.timeout)
     out.report.timings["rebuild"] = time.monotonic() - t0
     if not res.ok:
         if res.crashed:
@@ -228,15 +205,7 @@ def _rebuild(
         )
     rb = Rebuilt(plan, report, sf.path, blobs, data)
     plan_rebuilt_checkpoints(rb, tail)
-    if tail.sckp is not None:
-        for e in tail.sckp.entries:
-            report.drop(
-                f"sckp.checkpoint[{e.index}]",
-                e.offset,
-                e.end - e.offset,
-                "replaced by a rebuilt checkpoint" if e.ok else e.reason,
-                n_tokens=e.n_tokens,
-            )
+    _drop_old_checkpoints(report, tail, "replaced by a rebuilt checkpoint")
     plan_rebuilt_sdft(rb, tail)
     if tail.damaged_sdft is not None:
         report.drop("sdft", tail.damaged_sdft.offset, sf.size - tail.damaged_sdft.offset, tail.damaged_sdft.reason)
@@ -244,6 +213,14 @@ def _rebuild(
     out.test_draft = bool(opts.draft_model)
     out.rebuilt_body = True
     return out
+
+
+def _drop_old_checkpoints(report: Report, tail: Tail, why_ok: str) -> None:
+    """Report the input's checkpoints as dropped: a rebuild writes its own."""
+    if tail.sckp is not None:
+        for e in tail.sckp.entries:
+            why = why_ok if e.ok else e.reason
+            report.drop(f"sckp.checkpoint[{e.index}]", e.offset, e.end - e.offset, why, n_tokens=e.n_tokens)
 
 
 def _version_of(path: str) -> int:
