@@ -35,13 +35,14 @@ BLOB_NAMES = ("data_tgt", "data_dft", "data_spec")
 # ---------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class BlobFrame:
-    """A ``u64 length`` + bytes blob; ``data`` is a view of the source, never a copy."""
+class BlobSpan:
+    """Where a ``u64 length`` + bytes blob lies (llama_io_write_i::write_buffer after the
+    length written by llama_state_seq_save_file's checkpoint / draft appendix); the
+    subclasses say ``offset`` (of the u64 length) and ``length``."""
 
-    offset: int  # of the u64 length
+    __slots__ = ()
+    offset: int
     length: int
-    data: g.Run
 
     @property
     def data_offset(self) -> int:
@@ -50,6 +51,15 @@ class BlobFrame:
     @property
     def end(self) -> int:
         return self.offset + 8 + self.length
+
+
+@dataclass(frozen=True, slots=True)
+class BlobFrame(BlobSpan):
+    """A ``u64 length`` + bytes blob; ``data`` is a view of the source, never a copy."""
+
+    offset: int  # of the u64 length
+    length: int
+    data: g.Run
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from slotfile.format import grammar as g
+from slotfile.format.appendix import BlobSpan
 from slotfile.format.layout import Layout, MemoryKind
 from slotfile.format.types import ELEMENT_DTYPE, TYPES, type_name
 from slotfile.problems import Problem, ProblemCode, Severity
@@ -186,17 +187,13 @@ class Body:
 
 
 @dataclass(slots=True)
-class BlobInfo:
+class BlobInfo(BlobSpan):
     name: str
     offset: int  # of the u64 length field
     length: int
     data: g.Run
     seq_id: int | None = None
     body: Body | None = None
-
-    @property
-    def data_offset(self) -> int:
-        return self.offset + 8
 
 
 @dataclass(slots=True)

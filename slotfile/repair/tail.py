@@ -28,20 +28,12 @@ MAX_SCAN_CANDIDATES = 4096
 
 
 @dataclass(slots=True)
-class BlobRef:
+class BlobRef(ap.BlobSpan):
     offset: int  # of the u64 length
     length: int
     ok: bool = True
     reason: str = ""
     info: BlobInfo | None = None
-
-    @property
-    def data_offset(self) -> int:
-        return self.offset + 8
-
-    @property
-    def end(self) -> int:
-        return self.offset + 8 + self.length
 
 
 @dataclass(slots=True)
