@@ -381,9 +381,7 @@ CheckpointHead = Struct(
 
 CheckpointEntry = Struct(
     "offset" / Tell,
-    "n_tokens" / NTokens,
-    "pos_min" / Int32sl,
-    "pos_max" / Int32sl,
+    *CheckpointHead.subcons,
     "tgt" / Named("data_tgt", Blob),
     "dft" / Named("data_dft", Blob),
     "spec" / Named("data_spec", Blob),

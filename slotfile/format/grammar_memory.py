@@ -192,15 +192,9 @@ KV_BLOCK = kv_block(True)
 # REC block: llama_memory_recurrent::state_write
 # ---------------------------------------------------------------------------------------
 
-RecLayer = Struct(
-    "offset" / Tell,
-    "type" / Int32sl,
-    Ensure(lambda c: type_ok(c.type), type_msg("type"), code="bad-type"),
-    "row_size" / Int64ul,
-    Ensure(lambda c: row_ok(c.type, c.row_size), row_msg("row_size", "type"), code="bad-row-size"),
-    "cell_count" / Computed(this._.cell_count),
-    "data" / Rows(this.row_size * this.cell_count, "rows"),
-)
+# One R or S layer: llama_memory_recurrent::state_write_data writes type, row size and
+# cell_count rows exactly as llama_kv_cache writes a K layer.
+RecLayer = KVLayer
 
 # PLE conv history after an R entry: a row size with no type field (the type is r_type).
 RecPLayer = Struct(
