@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 
@@ -186,6 +186,9 @@ class Body:
         return self.layout.memory_class if self.layout else "unknown"
 
 
+B = TypeVar("B", bound=BlobSpan)
+
+
 @dataclass(slots=True)
 class BlobInfo(BlobSpan):
     name: str
@@ -197,16 +200,25 @@ class BlobInfo(BlobSpan):
 
 
 @dataclass(slots=True)
-class Checkpoint:
+class CheckpointFields(Generic[B]):
+    """One SCKP entry as server_context writes it (n_tokens, pos_min, pos_max and the blobs
+    data_tgt, data_dft, data_spec), with where it lies; ``B`` is how a blob is described
+    (:class:`BlobInfo` here, repair's ``BlobRef`` for its own walk)."""
+
     index: int
     offset: int
     end: int
     n_tokens: int
     pos_min: int
     pos_max: int
-    tgt: BlobInfo
-    dft: BlobInfo
-    spec: BlobInfo
+    tgt: B
+    dft: B
+    spec: B
+
+
+@dataclass(slots=True)
+class Checkpoint(CheckpointFields[BlobInfo]):
+    """A checkpoint of a file the reader opened."""
 
 
 @dataclass(slots=True)

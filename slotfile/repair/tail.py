@@ -21,7 +21,7 @@ from slotfile.format import grammar as g
 from slotfile.format.layout import Failure
 from slotfile.format.read_appendix import parse_seq_blob
 from slotfile.format.read_checks import check_block
-from slotfile.format.records import BlobInfo, FileFormat, SlotFile
+from slotfile.format.records import BlobInfo, CheckpointFields, FileFormat, SlotFile
 from slotfile.repair.common import Retry, view_of
 
 MAX_SCAN_CANDIDATES = 4096
@@ -37,16 +37,9 @@ class BlobRef(ap.BlobSpan):
 
 
 @dataclass(slots=True)
-class SckpEntry:
-    index: int
-    offset: int
-    end: int
-    n_tokens: int
-    pos_min: int
-    pos_max: int
-    tgt: BlobRef
-    dft: BlobRef
-    spec: BlobRef
+class SckpEntry(CheckpointFields[BlobRef]):
+    """A checkpoint as repair's own walk found it, and whether it can be kept."""
+
     ok: bool = True
     reason: str = ""
 
