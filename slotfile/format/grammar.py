@@ -8,7 +8,8 @@ views of the buffer being parsed.  The memory blocks (KV, REC) are in
 :mod:`slotfile.format.grammar_memory`; this module holds the file's framing (header, tokens,
 session prefix, appendices) and re-exports the other two, so callers import one module.
 
-Grammars are parameterised through construct's context parameters:
+Grammars are parameterised through construct's context parameters, which one
+:class:`~slotfile.format.grammar_variant.SlotGrammar` per file variant holds and passes:
 
 * ``ext``     per-cell ext size of KV metadata (0, 8 or 12 bytes; ``has_cell_ext``);
 * ``whole``   True for the ``seq_id = -1`` variant (GGSN session files), where a cell
@@ -105,6 +106,7 @@ from slotfile.format.grammar_memory import (
     read_fixed,
     rec_block,
 )
+from slotfile.format.grammar_variant import SlotGrammar
 from slotfile.format.magics import DSV4_MAGIC, GGSN_MAGIC, GGSQ_MAGIC, IO_MAGIC, SCKP_MAGIC, SDFT_MAGIC
 
 # The grammars of the building blocks and the memory blocks live in grammar_core and
@@ -178,6 +180,7 @@ __all__ = [
     "SdftHeader",
     "Seq",
     "SeqBlobPrefix",
+    "SlotGrammar",
     "VTransWord",
     "ViewStream",
     "blob_length",

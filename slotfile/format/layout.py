@@ -26,11 +26,9 @@ from slotfile.format.grammar import (
     SCKP_MAGIC,
     SDFT_MAGIC,
     FormatError,
+    SlotGrammar,
     ViewStream,
-    kv_block,
-    kv_block_legacy,
     read_fixed,
-    rec_block,
     row_ok,
     type_ok,
 )
@@ -257,8 +255,7 @@ def _parse_kv(
         return deep.memo[key]
     s = ViewStream(view, off, end)
     try:
-        grammar = kv_block_legacy(has_v) if legacy else kv_block(has_v)
-        blk = grammar.parse_stream(s, ext=ext, whole=whole, rot=rot, trial_pre=extra[0], trial_post=extra[1])
+        blk = SlotGrammar.of(whole, ext, legacy, rot, extra).parse_kv(s, has_v)
     except (ConstructError, ValueError, OverflowError) as e:
         deep.note(e, s, label)
         blk = None
@@ -322,7 +319,7 @@ def _parse_rec(
         return deep.memo[key]
     s = ViewStream(view, off, end)
     try:
-        blk = rec_block(n_rec, has_p).parse_stream(s, whole=whole)
+        blk = SlotGrammar.of(whole).parse_rec(s, n_rec, has_p)
     except (ConstructError, ValueError, OverflowError) as e:
         deep.note(e, s, label)
         blk = None

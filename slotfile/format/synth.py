@@ -19,6 +19,9 @@ from construct import Struct
 from slotfile.format import grammar as g
 from slotfile.format.types import BY_NAME
 
+# the variant synth writes: state version 3 slot files (no cell ext, no rotation words)
+_V3 = g.SlotGrammar.of()
+
 
 @dataclass(frozen=True)
 class SynthSpec:
@@ -122,11 +125,11 @@ def _write_blob(f: BinaryIO, spec: SynthSpec, n_cells: int, n_layer: int, pool: 
     obj = kv_block_obj(spec, n_cells, n_layer, pool)
     prefix = g.SeqBlobPrefix.build({"io_magic": g.IO_MAGIC, "seq_id": 0})
     sink = _Sink()
-    g.kv_block(True).build_stream(obj, sink, ext=0)
+    _V3.build_kv(obj, sink)
     length = len(prefix) + sink.n
     f.write(_BLOB_LEN.build(length))
     f.write(prefix)
-    g.kv_block(True).build_stream(obj, f, ext=0)
+    _V3.build_kv(obj, f)
     return length
 
 
@@ -155,7 +158,7 @@ def _write(f: BinaryIO, spec: SynthSpec, pool: dict[str, bytes], tokens: np.ndar
     words = (16 + 4 * n) // 4
     f.write(g.FileHeader.build({"magic": g.GGSQ_MAGIC, "version": 3, "n_token_count": words}))
     g.PackedTokens.build_stream(payload, f)
-    g.kv_block(True).build_stream(kv_block_obj(spec, n, spec.n_layer, pool), f, ext=0)
+    _V3.build_kv(kv_block_obj(spec, n, spec.n_layer, pool), f)
     if spec.checkpoints:
         g.SckpHeader.build_stream({"version": 1, "count": spec.checkpoints}, f)
         for i in range(spec.checkpoints):

@@ -8,10 +8,12 @@ written without being assembled in memory (bulk runs are memoryviews into the so
 
 from __future__ import annotations
 
+import io
 from collections.abc import Iterator
 from typing import Any, BinaryIO
 
 from slotfile.format import grammar as g
+from slotfile.format.grammar_variant import SlotGrammar
 from slotfile.format.records import Body, SlotFile
 
 
@@ -20,15 +22,16 @@ def _raw(sf: SlotFile, start: int, end: int) -> memoryview:
 
 
 def body_chunks(body: Body, *, whole: bool = False) -> Iterator[bytes]:
-    """The body rebuilt block by block."""
+    """The body rebuilt block by block, in the variant it was read as."""
     assert body.layout is not None
+    grammar = SlotGrammar.of_layout(body.layout, whole)
     for spec, blk in zip(body.layout.blocks, body.blocks, strict=False):
+        out = io.BytesIO()
         if spec.kind == "KV":
-            pre, post = body.layout.extra
-            grammar = g.kv_block_legacy(spec.has_v) if body.layout.legacy else g.kv_block(spec.has_v)
-            yield g.build(grammar, blk.raw, ext=body.layout.ext, whole=whole, v4_pre=pre, v4_post=post)
+            grammar.build_kv(blk.raw, out, spec.has_v)
         else:
-            yield g.build(g.rec_block(spec.n_rec, spec.has_p), blk.raw, whole=whole)
+            grammar.build_rec(blk.raw, out, spec.n_rec, spec.has_p)
+        yield out.getvalue()
 
 
 def serialize(sf: SlotFile) -> Iterator[bytes | memoryview]:
