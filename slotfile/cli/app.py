@@ -548,6 +548,84 @@ def migrate(
     )
 
 
+@app.command(
+    "seal",
+    context_settings=HELP,
+    epilog=_examples(
+        "slotfile seal slots/                                  # writes slots/slotfile-manifest.json",
+        "slotfile seal slots/ -m model.gguf                    # verified, with the model's fingerprint",
+        "slotfile seal slots/ --update                         # re-seal new and changed files",
+        "slotfile verify slots/                                # checks every file against the manifest",
+    ),
+)
+def seal_command(
+    paths: list[Path] = typer.Argument(..., help="Slot files and directories (searched recursively) to seal."),
+    output: Path | None = typer.Option(
+        None, "--output", "-o", help="The manifest (default: slotfile-manifest.json in the directory given)."
+    ),
+    model: Path | None = typer.Option(
+        None, "--model", "-m", help="GGUF model: verify (model check, test-load) and record its fingerprint."
+    ),
+    draft_model: Path | None = typer.Option(None, "--draft-model", help="Draft GGUF (with --model)."),
+    deep: bool = typer.Option(False, "--deep", help="Also recompute each file before sealing it (with --model)."),
+    force: bool = typer.Option(
+        False, "--force", help="Seal files that fail too (their verdict is recorded); replace a manifest."
+    ),
+    update: bool = typer.Option(False, "--update", help="Re-seal new and changed files into the existing manifest."),
+    jobs: int = typer.Option(1, "--jobs", "-j", help="Files hashed (and verified) at once."),
+    timeout: float = typer.Option(300.0, "--timeout", help="Seconds for each llama.cpp load."),
+    llama_lib: Path | None = typer.Option(None, "--llama-lib", help=_LLAMA_LIB_HELP),
+    json_out: bool = typer.Option(False, "--json", help="JSON on stdout (schema slotfile.seal/1)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Only refusals and the summary line."),
+) -> None:
+    """Write a checksum manifest (schema slotfile.manifest/1) of a slot store: per file its size,
+    mtime, checksum, format, tokens digest, memory class and cache types; with --model the model's
+    fingerprint and the verify levels that passed.  `verify DIR` then checks it."""
+    from slotfile.cli.seal_cmd import run_seal
+    from slotfile.seal.build import SealOptions
+
+    opts = SealOptions(
+        output=output,
+        model=str(model) if model else None,
+        draft_model=str(draft_model) if draft_model else None,
+        deep=deep,
+        force=force,
+        update=update,
+        jobs=jobs,
+        timeout=timeout,
+        llama_lib=str(llama_lib) if llama_lib else None,
+    )
+    raise typer.Exit(run_seal(paths, opts, json_out, quiet))
+
+
+@app.command(
+    "identify",
+    context_settings=HELP,
+    epilog=_examples(
+        "slotfile identify slot0.bin --models /models/",
+        "slotfile identify slots/ --models a.gguf b.gguf --json",
+        "slotfile identify slot0.bin --models /models/ --no-proof   # metadata fit only",
+    ),
+)
+def identify_command(
+    files: list[Path] = typer.Argument(..., help="Slot files and directories."),
+    models: list[Path] = typer.Option(..., "--models", help="Candidate GGUF files or folders of them (repeatable)."),
+    proof: bool = typer.Option(True, "--proof/--no-proof", help="Recompute the first K rows under each fitting model."),
+    timeout: float = typer.Option(300.0, "--timeout", help="Seconds for each llama.cpp load or recompute."),
+    llama_lib: Path | None = typer.Option(None, "--llama-lib", help=_LLAMA_LIB_HELP),
+    json_out: bool = typer.Option(False, "--json", help="JSON on stdout (schema slotfile.identify/1)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Only each file's answer, no ranking."),
+) -> None:
+    """Which model wrote each slot file: candidates ranked by metadata fit (memory class, layers,
+    heads, row sizes, types, token ids, positions), then proven by recomputing the first layers'
+    K rows of the first stored tokens (bit-identical, or within the cache type's noise)."""
+    from slotfile.cli.identify_cmd import run_identify
+    from slotfile.seal.identify import IdentifyOptions
+
+    opts = IdentifyOptions(timeout=timeout, llama_lib=str(llama_lib) if llama_lib else None, prove=proof)
+    raise typer.Exit(run_identify(files, models, opts, json_out, quiet))
+
+
 def main() -> None:
     """The console script.  It ends with os._exit once the output is flushed and the atexit
     handlers have run: the interpreter's teardown of numpy, rich and typer costs ~0.15 s of
