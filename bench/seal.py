@@ -114,13 +114,19 @@ def main() -> None:
         py = sys.executable
         tasks: dict[str, Callable[[], object]] = {
             "sha256sum": lambda: run(["sha256sum", *map(str, files)]),
-            "cp": lambda: (shutil.rmtree(cpdir, ignore_errors=True), cpdir.mkdir(), run(["cp", *map(str, files), str(cpdir)])),
+            "cp": lambda: (
+                shutil.rmtree(cpdir, ignore_errors=True),
+                cpdir.mkdir(),
+                run(["cp", *map(str, files), str(cpdir)]),
+            ),
             "seal": lambda: run(
                 [py, "-m", "slotfile", "seal", str(d), "-o", str(man), "--force", "-q", "--jobs", str(a.jobs)]
             ),
         }
         if has_check:
-            tasks["verify --manifest"] = lambda: run([py, "-m", "slotfile", "verify", str(d), "--manifest", str(man), "-q"])
+            tasks["verify --manifest"] = lambda: run(
+                [py, "-m", "slotfile", "verify", str(d), "--manifest", str(man), "-q"]
+            )
         for alg in algos:
             tasks[f"hashlib {alg}"] = lambda alg=alg: [file_checksum(f, alg) for f in files]  # type: ignore[misc]
         for name, fn in extra.items():

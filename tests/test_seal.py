@@ -70,7 +70,7 @@ def test_seal_writes_a_manifest_of_every_slot_file(store: Path) -> None:
     assert e.algorithm == "sha256"
     assert (e.format, e.version, e.n_tokens) == ("GGSQ", 3, 54)
     assert e.tokens_digest and len(e.tokens_digest) == 32
-    assert e.memory_class == "kv"
+    assert e.memory_class == "kv-cache"
     assert e.cache_types == {"kv": {"k": "f16", "v": "f16"}}
     assert by["llama_q8_0_fa.slot"].cache_types["kv"]["k"] == "q8_0"
     assert by["gemma3_iswa_fa.slot"].memory_class == "iswa"

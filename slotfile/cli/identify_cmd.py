@@ -80,7 +80,8 @@ def _render(results: list[Identification], quiet: bool) -> None:
         else:
             head = f"{ident.path}: no candidate model fits"
         if ident.verdict == "ambiguous":
-            head = f"{ident.path}: ambiguous: {ident.ranking[0].model.label} and {ident.ranking[1].model.label} prove alike"
+            m1, m2 = ident.ranking[0].model.label, ident.ranking[1].model.label
+            head = f"{ident.path}: ambiguous: {m1} and {m2} prove alike"
         out.print(escape_text(head), soft_wrap=True)
         if quiet:
             continue

@@ -158,14 +158,12 @@ def _describe(entry: Entry, sf: Any) -> None:
     entry.cache_types = cache_types(sf)
 
 
-def seal(
-    paths: list[Path], opts: SealOptions, on_progress: Callable[[str, Path], None] | None = None
-) -> SealResult:
+def seal(paths: list[Path], opts: SealOptions, on_progress: Callable[[str, Path], None] | None = None) -> SealResult:
     """Seal ``paths`` (files and directories); writes the manifest unless nothing could be
     sealed.  Raises SealUsage, SealError, ManifestError (an --update of a bad manifest)."""
     import time
 
-    from slotfile.safewrite import Literal, Plan, WriteRefused, commit, resolve_target
+    from slotfile.safewrite import Plan, WriteRefused, commit, resolve_target
     from slotfile.verify import Options, Verifier, VerifyError, collect
 
     t0 = time.monotonic()
@@ -213,11 +211,11 @@ def seal(
         digest, size, st = h
         res.bytes_hashed += size
         prev = old_entries.get(rel)
-        if prev is not None and prev.checksum == digest and prev.size == size and prev.algorithm == ALGORITHM:
-            if model_fp is None or prev.model == model_fp.value:
-                res.unchanged.append(rel)
-                res.manifest.entries.append(prev)
-                continue
+        same = prev is not None and (prev.checksum, prev.size, prev.algorithm) == (digest, size, ALGORITHM)
+        if prev is not None and same and (model_fp is None or prev.model == model_fp.value):
+            res.unchanged.append(rel)
+            res.manifest.entries.append(prev)
+            continue
         entry = Entry(rel, size, st.st_mtime_ns, digest, ALGORITHM)
         (res.changed if prev is not None else res.added).append(rel)
         to_seal.append((f, entry))

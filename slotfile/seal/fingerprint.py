@@ -137,7 +137,7 @@ def windows(size: int, window: int = WINDOW, count: int = WINDOWS) -> list[tuple
     if size <= window * count:
         return [(0, size)] if size else []
     step = (size - window) / (count - 1)
-    return [(int(round(i * step)), window) for i in range(count)]
+    return [(round(i * step), window) for i in range(count)]
 
 
 def fingerprint(path: str | Path) -> Fingerprint:
@@ -196,7 +196,8 @@ def _fingerprint(buf: mmap.mmap, size: int) -> Fingerprint:
             start = data0 + ofs
             if start + nbytes > size:
                 raise GGUFError(
-                    f"offset {start}: tensor {tname!r} data ends at {start + nbytes}, past the end of the file ({size} bytes)"
+                    f"offset {start}: tensor {tname!r} data ends at {start + nbytes}, "
+                    f"past the end of the file ({size} bytes)"
                 )
             for wo, wl in windows(nbytes):
                 data.update(struct.pack("<IQ", i, wo))
@@ -209,4 +210,6 @@ def _fingerprint(buf: mmap.mmap, size: int) -> Fingerprint:
     top.update(SCHEME.encode())
     for part in parts:
         top.update(bytes.fromhex(part))
-    return Fingerprint(top.hexdigest(), *parts, n_tensors=n_tensors, sampled_bytes=sampled, file_size=size, name=name, arch=arch)
+    return Fingerprint(
+        top.hexdigest(), *parts, n_tensors=n_tensors, sampled_bytes=sampled, file_size=size, name=name, arch=arch
+    )

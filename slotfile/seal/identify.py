@@ -374,7 +374,7 @@ def judge(r: Ranked, sf: SlotFile, rec: SlotFile, n: int, cand: Candidate) -> No
                 "layer": layer,
                 "part": a.part,
                 "type": a.type_name,
-                "cells": int(len(ia)),
+                "cells": len(ia),
                 "identical": same,
                 "angle": round(ang, 6),
                 "lnorm": round(ln, 6),
@@ -384,7 +384,7 @@ def judge(r: Ranked, sf: SlotFile, rec: SlotFile, n: int, cand: Candidate) -> No
         identical &= same
         within &= ok
         worst_a, worst_l = max(worst_a, ang), max(worst_l, ln)
-        rows += int(len(ia))
+        rows += len(ia)
     r.angle, r.lnorm, r.rows = worst_a, worst_l, rows
     if not pairs:
         r.proof = Proof.NOT_PROVEN

@@ -270,25 +270,27 @@ def parse(raw: bytes, where: str) -> Manifest:
     for i, d in enumerate(files):
         if not isinstance(d, dict):
             raise ManifestError(f"{where}: files[{i}] is not an object")
-        e = Entry.from_dict(d, f"{where}: files[{i}]")
-        bad = bad_relative_path(e.path)
+        ent = Entry.from_dict(d, f"{where}: files[{i}]")
+        bad = bad_relative_path(ent.path)
         if bad:
-            raise ManifestError(f"{where}: files[{i}] path {e.path!r} {bad}")
-        if e.path in seen:
-            raise ManifestError(f"{where}: files[{i}] path {e.path!r} is listed twice (first as files[{seen[e.path]}])")
-        seen[e.path] = i
-        entries.append(e)
+            raise ManifestError(f"{where}: files[{i}] path {ent.path!r} {bad}")
+        if ent.path in seen:
+            raise ManifestError(
+                f"{where}: files[{i}] path {ent.path!r} is listed twice (first as files[{seen[ent.path]}])"
+            )
+        seen[ent.path] = i
+        entries.append(ent)
     models = obj.get("models") or {}
     if not isinstance(models, dict):
         raise ManifestError(f"{where}: 'models' is not an object")
     man = Manifest(entries, models, str(obj.get("created", "")), str(obj.get("generator", "")), where)
     directory = man.directory
-    for i, e in enumerate(entries):
-        if os.path.islink(directory / e.path):
-            raise ManifestError(f"{where}: files[{i}] {e.path!r} is a symlink on disk (never followed)")
-        for parent in PurePosixPath(e.path).parents:
+    for i, ent in enumerate(entries):
+        if os.path.islink(directory / ent.path):
+            raise ManifestError(f"{where}: files[{i}] {ent.path!r} is a symlink on disk (never followed)")
+        for parent in PurePosixPath(ent.path).parents:
             if str(parent) != "." and os.path.islink(directory / str(parent)):
-                raise ManifestError(f"{where}: files[{i}] {e.path!r} lies under a symlink ({parent})")
+                raise ManifestError(f"{where}: files[{i}] {ent.path!r} lies under a symlink ({parent})")
     return man
 
 
