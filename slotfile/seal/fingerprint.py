@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from slotfile.model.gguf import _MIN_SIZE, ARRAY, DEFAULT_ALIGNMENT, GGML_MAX_DIMS, UINT32, GGUFError, _Scanner
+from slotfile.model.gguf import _MIN_SIZE, DEFAULT_ALIGNMENT, GGML_MAX_DIMS, UINT32, GGUFError, _Scanner
 
 SCHEME = "slotfile.gguf-fingerprint/1"  # bump when what is hashed changes
 WINDOW = 1024  # bytes per sampled window
@@ -43,7 +43,7 @@ class TensorInfo:
     name: str
     dims: tuple[int, ...]
     type_id: int
-    offset: int  # relative to the data section
+    offset: int  # absolute file offset of the data
     size: int  # bytes of data
 
 
@@ -107,8 +107,6 @@ def _walk_kv(sc: _Scanner, n_kv: int) -> tuple[str | None, str | None, int]:
             if vtype != UINT32 or not isinstance(v, int) or v == 0 or v & (v - 1):
                 raise sc.fail(key, at, "must be a u32 power of two")
             alignment = v
-        elif vtype == ARRAY:
-            pass
     return name, arch, alignment
 
 
@@ -213,3 +211,33 @@ def _fingerprint(buf: mmap.mmap, size: int) -> Fingerprint:
     return Fingerprint(
         top.hexdigest(), *parts, n_tensors=n_tensors, sampled_bytes=sampled, file_size=size, name=name, arch=arch
     )
+
+
+def tensor_layout(path: str | Path) -> list[TensorInfo]:
+    """Every tensor's name, dimensions, type, absolute data offset and size (the same walk as
+    :func:`fingerprint`; for tools that edit or sample tensor data)."""
+    from slotfile.format.types import TYPES
+
+    with open(str(path), "rb") as f:
+        size = f.seek(0, 2)
+        buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    try:
+        order = ">" if struct.unpack_from("<I", buf, 4)[0] & 0xFFFF == 0 else "<"
+        sc = _Scanner(buf, size, order)
+        sc.short = -1
+        sc.pos = 8
+        n_tensors = sc.read_u64(None, "tensor count")
+        n_kv = sc.read_u64(None, "key/value count")
+        _, _, alignment = _walk_kv(sc, n_kv)
+        infos = _tensor_infos(sc, n_tensors)
+        data0 = -(-sc.pos // alignment) * alignment
+    finally:
+        buf.close()
+    out = []
+    for name, dims, ttype, ofs in infos:
+        t = TYPES[ttype]
+        ne = 1
+        for d in dims:
+            ne *= d
+        out.append(TensorInfo(name, dims, ttype, data0 + ofs, ne * t.type_size // t.blck_size))
+    return out
