@@ -572,7 +572,9 @@ def seal_command(
         False, "--force", help="Seal files that fail too (their verdict is recorded); replace a manifest."
     ),
     update: bool = typer.Option(False, "--update", help="Re-seal new and changed files into the existing manifest."),
-    jobs: int = typer.Option(1, "--jobs", "-j", help="Files hashed (and verified) at once."),
+    jobs: int = typer.Option(
+        1, "--jobs", "-j", help="Files verified at once with --model (loader workers); hashing uses up to 4 threads."
+    ),
     timeout: float = typer.Option(300.0, "--timeout", help="Seconds for each llama.cpp load."),
     llama_lib: Path | None = typer.Option(None, "--llama-lib", help=_LLAMA_LIB_HELP),
     json_out: bool = typer.Option(False, "--json", help="JSON on stdout (schema slotfile.seal/1)."),

@@ -41,9 +41,9 @@ def run_identify(
     except IdentifyError as e:
         fail(str(e), "identify")
         return OPERATIONAL
-    from slotfile.verify import collect
+    from slotfile.seal.manifest import collect_slot_files
 
-    paths, errors = collect(files)
+    paths, errors = collect_slot_files(files)
     results = identify(paths, candidates, opts)
     errors += [r.error for r in results if r.error is not None]
     for line in errors:

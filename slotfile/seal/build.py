@@ -20,10 +20,12 @@ from slotfile.seal.fingerprint import Fingerprint, fingerprint
 from slotfile.seal.manifest import (
     ALGORITHM,
     DEFAULT_NAME,
+    HASH_THREADS,
     Entry,
     Manifest,
     ManifestError,
     cache_types,
+    collect_slot_files,
     file_checksum,
     load,
     now_iso,
@@ -158,13 +160,80 @@ def _describe(entry: Entry, sf: Any) -> None:
     entry.cache_types = cache_types(sf)
 
 
+Verdict = tuple[dict[str, str], str | None, str | None]  # levels, first problem (None: passed), error
+
+
+def _verdicts(todo: list[tuple[Path, Entry]], opts: SealOptions) -> list[Verdict]:
+    """Per file: verify's level statuses, the first problem of a failing file, or an operational
+    error; each entry is described (format, tokens, memory, types) from one parse of its file."""
+    if opts.model is None:
+        return [_structure_only(f, e) for f, e in todo]
+    for f, e in todo:
+        _describe_file(f, e)
+    files = [f for f, _ in todo]
+    from slotfile.verify import Options, Verifier, VerifyError
+
+    vopts = Options(
+        model=opts.model,
+        draft_model=opts.draft_model,
+        deep=opts.deep,
+        jobs=max(1, opts.jobs),
+        timeout=opts.timeout,
+        llama_lib=opts.llama_lib,
+        n_gpu_layers=opts.n_gpu_layers,
+    )
+    try:
+        with Verifier(vopts) as v:
+            reports = v.run(files)
+    except VerifyError as e:
+        raise SealError(str(e)) from None
+    out: list[Verdict] = []
+    for rep in reports:
+        if rep.error is not None:
+            out.append(({}, None, rep.error))
+            continue
+        levels = {k: str(lv.status) for k, lv in rep.levels.items()}
+        out.append((levels, None if str(rep.verdict) == "pass" else (rep.first_problem or "failed"), None))
+    return out
+
+
+def _describe_file(f: Path, entry: Entry) -> None:
+    from slotfile.format.reader import open_slot_file
+
+    try:
+        sf = open_slot_file(f)
+    except OSError:
+        return  # verify reports it
+    try:
+        _describe(entry, sf)
+    finally:
+        sf.close()
+
+
+def _structure_only(f: Path, entry: Entry) -> Verdict:
+    """verify's structure level without a model: the reader's own problems."""
+    from slotfile.format.reader import open_slot_file
+    from slotfile.format.records import Severity
+
+    try:
+        sf = open_slot_file(f)
+    except OSError as e:
+        return {}, None, f"{f}: {e.strerror or e}"
+    try:
+        _describe(entry, sf)
+        errors = [p for p in sf.file_problems if p.severity == Severity.ERROR]
+    finally:
+        sf.close()
+    levels = {"structure": "fail" if errors else "pass", "model": "skipped", "load": "skipped", "deep": "skipped"}
+    return levels, (f"structure: {errors[0].line()}" if errors else None), None
+
+
 def seal(paths: list[Path], opts: SealOptions, on_progress: Callable[[str, Path], None] | None = None) -> SealResult:
     """Seal ``paths`` (files and directories); writes the manifest unless nothing could be
     sealed.  Raises SealUsage, SealError, ManifestError (an --update of a bad manifest)."""
     import time
 
     from slotfile.safewrite import Plan, WriteRefused, commit, resolve_target
-    from slotfile.verify import Options, Verifier, VerifyError, collect
 
     t0 = time.monotonic()
     out = manifest_path(paths, opts.output)
@@ -181,7 +250,7 @@ def seal(paths: list[Path], opts: SealOptions, on_progress: Callable[[str, Path]
         target = resolve_target(os.devnull, out, force=True)
     except WriteRefused as e:
         raise SealUsage(str(e)) from None
-    files, errors = collect(paths)
+    files, errors = collect_slot_files(paths)
     files = [f for f in files if os.path.abspath(f) != os.path.abspath(out)]
     rels: dict[Path, str] = {}
     for f in files:
@@ -197,7 +266,7 @@ def seal(paths: list[Path], opts: SealOptions, on_progress: Callable[[str, Path]
     for fp, path in ((model_fp, opts.model), (draft_fp, opts.draft_model)):
         if fp is not None and path is not None:
             res.manifest.models[fp.value] = model_record(fp, path)
-    hashed = _hash_all(files, opts.jobs, (lambda p: on_progress("hashed", p)) if on_progress else None)
+    hashed = _hash_all(files, HASH_THREADS, (lambda p: on_progress("hashed", p)) if on_progress else None)
     old_entries = old.by_path() if old is not None else {}
     to_seal: list[tuple[Path, Entry]] = []
     for f in files:
@@ -222,50 +291,29 @@ def seal(paths: list[Path], opts: SealOptions, on_progress: Callable[[str, Path]
     if old is not None:
         gone = set(old_entries) - set(rels.values())
         res.removed = sorted(gone)
-    if to_seal:
-        vopts = Options(
-            model=opts.model,
-            draft_model=opts.draft_model,
-            deep=opts.deep,
-            jobs=max(1, opts.jobs),
-            timeout=opts.timeout,
-            llama_lib=opts.llama_lib,
-            n_gpu_layers=opts.n_gpu_layers,
-        )
-        try:
-            with Verifier(vopts) as v:
-                reports = v.run([f for f, _ in to_seal])
-        except VerifyError as e:
-            raise SealError(str(e)) from None
-        for (f, entry), rep in zip(to_seal, reports, strict=True):
-            if on_progress is not None:
-                on_progress("verified", f)
-            if rep.error is not None:
-                res.errors.append(rep.error)
+    verdicts = _verdicts(to_seal, opts) if to_seal else []
+    for (f, entry), (levels, first, error) in zip(to_seal, verdicts, strict=True):
+        if on_progress is not None:
+            on_progress("verified", f)
+        if error is not None:
+            res.errors.append(error)
+            _drop(res, entry.path)
+            continue
+        entry.levels = levels
+        entry.passed = [k for k, v in levels.items() if v == "pass"]
+        entry.model = model_fp.value if model_fp is not None else None
+        entry.draft_model = draft_fp.value if draft_fp is not None else None
+        if first is not None:
+            entry.first_problem = first
+            if not opts.force:
+                res.refused.append(Refused(entry.path, first))
                 _drop(res, entry.path)
+                if entry.path in old_entries:  # keep the sealed entry: check reports the change
+                    res.manifest.entries.append(old_entries[entry.path])
                 continue
-            from slotfile.format.reader import open_slot_file
-
-            sf = open_slot_file(f)
-            try:
-                _describe(entry, sf)
-            finally:
-                sf.close()
-            entry.levels = {k: str(lv.status) for k, lv in rep.levels.items()}
-            entry.passed = [k for k, lv in rep.levels.items() if str(lv.status) == "pass"]
-            entry.model = model_fp.value if model_fp is not None else None
-            entry.draft_model = draft_fp.value if draft_fp is not None else None
-            if str(rep.verdict) != "pass":
-                entry.first_problem = rep.first_problem
-                if not opts.force:
-                    res.refused.append(Refused(entry.path, rep.first_problem or "failed"))
-                    _drop(res, entry.path)
-                    if entry.path in old_entries:  # keep the sealed entry: check reports the change
-                        res.manifest.entries.append(old_entries[entry.path])
-                    continue
-                entry.forced = True
-                res.forced.append(entry.path)
-            res.manifest.entries.append(entry)
+            entry.forced = True
+            res.forced.append(entry.path)
+        res.manifest.entries.append(entry)
     used = {e.model for e in res.manifest.entries} | {e.draft_model for e in res.manifest.entries}
     res.manifest.models = {k: v for k, v in res.manifest.models.items() if k in used}
     data = render(res.manifest)

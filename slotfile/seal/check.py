@@ -24,7 +24,15 @@ from pathlib import Path
 from typing import Any
 
 from slotfile.seal.fingerprint import Fingerprint
-from slotfile.seal.manifest import Entry, Manifest, file_checksum, relative_to, tokens_digest
+from slotfile.seal.manifest import (
+    HASH_THREADS,
+    Entry,
+    Manifest,
+    collect_slot_files,
+    file_checksum,
+    relative_to,
+    tokens_digest,
+)
 
 
 class Status(StrEnum):
@@ -151,7 +159,7 @@ def check(
     paths: list[Path] | None = None,
     model: Fingerprint | None = None,
     draft_model: Fingerprint | None = None,
-    jobs: int = 1,
+    jobs: int = HASH_THREADS,
     on_done: Callable[[FileCheck], None] | None = None,
 ) -> CheckResult:
     """Every entry against the disk and every slot file on disk against the entries.  ``paths``:
@@ -159,12 +167,10 @@ def check(
     them is not looked at, a slot file inside them that the manifest lacks is ``extra``."""
     import time
 
-    from slotfile.verify import collect
-
     t0 = time.monotonic()
     directory = manifest.directory
     scope = [directory] if paths is None else paths
-    on_disk, _ = collect([p for p in scope if p.exists()])
+    on_disk, _ = collect_slot_files([p for p in scope if p.exists()])
     own = Path(manifest.path or "").resolve()
     disk: dict[str, Path] = {}
     for f in on_disk:
