@@ -6,7 +6,8 @@ then, ``--runs`` times each and interleaved, takes the wall time of:
 
 * ``sha256sum FILES`` and ``cp FILES DIR`` (child processes);
 * ``slotfile seal DIR -o M --force`` and ``slotfile verify DIR --manifest M`` (child processes:
-  start-up, the walk, the structure read and the hashing; the check only when verify has it);
+  start-up, the walk, the structure read and the hashing; the check only when verify has it),
+  and the check alone in this process (slotfile.seal.check.check);
 * the checksum alone in this process (slotfile.seal.manifest.file_checksum) with each of
   hashlib's SHA-256, BLAKE2b, SHA-1 and SHA-512 (and blake3 / xxhash when installed).
 
@@ -231,6 +232,10 @@ def main() -> None:
             tasks["verify --manifest"] = lambda: run(
                 [py, "-m", "slotfile", "verify", str(d), "--manifest", str(man), "-q"]
             )
+        from slotfile.seal.check import check
+        from slotfile.seal.manifest import load
+
+        tasks["check (in-process)"] = lambda: check(load(man))
         for alg in algos:
             tasks[f"hashlib {alg}"] = lambda alg=alg: [file_checksum(f, alg) for f in files]  # type: ignore[misc]
         for name, fn in extra.items():

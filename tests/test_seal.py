@@ -394,3 +394,21 @@ def test_mutated_manifests_give_one_line_errors() -> None:
         manifest_harness(bytes(data))
 
     run()
+
+
+def test_drop_entries_and_sealed_state(store: Path) -> None:
+    from slotfile.seal.build import drop_entries
+    from slotfile.seal.check import discover, sealed_state
+
+    seal([store], SealOptions())
+    assert discover([store]) == store / DEFAULT_NAME
+    assert discover([store / "llama_f16_fa.slot"]) is None
+    victim = store / "llama_f16_fa.slot"
+    st = victim.stat()
+    e = load(store / DEFAULT_NAME).by_path()["llama_f16_fa.slot"]
+    assert sealed_state(e, st.st_size, st.st_mtime_ns) == "sealed"
+    assert sealed_state(e, st.st_size, st.st_mtime_ns + 1) == "changed"
+    assert sealed_state(None, 1, 1) == "unsealed"
+    victim.unlink()
+    assert drop_entries(store / DEFAULT_NAME, [str(victim), str(store / "not-sealed.slot")]) == ["llama_f16_fa.slot"]
+    assert check(load(store / DEFAULT_NAME)).failed == []

@@ -343,3 +343,38 @@ def _generator() -> str:
     from slotfile import __version__
 
     return f"slotfile {__version__}"
+
+
+def drop_entries(manifest: str | os.PathLike[str], removed: list[str]) -> list[str]:
+    """Remove the entries of files that were deleted (``prune --delete``) from a manifest,
+    rewritten through the safe-write path; returns the entries dropped.  Raises ManifestError
+    for a manifest that cannot be read (it is then left as it is)."""
+    from slotfile.safewrite import Plan, commit, resolve_target
+
+    m = load(manifest)
+    directory = m.directory
+    rels = set()
+    for r in removed:
+        try:
+            rels.add(relative_to(directory, Path(r)))
+        except ValueError:
+            continue
+    keep = [e for e in m.entries if e.path not in rels]
+    gone = sorted(e.path for e in m.entries if e.path in rels)
+    if not gone:
+        return []
+    m.entries = keep
+    used = {e.model for e in keep} | {e.draft_model for e in keep}
+    m.models = {k: v for k, v in m.models.items() if k in used}
+    plan = Plan()
+    plan.literal(render(m))
+    commit(plan, resolve_target(os.devnull, manifest, force=True), lambda tmp: _loads(tmp), mode=0o644)
+    return gone
+
+
+def _loads(tmp: str) -> tuple[bool, str]:
+    try:
+        load(tmp)
+    except ManifestError as e:
+        return False, str(e)
+    return True, ""

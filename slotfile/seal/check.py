@@ -231,3 +231,29 @@ def _in_scope(p: Path, paths: list[Path]) -> bool:
         if ap == a or ap.startswith(a.rstrip(os.sep) + os.sep):
             return True
     return False
+
+
+def discover(paths: list[Path]) -> Path | None:
+    """The manifest ``verify`` uses without ``--manifest``: the default one of the single
+    directory given (None when there is none, or more than one path)."""
+    from slotfile.seal.manifest import find_manifest
+
+    if len(paths) != 1 or not paths[0].is_dir():
+        return None
+    return find_manifest(paths[0])
+
+
+def problems_of(fc: FileCheck) -> list[dict[str, Any]]:
+    """The file's manifest problems in verify's form (section ``file``, no offset)."""
+    if fc.status == Status.OK:
+        return []
+    code = CODES[fc.status]
+    return [{"severity": "error", "code": code, "section": "file", "offset": None, "message": "; ".join(fc.messages)}]
+
+
+def sealed_state(entry: Entry | None, size: int, mtime_ns: int) -> str:
+    """What ``ls`` shows without hashing: ``sealed`` (size and mtime as sealed), ``changed``
+    (either differs: run verify to know whether the bytes did), ``unsealed`` (no entry)."""
+    if entry is None:
+        return "unsealed"
+    return "sealed" if (entry.size, entry.mtime_ns) == (size, mtime_ns) else "changed"
