@@ -251,6 +251,8 @@ def seal(paths: list[Path], opts: SealOptions, on_progress: Callable[[str, Path]
     except WriteRefused as e:
         raise SealUsage(str(e)) from None
     files, errors = collect_slot_files(paths)
+    if not files and errors:
+        raise SealError(errors[0])  # nothing to seal: no manifest is written
     files = [f for f in files if os.path.abspath(f) != os.path.abspath(out)]
     rels: dict[Path, str] = {}
     for f in files:

@@ -542,3 +542,20 @@ def _prove(r: Ranked, sf: SlotFile, c: Candidate, pool: Any, opts: IdentifyOptio
             rec.close()
     finally:
         os.unlink(out)
+
+
+def pick_models(
+    files: list[Path], models: list[str], opts: IdentifyOptions | None = None
+) -> tuple[dict[str, list[Path]], list[Identification]]:
+    """For ``verify DIR --models``: the files grouped by the model identified (or, where no
+    proof is possible here, the one that fits first); files no candidate fits are left out
+    (their Identification says why)."""
+    results = identify(files, models, opts)
+    groups: dict[str, list[Path]] = {}
+    for f, ident in zip(files, results, strict=True):
+        if ident.error is not None or not ident.ranking:
+            continue
+        top = ident.ranking[0]
+        if ident.verdict in ("identified", "likely", "ambiguous") and top.fit != Fit.NO_FIT:
+            groups.setdefault(top.model.path, []).append(f)
+    return groups, results

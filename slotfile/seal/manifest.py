@@ -134,18 +134,18 @@ class Entry:
                 mtime_ns=_int(d["mtime_ns"]),
                 checksum=_str(d["checksum"]),
                 algorithm=_str(d["algorithm"]),
-                format=d.get("format"),
+                format=_opt_str(d.get("format")),
                 version=d.get("version"),
                 n_tokens=d.get("n_tokens"),
-                tokens_digest=d.get("tokens_digest"),
-                memory_class=d.get("memory_class"),
+                tokens_digest=_opt_str(d.get("tokens_digest")),
+                memory_class=_opt_str(d.get("memory_class")),
                 cache_types=dict(d.get("cache_types") or {}),
-                model=d.get("model"),
-                draft_model=d.get("draft_model"),
+                model=_opt_str(d.get("model")),
+                draft_model=_opt_str(d.get("draft_model")),
                 levels=dict(d.get("levels") or {}),
                 passed=list(d.get("passed") or []),
                 forced=bool(d.get("forced", False)),
-                first_problem=d.get("first_problem"),
+                first_problem=_opt_str(d.get("first_problem")),
             )
         except KeyError as k:
             raise ManifestError(f"{where}: field {k} is missing") from None
@@ -165,8 +165,14 @@ def _str(v: Any) -> str:
 
 
 def _int(v: Any) -> int:
-    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-        raise TypeError(f"expected a non-negative integer, got {v!r}")
+    if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < 1 << 63:
+        raise TypeError(f"expected a non-negative 64-bit integer, got {v!r}")
+    return v
+
+
+def _opt_str(v: Any) -> str | None:
+    if v is not None and not isinstance(v, str):
+        raise TypeError(f"expected a string or null, got {type(v).__name__}")
     return v
 
 
@@ -284,8 +290,8 @@ def parse(raw: bytes, where: str) -> Manifest:
         seen[ent.path] = i
         entries.append(ent)
     models = obj.get("models") or {}
-    if not isinstance(models, dict):
-        raise ManifestError(f"{where}: 'models' is not an object")
+    if not isinstance(models, dict) or not all(isinstance(v, dict) for v in models.values()):
+        raise ManifestError(f"{where}: 'models' is not an object of objects")
     man = Manifest(entries, models, str(obj.get("created", "")), str(obj.get("generator", "")), where)
     directory = man.directory
     for i, ent in enumerate(entries):
