@@ -1,0 +1,82 @@
+"""What ``slotfile verify`` adds with a manifest (``--manifest M``, or the default one of the
+directory given) and with ``--models``: kept here so that the verify command only calls in.
+
+With a manifest, every file is checked against it (:func:`slotfile.seal.check.check`) next to
+the levels: the JSON gains a top-level ``"manifest"`` object (``path``, ``counts``, ``files``:
+every file with its status, missing ones included) and a ``"manifest"`` member in each file's
+entry; the listing gains one line per file that is not as sealed and a summary line; a file
+that is missing, extra, changed or sealed with another model makes the exit code 4.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from slotfile.seal.check import CheckResult, FileCheck, check, discover
+from slotfile.seal.manifest import Manifest, ManifestError, load
+
+
+def manifest_for(paths: list[Path], explicit: Path | None) -> Path | None:
+    """The manifest to check against: ``--manifest``, else the default one of the one directory given."""
+    return explicit if explicit is not None else discover(paths)
+
+
+def run_check(
+    manifest: Path, paths: list[Path], model: str | None = None, draft_model: str | None = None
+) -> CheckResult:
+    """Check ``paths`` against ``manifest``; raises ManifestError (one line) for a manifest or
+    model that cannot be used.  The manifest's own directory given as the one path: the whole
+    store (missing and extra files); otherwise only what the paths cover."""
+    from slotfile.model.gguf import GGUFError
+    from slotfile.seal.fingerprint import fingerprint
+
+    m: Manifest = load(manifest)
+    scope: list[Path] | None = list(paths)
+    if len(paths) == 1 and paths[0].is_dir() and Path(os.path.abspath(paths[0])) == m.directory:
+        scope = None
+    fps = []
+    for p in (model, draft_model):
+        try:
+            fps.append(fingerprint(p) if p else None)
+        except (OSError, GGUFError) as e:
+            raise ManifestError(f"{p}: {getattr(e, 'strerror', None) or e}") from None
+    return check(m, scope, fps[0], fps[1])
+
+
+def _rel(res: CheckResult, path: str) -> str:
+    d = Path(res.manifest).resolve().parent
+    try:
+        return Path(os.path.abspath(path)).relative_to(d).as_posix()
+    except ValueError:
+        return os.path.abspath(path)
+
+
+def annotate(doc: dict[str, Any], res: CheckResult) -> None:
+    """Add the manifest's findings to verify's JSON document (keys only added)."""
+    by = {f.path: f for f in res.files}
+    for f in doc.get("files", []):
+        fc = by.get(_rel(res, str(f.get("path"))))
+        f["manifest"] = fc.to_dict() if fc is not None else None
+    doc["manifest"] = res.to_dict()
+
+
+def failed(res: CheckResult) -> list[FileCheck]:
+    return res.failed
+
+
+def lines(res: CheckResult, quiet: bool = False) -> list[str]:
+    """The listing's lines: one per file not as sealed, then the summary."""
+    out = [f"manifest: {fc.status}: {fc.path}: {'; '.join(fc.messages)}" for fc in res.failed]
+    c = res.counts()
+    parts = [f"{c[k]} {k}" for k in ("ok", "changed", "missing", "extra", "model-mismatch", "unreadable") if c[k]]
+    out.append(f"manifest {res.manifest}: " + (", ".join(parts) or "no files"))
+    return out
+
+
+def exit_code(rc: int, res: CheckResult) -> int:
+    """verify's exit code with the manifest's findings: 4 for a file not as sealed (8 stays 8)."""
+    from slotfile.exitcodes import OK, PROBLEMS
+
+    return PROBLEMS if rc == OK and res.failed else rc
