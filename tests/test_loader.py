@@ -334,21 +334,22 @@ def test_verify_dir_reads_the_model_once(tmp_path, monkeypatch):
     import shutil
 
     import slotfile.verify as verify_mod
+    import slotfile.verify.model as verify_model
 
     reads: list[str] = []
-    real = verify_mod.load_model_info
+    real = verify_model.load_model_info
 
     def counted(path, **kw):
         reads.append(str(path))
         return real(path, **kw)
 
-    monkeypatch.setattr(verify_mod, "load_model_info", counted)
+    monkeypatch.setattr(verify_model, "load_model_info", counted)
     files = []
     for i in range(12):
         dst = tmp_path / f"slot{i:02d}.slot"
         shutil.copyfile(SLOTS / "llama_f16_fa.slot", dst)
         files.append(dst)
-    with verify_mod.Verifier(verify_mod.Options(model=str(MODELS / "llama.gguf"))) as v:
+    with verify_mod.Verifier(verify_mod.VerifyOptions(model=str(MODELS / "llama.gguf"))) as v:
         reports = v.run(files)
         pids = {w.proc.pid for w in v.pool._all}
         restarts = v.pool.restarts

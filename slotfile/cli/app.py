@@ -153,6 +153,11 @@ def verify(
     n_ubatch: int = typer.Option(
         512, "--n-ubatch", min=1, help="--deep: the recompute's n_ubatch (match the server's -ub; default 512)."
     ),
+    settle: float = typer.Option(
+        5.0,
+        "--settle",
+        help="DIR: a file modified within this many seconds is waited for; one still being written is set aside.",
+    ),
 ) -> None:
     """Structure, model metadata, a real test-load and (--deep) a recompute, each reported per file."""
     if server_args is not None:
@@ -172,38 +177,26 @@ def verify(
                 draft_model=draft_model,
             )
         )
-    pool = None
-    if model is not None and jobs >= 1 and model.is_file() and (draft_model is None or draft_model.is_file()):
-        # the llama.cpp workers load the model while this process imports and parses
-        from slotfile.llama.loader import LoaderError, LoaderPool
+    from slotfile.cli.verify_cmd import VerifyRequest, run_verify
 
-        try:
-            pool = LoaderPool.start(
-                str(model), str(draft_model) if draft_model else None, n_gpu_layers, jobs, llama_lib=llama_lib
-            )
-        except LoaderError:  # an unusable --llama-lib: reported by run_verify, with its exit code
-            pool = None
-    from slotfile.cli.verify_cmd import run_verify
-
-    raise typer.Exit(
-        run_verify(
-            paths,
-            model,
-            draft_model,
-            deep,
-            n_gpu_layers,
-            jobs,
-            json_out,
-            junit,
-            timeout,
-            scan,
-            pool=pool,
-            quiet=quiet,
-            llama_lib=llama_lib,
-            n_batch=n_batch,
-            n_ubatch=n_ubatch,
-        )
+    request = VerifyRequest(
+        paths=tuple(paths),
+        model=model,
+        draft_model=draft_model,
+        deep=deep,
+        n_gpu_layers=n_gpu_layers,
+        jobs=jobs,
+        json_out=json_out,
+        junit=junit,
+        timeout=timeout,
+        scan=scan,
+        quiet=quiet,
+        llama_lib=llama_lib,
+        n_batch=n_batch,
+        n_ubatch=n_ubatch,
+        settle=settle,
     )
+    raise typer.Exit(run_verify(request))
 
 
 _OUT = typer.Option(None, "--output", "-o", help="Where to write the repaired file (must not exist unless --force).")

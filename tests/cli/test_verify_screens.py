@@ -33,6 +33,9 @@ def mixed(tmp_path: Path) -> Path:
     (d / "model.bin").write_bytes((MODELS / "llama.gguf").read_bytes()[:4096])
     (d / "response.slot").write_text('{"id_slot": 0, "filename": "slot0.bin", "n_saved": 54}\n')
     (d / "packed.slot").write_bytes(gzip.compress(data))
+    for p in d.rglob("*"):  # written an hour ago: the walker sets files still being written aside
+        t = p.stat().st_mtime - 3600
+        os.utime(p, (t, t))
     return d
 
 
