@@ -414,3 +414,64 @@ def test_drop_entries_and_sealed_state(store: Path) -> None:
     victim.unlink()
     assert drop_entries(store / DEFAULT_NAME, [str(victim), str(store / "not-sealed.slot")]) == ["llama_f16_fa.slot"]
     assert check(load(store / DEFAULT_NAME)).failed == []
+
+
+# --------------------------------------------------------------------------------------- verify --manifest
+
+
+def test_verify_finds_the_manifest_and_names_every_file(store: Path) -> None:
+    assert slotfile_cli("seal", store).exit_code == 0
+    r = slotfile_cli("verify", store, "--settle", "0", "-q")
+    assert r.exit_code == 0, r.stdout + r.stderr
+    assert f"manifest {store / DEFAULT_NAME}: {len(SLOTS_ALL) + 1} ok" in r.stdout
+    victim = store / "llama_f16_nofa.slot"
+    data = bytearray(victim.read_bytes())
+    data[_k_data_offset(victim)] ^= 0x04
+    victim.write_bytes(bytes(data))
+    (store / "llama_f16_fa.slot").rename(store / "renamed.slot")
+    r = slotfile_cli("verify", store, "--settle", "0", "--json")
+    assert r.exit_code == 4
+    doc = json.loads(r.stdout)
+    assert doc["summary"]["fail"] == 0  # structure alone passes every file
+    assert doc["manifest"]["counts"] == {
+        "ok": len(SLOTS_ALL) - 1,
+        "missing": 1,
+        "extra": 1,
+        "changed": 1,
+        "model-mismatch": 0,
+        "unreadable": 0,
+    }
+    by = {Path(f["path"]).name: f["manifest"]["status"] for f in doc["files"]}
+    assert by["renamed.slot"] == "extra" and by["llama_f16_nofa.slot"] == "changed"
+    # one file, explicit manifest: only that file is looked at
+    r = slotfile_cli("verify", store / "llama_q8_0_fa.slot", "--manifest", store / DEFAULT_NAME, "--json")
+    assert r.exit_code == 0, r.stderr
+    assert json.loads(r.stdout)["manifest"]["counts"]["ok"] == 1
+
+
+def test_verify_with_a_broken_manifest_is_operational(store: Path) -> None:
+    assert slotfile_cli("seal", store).exit_code == 0
+    mp = store / DEFAULT_NAME
+    mp.write_text(mp.read_text().replace('"algorithm": "sha256"', '"algorithm": "sha256" ', 1))
+    r = slotfile_cli("verify", store, "--settle", "0")
+    assert r.exit_code == 8
+    assert "manifest checksum mismatch" in r.stderr and r.stderr.count("\n") == 1
+
+
+@pytest.mark.llama
+def test_verify_dir_with_models_picks_each_files_model(tmp_path: Path) -> None:
+    d = tmp_path / "s"
+    d.mkdir()
+    for name in ("llama_f16_fa.slot", "gemma3_iswa_fa.slot"):
+        shutil.copy2(SLOTS / name, d / name)
+    r = slotfile_cli("verify", d, "--models", MODELS / "llama.gguf", "--models", MODELS / "gemma3.gguf", "--json")
+    assert r.exit_code == 0, r.stdout + r.stderr
+    doc = json.loads(r.stdout)
+    got = {Path(f["path"]).name: (f["verdict"], f["identify"]["model"]) for f in doc["files"]}
+    assert got["llama_f16_fa.slot"] == ("pass", str(MODELS / "llama.gguf"))
+    assert got["gemma3_iswa_fa.slot"] == ("pass", str(MODELS / "gemma3.gguf"))
+    assert all(f["levels"]["load"]["status"] == "pass" for f in doc["files"])
+    r = slotfile_cli("verify", d, "--models", MODELS / "llama.gguf", "--json")
+    assert r.exit_code == 4
+    bad = next(f for f in json.loads(r.stdout)["files"] if f["path"].endswith("gemma3_iswa_fa.slot"))
+    assert bad["verdict"] == "fail" and "no candidate model fits" in bad["first_problem"]

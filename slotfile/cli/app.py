@@ -158,6 +158,12 @@ def verify(
         "--settle",
         help="DIR: a file modified within this many seconds is waited for; one still being written is set aside.",
     ),
+    manifest: Path | None = typer.Option(
+        None, "--manifest", help="Check against this manifest (slotfile seal); default: DIR/slotfile-manifest.json."
+    ),
+    models: list[Path] | None = typer.Option(
+        None, "--models", help="Candidate GGUFs or folders: each file verified with the model identify picks."
+    ),
 ) -> None:
     """Structure, model metadata, a real test-load and (--deep) a recompute, each reported per file."""
     if server_args is not None:
@@ -195,6 +201,8 @@ def verify(
         n_batch=n_batch,
         n_ubatch=n_ubatch,
         settle=settle,
+        manifest=manifest,
+        models=tuple(models or ()),
     )
     raise typer.Exit(run_verify(request))
 

@@ -171,9 +171,9 @@ def _verdicts(todo: list[tuple[Path, Entry]], opts: SealOptions) -> list[Verdict
     for f, e in todo:
         _describe_file(f, e)
     files = [f for f, _ in todo]
-    from slotfile.verify import Options, Verifier, VerifyError
+    from slotfile.verify import Verifier, VerifyError, VerifyOptions
 
-    vopts = Options(
+    vopts = VerifyOptions(
         model=opts.model,
         draft_model=opts.draft_model,
         deep=opts.deep,

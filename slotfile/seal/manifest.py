@@ -35,8 +35,6 @@ ALGORITHM = "sha256"
 ALGORITHMS = ("sha256", "blake2b", "sha512", "sha1")  # what a manifest may name
 CHUNK = 1 << 24  # bytes handed to hashlib at a time
 HASH_THREADS = min(4, os.cpu_count() or 1)  # files hashed at once (hashlib releases the GIL)
-SLOT_SUFFIXES = (".slot", ".bin")
-MAGICS = (b"qsgg", b"nsgg")
 CHECKSUM_KEY = "manifest_checksum"
 _CHECKSUM_LINE = re.compile(rb'\n *"manifest_checksum": "(?:sha256:)?[0-9a-f]*"\n}\n?\Z')
 
@@ -334,35 +332,25 @@ def relative_to(directory: Path, file: Path) -> str:
     return rel.as_posix()
 
 
-def _has_magic(path: Path) -> bool:
-    try:
-        with open(path, "rb") as f:
-            return f.read(4) in MAGICS
-    except OSError:
-        return True  # unreadable: report it rather than hide it
-
-
 def collect_slot_files(args: list[Path]) -> tuple[list[Path], list[str]]:
-    """The files ``verify`` takes (slotfile.verify.collect, without importing verify's levels):
-    a file argument as is; under a directory every regular file (recursively, sorted, symlinks
-    not followed) named ``*.slot`` / ``*.bin`` or starting with a GGSQ/GGSN magic.  Also the
-    errors for paths that do not exist and directories without slot files."""
+    """The files ``verify`` takes, by the walker of ``ls``, ``prune`` and ``verify``
+    (:func:`slotfile.slotdir.walk.scan_dir`): a file argument as is; under a directory every
+    regular file (recursively, sorted, symlinks not followed) named ``*.slot`` / ``*.bin`` or
+    starting with a GGSQ/GGSN magic, temp files set aside; nothing waits for files being
+    written (a file that changes while it is hashed is refused).  Also the errors for paths
+    that do not exist and directories without slot files."""
+    from slotfile.slotdir.walk import scan_dir
+
     files: list[Path] = []
     errors: list[str] = []
     for a in args:
         if a.is_dir():
-            found: list[Path] = []
-            for root, dirs, names in os.walk(a, followlinks=False):
-                dirs.sort()
-                for n in names:
-                    p = Path(root) / n
-                    if p.is_symlink() or not p.is_file():
-                        continue
-                    if p.suffix.lower() in SLOT_SUFFIXES or _has_magic(p):
-                        found.append(p)
-            if not found:
+            scan = scan_dir(a, settle=0.0)
+            errors += scan.errors
+            found = sorted(Path(e.path) for e in scan.slots + scan.busy)
+            if not found and not scan.errors:
                 errors.append(f"no slot files found under {a}")
-            files += sorted(found)
+            files += found
         elif a.exists():
             files.append(a)
         else:

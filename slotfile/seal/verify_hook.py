@@ -80,3 +80,58 @@ def exit_code(rc: int, res: CheckResult) -> int:
     from slotfile.exitcodes import OK, PROBLEMS
 
     return PROBLEMS if rc == OK and res.failed else rc
+
+
+def verify_with_models(
+    files: list[Path], models: list[Path], opts: Any, on_done: Any = None
+) -> tuple[list[Any], dict[str, dict[str, Any]]]:
+    """``verify DIR --models PATH...``: each file's model picked by identify (metadata fit, then
+    the prefix proof), every file verified with its model, one Verifier per model; a file that
+    no candidate fits fails its model level (``model-mismatch``, naming the best candidate's
+    misfit).  Returns the reports in the order of ``files`` and each file's identification
+    (``identify --json``'s form) by path.  Raises IdentifyError (a candidate path that is not
+    there) and VerifyError (a model that does not load)."""
+    import dataclasses
+
+    from slotfile.seal.identify import IdentifyOptions, collect_models, pick_models
+    from slotfile.verify import Verifier
+
+    cands = collect_models(models)
+    groups, idents = pick_models(
+        files, cands, IdentifyOptions(timeout=opts.timeout, llama_lib=opts.llama_lib, n_gpu_layers=opts.n_gpu_layers)
+    )
+    by_path: dict[str, Any] = {}
+    for model, fs in groups.items():
+        with Verifier(dataclasses.replace(opts, model=model)) as v:
+            for r in v.run(fs, on_done):
+                by_path[r.path] = r
+    out = []
+    for f, ident in zip(files, idents, strict=True):
+        found = by_path.get(str(f))
+        if found is None:
+            found = _unfit(f, ident, len(cands))
+            if on_done is not None:
+                on_done(found)
+        out.append(found)
+    return out, {i.path: i.to_dict() for i in idents}
+
+
+def _unfit(f: Path, ident: Any, n: int) -> Any:
+    """The report of a file that no candidate fits (or that identify could not read)."""
+    from slotfile.verify import FileReport
+
+    r = FileReport(str(f))
+    if ident.error is not None:
+        r.error = ident.error
+        return r
+    why = ""
+    if ident.ranking:
+        top = ident.ranking[0]
+        if str(top.fit) != "no-fit":  # it fits the metadata, its recompute differs
+            why = f"{top.model.label}: {top.proof_message}"
+        elif top.reasons:
+            why = f"{top.model.label}: {top.reasons[0]}"
+    msg = f"no candidate model fits ({n} tried)" + (f"; the closest, {why}" if why else "")
+    r.levels["model"].error("model-mismatch", "body", None, msg)
+    r.levels["model"].finish()
+    return r
