@@ -475,3 +475,24 @@ def test_verify_dir_with_models_picks_each_files_model(tmp_path: Path) -> None:
     assert r.exit_code == 4
     bad = next(f for f in json.loads(r.stdout)["files"] if f["path"].endswith("gemma3_iswa_fa.slot"))
     assert bad["verdict"] == "fail" and "no candidate model fits" in bad["first_problem"]
+
+
+def test_ls_shows_the_sealed_column_and_prune_updates_the_manifest(store: Path) -> None:
+    assert slotfile_cli("seal", store).exit_code == 0
+    os.utime(store / "llama_f16_fa.slot")  # touched: ls cannot tell the bytes, it says changed
+    r = slotfile_cli("ls", store, "--json", "--settle", "0")
+    assert r.exit_code in (0, 4), r.stderr
+    doc = json.loads(r.stdout)
+    states = {Path(f["path"]).name: f["sealed"] for f in doc["files"]}
+    assert states["llama_f16_fa.slot"] == "changed"
+    assert list(states.values()).count("sealed") == len(states) - 1
+    r = slotfile_cli("ls", store, "--settle", "0")
+    assert "sealed" in r.stdout and "manifest:" in r.stdout
+    r = slotfile_cli("prune", store, "--keep", "3", "--delete", "--settle", "0", "--json")
+    assert r.exit_code == 0, r.stderr
+    doc = json.loads(r.stdout)
+    removed = sorted(x["rel"] for x in doc["remove"] if x["removed"])
+    assert removed and sorted(doc["manifest"]["dropped"]) == removed
+    man = load(store / DEFAULT_NAME)
+    assert len(man.entries) == len(SLOTS_ALL) + 1 - len(removed)
+    assert check(man).failed == []  # the pruned files are not "missing", the touched one is as sealed

@@ -6,7 +6,9 @@ JSON (``--json``), schema ``slotfile.ls/1``::
      "files": [{"path", "rel", "size", "age_s", "format", "version", "n_tokens", "memory_class",
                 "n_stream", "active_streams", "kv_cells", "type_k", "type_v", "flash_attn",
                 "checkpoints", "draft", "damaged", "first_problem", "error",
-                "restore"?: {"fate", "reason", "changes", "proven": false, "load": null}}],
+                "restore"?: {"fate", "reason", "changes", "proven": false, "load": null},
+                "sealed"?: "sealed" | "changed" | "unsealed"}],   # DIR holds slotfile-manifest.json
+     "sealed_missing"?: [rel],
      "totals": {"files", "bytes", "tokens", "damaged", "unreadable"},
      "temp": {"files", "bytes"}, "busy": {"files", "bytes"}, "symlinks_skipped": int,
      "errors": [str], "files_per_second": float, "exit_code": 0 | 4 | 8}
@@ -67,6 +69,9 @@ def run_ls(
         for s in rows:
             if s.error is None:
                 fates[s.path] = predict(s, None, server, side, None).to_dict()
+    from slotfile.seal.verify_hook import ls_states
+
+    sealed, gone, bad_manifest = ls_states(root, [s.path for s in rows])  # a manifest there: the sealed column
     elapsed = time.monotonic() - t0
     rows = _sorted(rows, sort, now)
     for e in scan.errors:
@@ -75,11 +80,18 @@ def run_ls(
         if s.error:
             fail(s.error, "ls")
     rc = _exit(scan, rows)
+    if bad_manifest is not None:
+        fail(bad_manifest, "ls")
+        rc = OPERATIONAL
     if json_out:
         doc = document(scan, rows, fates, server, now, elapsed, rc)
+        if sealed is not None:
+            for f in doc["files"]:
+                f["sealed"] = sealed.get(f["path"])
+            doc["sealed_missing"] = gone
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
     else:
-        render(scan, rows, fates, now, elapsed)
+        render(scan, rows, fates, now, elapsed, sealed, gone)
     return rc
 
 
@@ -139,7 +151,15 @@ def _fa(s: FileSummary) -> str:
     return {True: "on", False: "off", None: "-"}[s.flash_attn]
 
 
-def render(scan: DirScan, rows: list[FileSummary], fates: dict[str, Any], now: float, elapsed: float) -> None:
+def render(
+    scan: DirScan,
+    rows: list[FileSummary],
+    fates: dict[str, Any],
+    now: float,
+    elapsed: float,
+    sealed: dict[str, str] | None = None,
+    gone: list[str] | None = None,
+) -> None:
     from rich.table import Table
 
     from slotfile.cli.common import out
@@ -148,6 +168,8 @@ def render(scan: DirScan, rows: list[FileSummary], fates: dict[str, Any], now: f
     cols = ["file", "size", "tokens", "ver", "memory", "streams", "K/V", "fa", "ckpt", "draft", "age"]
     if fates:
         cols.append("restore")
+    if sealed is not None:
+        cols.append("sealed")
     for c in cols:
         table.add_column(c, justify="right" if c in ("size", "tokens", "ckpt", "age") else "left", overflow="fold")
     for s in rows:
@@ -172,6 +194,8 @@ def render(scan: DirScan, rows: list[FileSummary], fates: dict[str, Any], now: f
         if fates:
             f = fates.get(s.path)
             row.append(escape_text(f"{f['fate']}: {f['reason']}") if f else "-")
+        if sealed is not None:
+            row.append(sealed.get(s.path, "-"))
         table.add_row(*row)
     if rows:
         wide_console().print(table)
@@ -190,5 +214,9 @@ def render(scan: DirScan, rows: list[FileSummary], fates: dict[str, Any], now: f
         line += f", {len(scan.symlinks)} symlink(s) not followed"
     if fates:
         line += " [restore: from the structure only; verify --server-args proves it with a load]"
+    if sealed is not None:
+        n_ok = sum(1 for v in sealed.values() if v == "sealed")
+        line += f"; manifest: {n_ok} sealed as they are, {len(sealed) - n_ok} changed or unsealed"
+        line += f", {len(gone or [])} sealed file(s) gone (verify DIR checks the bytes)"
     line += f"; {len(rows) / elapsed:.0f} files/s" if elapsed > 0 and rows else ""
     out.print(line, soft_wrap=True)

@@ -6,7 +6,8 @@ JSON (``--json``), schema ``slotfile.prune/1``::
      "rules": {"max_total", "older_than_s", "keep", "damaged", "settle_s"},
      "remove": [{"path", "rel", "size", "age_s", "why", "removed", "error"}],
      "total_before": int, "total_after": int, "untouchable_bytes": int,
-     "quota_met": bool, "note": str, "errors": [str], "exit_code": 0 | 4 | 8}
+     "quota_met": bool, "note": str, "errors": [str], "exit_code": 0 | 4 | 8,
+     "manifest"?: {"path", "dropped": [rel]}}     # --delete in a sealed DIR (slotfile seal)
 
 Exit codes: 0 the plan meets every rule (and, with --delete, every removal succeeded);
 4 --max-total cannot be met with the files that may be removed; 8 a path could not be read or
@@ -65,8 +66,16 @@ def run_prune(
                 errors.append(s.error)
             summaries[entry.path] = s
     plan = plan_prune(scan, summaries, now=now, max_total=size, older_than=age, keep=keep, damaged=damaged)
+    manifest: dict[str, Any] | None = None
     if delete:
         carry_out(plan, str(root), settle)
+        from slotfile.seal.verify_hook import prune_manifest
+
+        mpath, dropped, not_updated = prune_manifest(root, [r.entry.path for r in plan.remove if r.done])
+        if mpath is not None:  # DIR is sealed: the removed files leave the manifest too
+            manifest = {"path": mpath, "dropped": dropped}
+        if not_updated is not None:
+            errors.append(not_updated)
     for line in errors:
         fail(line, "prune")
     failed = [r for r in plan.remove if r.error]
@@ -75,9 +84,15 @@ def run_prune(
     rc = OPERATIONAL if errors or failed else (OK if plan.quota_met else PROBLEMS)
     if json_out:
         doc = _document(root, plan, delete, size, age, keep, damaged, settle, errors, now, rc)
+        if manifest is not None:
+            doc["manifest"] = manifest
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
     else:
         _render(plan, delete, len(scan.temps) + len(scan.busy), now)
+        if manifest is not None:
+            from slotfile.cli.common import out
+
+            out.print(escape_text(f"manifest {manifest['path']}: {len(manifest['dropped'])} entry(ies) dropped"))
     return rc
 
 

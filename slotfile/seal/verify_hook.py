@@ -135,3 +135,52 @@ def _unfit(f: Path, ident: Any, n: int) -> Any:
     r.levels["model"].error("model-mismatch", "body", None, msg)
     r.levels["model"].finish()
     return r
+
+
+# --------------------------------------------------------------------------------------- ls and prune
+
+
+def ls_states(root: Path, paths: list[str]) -> tuple[dict[str, str] | None, list[str], str | None]:
+    """For ``ls DIR``: each file's sealed state (``sealed``, ``changed``: size or mtime differ
+    from the manifest, ``unsealed``) when DIR holds a manifest (None when it holds none), the
+    sealed files that are gone, and the error line of a manifest that cannot be read.  Nothing
+    is hashed: ``verify DIR`` says whether a changed file's bytes did change."""
+    from slotfile.seal.check import sealed_state
+    from slotfile.seal.manifest import find_manifest
+
+    mp = find_manifest(root)
+    if mp is None:
+        return None, [], None
+    try:
+        m = load(mp)
+    except ManifestError as e:
+        return None, [], str(e)
+    entries = m.by_path()
+    states: dict[str, str] = {}
+    seen = set()
+    for p in paths:
+        try:
+            rel = Path(os.path.abspath(p)).relative_to(m.directory).as_posix()
+            st = os.stat(p, follow_symlinks=False)
+        except (ValueError, OSError):
+            continue
+        seen.add(rel)
+        states[p] = sealed_state(entries.get(rel), st.st_size, st.st_mtime_ns)
+    gone = sorted(set(entries) - seen)
+    return states, [g for g in gone if not os.path.lexists(m.directory / g)], None
+
+
+def prune_manifest(root: Path, removed: list[str]) -> tuple[str | None, list[str], str | None]:
+    """For ``prune --delete``: drop the entries of the removed files from DIR's manifest;
+    (manifest path or None, entries dropped, error line)."""
+    from slotfile.safewrite import CheckFailed, WriteRefused
+    from slotfile.seal.build import drop_entries
+    from slotfile.seal.manifest import find_manifest
+
+    mp = find_manifest(root)
+    if mp is None:
+        return None, [], None
+    try:
+        return str(mp), drop_entries(mp, removed), None
+    except (ManifestError, OSError, WriteRefused, CheckFailed) as e:
+        return str(mp), [], f"{mp}: not updated: {e}"
