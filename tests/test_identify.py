@@ -115,3 +115,18 @@ def test_identify_gemma_270m_against_a_same_shape_decoy(models: Path, tmp_path: 
     assert d.fit == Fit.FITS and d.proof == Proof.DIFFERS
     # every fixture model is ruled out by its metadata, without a load
     assert all(r.fit == Fit.NO_FIT and r.proof == Proof.NOT_RUN for r in res.ranking[2:])
+
+
+@pytest.mark.llama
+def test_ls_models_shows_the_model_column(tmp_path: Path) -> None:
+    for name in ("llama_f16_fa.slot", "gemma3_iswa_fa.slot", "extra-mamba.slot"):
+        shutil.copy2(SLOTS / name, tmp_path / name)
+    r = slotfile_cli(
+        "ls", tmp_path, "--settle", "0", "--json", "--models", MODELS / "llama.gguf", "--models", MODELS / "gemma3.gguf"
+    )
+    assert r.exit_code == 0, r.stderr
+    got = {Path(f["path"]).name: f["model"] for f in json.loads(r.stdout)["files"]}
+    assert got["llama_f16_fa.slot"]["model"] == str(MODELS / "llama.gguf")
+    assert got["llama_f16_fa.slot"]["verdict"] == "identified"
+    assert got["gemma3_iswa_fa.slot"]["model"] == str(MODELS / "gemma3.gguf")
+    assert got["extra-mamba.slot"] == {"model": None, "name": None, "verdict": "none", "proof": None}

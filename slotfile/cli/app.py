@@ -447,12 +447,15 @@ def ls(
     server_args: str | None = _LS_SERVER_ARGS,
     model: Path | None = typer.Option(None, "--model", "-m", help="GGUF model (default: the server's -m)."),
     settle: float = _SETTLE,
+    models: list[Path] | None = typer.Option(
+        None, "--models", help="Candidate GGUFs or folders: a model column (slotfile identify)."
+    ),
 ) -> None:
     """One row per slot file (size, tokens, version, memory, streams, K/V types, flash attention, checkpoints,
     draft, age) and totals."""
     from slotfile.cli.ls_cmd import run_ls
 
-    raise typer.Exit(run_ls(directory, json_out, sort, server_args, model, settle))
+    raise typer.Exit(run_ls(directory, json_out, sort, server_args, model, settle, models))
 
 
 @app.command(

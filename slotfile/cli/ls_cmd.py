@@ -7,7 +7,8 @@ JSON (``--json``), schema ``slotfile.ls/1``::
                 "n_stream", "active_streams", "kv_cells", "type_k", "type_v", "flash_attn",
                 "checkpoints", "draft", "damaged", "first_problem", "error",
                 "restore"?: {"fate", "reason", "changes", "proven": false, "load": null},
-                "sealed"?: "sealed" | "changed" | "unsealed"}],   # DIR holds slotfile-manifest.json
+                "sealed"?: "sealed" | "changed" | "unsealed",    # DIR holds slotfile-manifest.json
+                "model"?: {"model", "name", "verdict", "proof"} | null}],   # --models
      "sealed_missing"?: [rel],
      "totals": {"files", "bytes", "tokens", "damaged", "unreadable"},
      "temp": {"files", "bytes"}, "busy": {"files", "bytes"}, "symlinks_skipped": int,
@@ -33,7 +34,13 @@ SORTS = ("path", "size", "age", "tokens")
 
 
 def run_ls(
-    root: Path, json_out: bool, sort: str, server_args: str | None, model: Path | None, settle: float = 5.0
+    root: Path,
+    json_out: bool,
+    sort: str,
+    server_args: str | None,
+    model: Path | None,
+    settle: float = 5.0,
+    models: list[Path] | None = None,
 ) -> int:
     if sort not in SORTS:
         fail(f"--sort takes {', '.join(SORTS)}, not {sort!r}", "ls")
@@ -73,6 +80,16 @@ def run_ls(
 
     sealed, gone, bad_manifest = ls_states(root, [s.path for s in rows])  # a manifest there: the sealed column
     elapsed = time.monotonic() - t0
+    picked: dict[str, Any] | None = None
+    if models:  # the model column: identify (slotfile.seal); not in files/s
+        from slotfile.seal.identify import IdentifyError
+        from slotfile.seal.verify_hook import ls_models
+
+        try:
+            picked = ls_models([s.path for s in rows if s.error is None], models)
+        except IdentifyError as why:
+            fail(str(why), "ls")
+            return OPERATIONAL
     rows = _sorted(rows, sort, now)
     for e in scan.errors:
         fail(e, "ls")
@@ -89,9 +106,12 @@ def run_ls(
             for f in doc["files"]:
                 f["sealed"] = sealed.get(f["path"])
             doc["sealed_missing"] = gone
+        if picked is not None:
+            for f in doc["files"]:
+                f["model"] = picked.get(f["path"])
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
     else:
-        render(scan, rows, fates, now, elapsed, sealed, gone)
+        render(scan, rows, fates, now, elapsed, sealed, gone, picked)
     return rc
 
 
@@ -159,6 +179,7 @@ def render(
     elapsed: float,
     sealed: dict[str, str] | None = None,
     gone: list[str] | None = None,
+    picked: dict[str, Any] | None = None,
 ) -> None:
     from rich.table import Table
 
@@ -170,6 +191,8 @@ def render(
         cols.append("restore")
     if sealed is not None:
         cols.append("sealed")
+    if picked is not None:
+        cols.append("model")
     for c in cols:
         table.add_column(c, justify="right" if c in ("size", "tokens", "ckpt", "age") else "left", overflow="fold")
     for s in rows:
@@ -196,6 +219,10 @@ def render(
             row.append(escape_text(f"{f['fate']}: {f['reason']}") if f else "-")
         if sealed is not None:
             row.append(sealed.get(s.path, "-"))
+        if picked is not None:
+            from slotfile.seal.verify_hook import model_cell
+
+            row.append(escape_text(model_cell(picked.get(s.path))))
         table.add_row(*row)
     if rows:
         wide_console().print(table)

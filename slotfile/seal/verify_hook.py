@@ -184,3 +184,33 @@ def prune_manifest(root: Path, removed: list[str]) -> tuple[str | None, list[str
         return str(mp), drop_entries(mp, removed), None
     except (ManifestError, OSError, WriteRefused, CheckFailed) as e:
         return str(mp), [], f"{mp}: not updated: {e}"
+
+
+def ls_models(paths: list[str], models: list[Path]) -> dict[str, dict[str, Any]]:
+    """For ``ls DIR --models PATH...``: each file's model by identify (metadata fit, then the
+    prefix proof; each fitting candidate loaded once): ``{"model", "name", "verdict", "proof"}``
+    per path.  Raises IdentifyError for a candidate path that is not there."""
+    from slotfile.seal.identify import collect_models, identify
+
+    out: dict[str, dict[str, Any]] = {}
+    for ident in identify([Path(p) for p in paths], collect_models(models)):
+        top = ident.ranking[0] if ident.ranking else None
+        fits = top is not None and str(top.fit) != "no-fit" and ident.verdict != "none"
+        out[ident.path] = {
+            "model": top.model.path if fits and top is not None else None,
+            "name": top.model.label if fits and top is not None else None,
+            "verdict": ident.verdict,
+            "proof": str(top.proof) if fits and top is not None else None,
+        }
+    return out
+
+
+def model_cell(d: dict[str, Any] | None) -> str:
+    """The ``model`` column of ``ls --models``."""
+    if d is None:
+        return "-"
+    if d["verdict"] == "identified":
+        return f"{d['name']} ({d['proof']})"
+    if d["verdict"] in ("likely", "ambiguous"):
+        return f"{d['verdict']}: {d['name']}"
+    return "none fits" if d["verdict"] == "none" else "-"
