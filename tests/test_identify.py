@@ -130,3 +130,28 @@ def test_ls_models_shows_the_model_column(tmp_path: Path) -> None:
     assert got["llama_f16_fa.slot"]["verdict"] == "identified"
     assert got["gemma3_iswa_fa.slot"]["model"] == str(MODELS / "gemma3.gguf")
     assert got["extra-mamba.slot"] == {"model": None, "name": None, "verdict": "none", "proof": None}
+
+
+@pytest.mark.llama
+def test_a_model_that_differs_only_in_v_is_told_apart(tmp_path: Path) -> None:
+    """A fine-tune of the value projections only (a common LoRA) leaves layer 0's K as it was:
+    the proof compares V too."""
+    import numpy as np
+
+    from slotfile.seal.fingerprint import tensor_layout
+
+    src = MODELS / "llama.gguf"
+    vdecoy = tmp_path / "v-decoy.gguf"
+    shutil.copyfile(src, vdecoy)
+    (t,) = [t for t in tensor_layout(src) if t.name == "blk.0.attn_v.weight"]
+    with open(vdecoy, "r+b") as f:
+        f.seek(t.offset)
+        w = np.frombuffer(f.read(t.size), np.float32)
+        f.seek(t.offset)
+        f.write((w + np.random.default_rng(5).standard_normal(w.size).astype(np.float32) * 0.02).tobytes())
+    (res,) = identify([SLOTS / "llama_f16_fa.slot"], [str(vdecoy), str(src)])
+    assert res.ranking[0].model.path == str(src)
+    d = res.ranking[1]
+    assert d.proof == Proof.DIFFERS, d.proof_message
+    k0 = [row for row in d.layers if row["part"] == "K" and row["layer"] == 0]
+    assert k0 and k0[0]["angle"] < 1e-3  # K of layer 0 alone could not tell them apart

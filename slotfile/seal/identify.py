@@ -9,8 +9,8 @@ Two stages:
 2. **Proof** (one model load per remaining candidate): the first :data:`PREFIX` stored tokens
    are prefilled in a fresh context with the file's own settings (cache types, flash attention,
    streams) through the llama.cpp worker (:class:`slotfile.llama.loader.LoaderPool`, op
-   ``prefill``), and the K rows of the first :data:`LAYERS` layers of each KV cache are compared
-   with the stored rows of the same positions.  Layer 0's K depends only on the token and its
+   ``prefill``), and the K and V rows of the first :data:`LAYERS` layers of each KV cache are
+   compared with the stored rows of the same positions.  Layer 0's K depends only on the token and its
    position, layer 1's on the tokens before it: a prefix recompute gives the same rows as the
    whole prompt did.  Bit-identical rows are ``identical``; rows whose worst head angle and norm
    ratio stay within what re-rounding into the cache type gives (:data:`NOISE`, the deep level's
@@ -298,8 +298,10 @@ def _pos_index(pos: np.ndarray, n: int) -> np.ndarray | None:
 def _kv_pairs(
     stored: Body, recomputed: Body, n: int
 ) -> list[tuple[str, int, LayerRun, LayerRun, np.ndarray, np.ndarray]]:
-    """(role, layer, stored K run, recomputed K run, stored cells, recomputed cells) for the first
-    LAYERS layers of every KV cache whose stored cells hold positions 0..n-1."""
+    """(role, layer, stored run, recomputed run, stored cells, recomputed cells): K and V of the
+    first LAYERS layers of every KV cache whose stored cells hold positions 0..n-1.  V counts as
+    much as K: a fine-tune that adapted only the query and value projections (a common LoRA)
+    leaves layer 0's K as it was and changes its V."""
     out = []
     rec_by_role = {b.role: b for b in recomputed.blocks}
     for b in stored.blocks:
@@ -316,6 +318,8 @@ def _kv_pairs(
             continue
         for k in range(min(LAYERS, len(st.k), len(rst.k))):
             out.append((b.role, st.k[k].index, st.k[k], rst.k[k], si, ri))
+        for k in range(min(LAYERS, len(st.v), len(rst.v))):
+            out.append((b.role, st.v[k].index, st.v[k], rst.v[k], si, ri))
     return out
 
 
@@ -333,12 +337,15 @@ def _rec_pairs(stored: Body, recomputed: Body) -> list[tuple[str, int, LayerRun,
     return out
 
 
-def _head_size(cand: Candidate, role: str) -> int:
+def _head_size(cand: Candidate, role: str, part: str) -> int:
+    """Elements per head of the cache's K or V rows (0: the whole row as one vector)."""
     if cand.expect is None:
         return 0
+    from slotfile.format.records import CacheExpect
+
     for blk in cand.expect.blocks:
-        if getattr(blk, "role", None) == role and hasattr(blk, "head_k"):
-            return max(0, int(blk.head_k))
+        if isinstance(blk, CacheExpect) and blk.role == role:
+            return max(0, int(blk.head_k if part == "K" else blk.head_v))
     return 0
 
 
@@ -365,7 +372,7 @@ def judge(r: Ranked, sf: SlotFile, rec: SlotFile, n: int, cand: Candidate) -> No
             continue
         same = bool(np.array_equal(_raw(a, ia), _raw(b, ib)))
         x, y = _rows(a, ia), _rows(b, ib)
-        ang, ln = head_stats(x, y, _head_size(cand, role) if a.part == "K" else 0)
+        ang, ln = head_stats(x, y, _head_size(cand, role, a.part) if a.part in ("K", "V") else 0)
         lim_a, lim_l = NOISE[_tol_class(a.type_id)]
         ok = same or (ang <= lim_a and ln <= lim_l)
         r.layers.append(
@@ -391,11 +398,11 @@ def judge(r: Ranked, sf: SlotFile, rec: SlotFile, n: int, cand: Candidate) -> No
         r.proof_message = "no stored rows of positions 0..n-1 to compare (context shifted, or an SWA window only)"
     elif identical:
         r.proof = Proof.IDENTICAL
-        r.proof_message = f"{rows} rows of {len(pairs)} layer(s) bit-identical to the recompute"
+        r.proof_message = f"{rows} rows of {len(pairs)} layer run(s) bit-identical to the recompute"
     elif within:
         r.proof = Proof.WITHIN_NOISE
         r.proof_message = (
-            f"{rows} rows of {len(pairs)} layer(s) within re-rounding noise (worst head {worst_a:.3g} deg, "
+            f"{rows} rows of {len(pairs)} layer run(s) within re-rounding noise (worst head {worst_a:.3g} deg, "
             f"norm {worst_l:.3g})"
         )
     else:
