@@ -9,7 +9,7 @@ import struct
 import pytest
 
 from slotfile.format import grammar as g
-from slotfile.format import layout, reader
+from slotfile.format import layout, read_version, reader
 from slotfile.format import versions as V
 from slotfile.format.reader import open_slot_file, parse_buffer
 from slotfile.format.records import FileFormat, SlotFile
@@ -76,12 +76,6 @@ def test_reader_tables_agree():
     assert reader.TRIAL_AHEAD == V.TRIAL_AHEAD
 
 
-def test_verify_loader_lines_agree():
-    from slotfile import verify
-
-    assert {v.version: v.loaders for v in V.VERSIONS.values() if v.format == "GGSQ"} == verify.LOADER_LINES
-
-
 def test_grammar_rotation_versions_agree():
     assert V.first_with_rotation("GGSQ") == g.ROT_STATE_VERSION
     assert V.first_with_rotation("GGSN") == g.ROT_SESSION_VERSION
@@ -102,9 +96,9 @@ def test_reader_version_rules_agree(key: tuple[str, int]):
     fmt, version = key
     v = V.VERSIONS[key]
     sf = SlotFile("x", 0, FileFormat(fmt), version=version)
-    assert reader.has_rot(sf) == v.rotation_words
-    assert reader._may_be_legacy(sf) == (v.n_stream == V.NStream.SOMETIMES)
-    assert reader._newest(sf) == V.newest(fmt)
+    assert read_version.has_rot(sf) == v.rotation_words
+    assert read_version.may_be_legacy(sf) == (v.n_stream == V.NStream.SOMETIMES)
+    assert read_version._newest(sf) == V.newest(fmt)
 
 
 def _with_version(data: bytes, v: int) -> bytes:

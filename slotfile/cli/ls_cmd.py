@@ -12,7 +12,13 @@ JSON (``--json``), schema ``slotfile.ls/1``::
      "sealed_missing"?: [rel],
      "totals": {"files", "bytes", "tokens", "damaged", "unreadable"},
      "temp": {"files", "bytes"}, "busy": {"files", "bytes"}, "symlinks_skipped": int,
-     "errors": [str], "files_per_second": float, "exit_code": 0 | 4 | 8}
+     "errors": [str], "still_being_written": [str], "tally": {"handled", "skipped", "failed"},
+     "files_per_second": float, "exit_code": 0 | 4 | 8}
+
+``busy``: the files still being written once ``--settle-wait`` ran out (named in
+``still_being_written``; they make the exit code 4).  Exit codes: 0 every slot file found was
+listed and none is damaged; 4 a damaged file, or one still being written; 8 a path could not
+be read; 2 usage.
 """
 
 from __future__ import annotations
@@ -20,30 +26,52 @@ from __future__ import annotations
 import json
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from slotfile.cli.common import fail
+from slotfile.cli.common import fail, out_console, say_waiting
 from slotfile.cli.server_common import server_dict, wide_console
 from slotfile.cli.terminal import escape_text, human_size
 from slotfile.exitcodes import OK, OPERATIONAL, PROBLEMS, USAGE
-from slotfile.slotdir.walk import DirScan, FileSummary, human_age, scan_dir, summarize
+from slotfile.slotdir.walk import (
+    SETTLE_SECONDS,
+    SETTLE_WAIT_SECONDS,
+    DirScan,
+    FileSummary,
+    Tally,
+    human_age,
+    scan_dir,
+    settle_problem,
+    summarize,
+)
 
 SCHEMA = "slotfile.ls/1"
 SORTS = ("path", "size", "age", "tokens")
 
 
-def run_ls(
-    root: Path,
-    json_out: bool,
-    sort: str,
-    server_args: str | None,
-    model: Path | None,
-    settle: float = 5.0,
-    models: list[Path] | None = None,
-) -> int:
-    if sort not in SORTS:
-        fail(f"--sort takes {', '.join(SORTS)}, not {sort!r}", "ls")
+@dataclass(frozen=True, slots=True)
+class LsArgs:
+    """``slotfile ls``'s command line."""
+
+    root: Path
+    json_out: bool = False
+    sort: str = "path"
+    server_args: str | None = None
+    model: Path | None = None
+    settle: float = SETTLE_SECONDS
+    settle_wait: float = SETTLE_WAIT_SECONDS
+    models: tuple[Path, ...] = ()  # candidate GGUFs: the model column (slotfile.seal.identify)
+
+
+def run_ls(args: LsArgs) -> int:
+    root, server_args, model = args.root, args.server_args, args.model
+    if args.sort not in SORTS:
+        fail(f"--sort takes {', '.join(SORTS)}, not {args.sort!r}", "ls")
+        return USAGE
+    why = settle_problem(args.settle, args.settle_wait)
+    if why is not None:
+        fail(why, "ls")
         return USAGE
     server, side = None, None
     if server_args is not None:
@@ -66,8 +94,8 @@ def run_ls(
         fail(f"{root}: not a directory", "ls")
         return OPERATIONAL
     t0 = time.monotonic()
-    now = time.time()
-    scan = scan_dir(root, settle=settle, now=now)
+    scan = scan_dir(root, settle=args.settle, settle_wait=args.settle_wait, on_wait=say_waiting("ls"))
+    now = time.time()  # ages from after the wait
     rows = [summarize(e) for e in scan.slots]
     fates: dict[str, Any] = {}
     if server is not None:
@@ -79,19 +107,19 @@ def run_ls(
     from slotfile.seal.verify_hook import ls_states
 
     sealed, gone, bad_manifest = ls_states(root, [s.path for s in rows])  # a manifest there: the sealed column
-    elapsed = time.monotonic() - t0
+    elapsed = time.monotonic() - t0 - scan.waited  # the rate of the work, not of the wait
     picked: dict[str, Any] | None = None
-    if models:  # the model column: identify (slotfile.seal); not in files/s
+    if args.models:  # the model column: identify (slotfile.seal); not in files/s
         from slotfile.seal.identify import IdentifyError
         from slotfile.seal.verify_hook import ls_models
 
         try:
-            picked = ls_models([s.path for s in rows if s.error is None], models)
+            picked = ls_models([s.path for s in rows if s.error is None], list(args.models))
         except IdentifyError as why:
             fail(str(why), "ls")
             return OPERATIONAL
-    rows = _sorted(rows, sort, now)
-    for e in scan.errors:
+    rows = _sorted(rows, args.sort, now)
+    for e in scan.errors + scan.busy_lines():
         fail(e, "ls")
     for s in rows:
         if s.error:
@@ -100,15 +128,15 @@ def run_ls(
     if bad_manifest is not None:
         fail(bad_manifest, "ls")
         rc = OPERATIONAL
-    if json_out:
+    if args.json_out:
         doc = document(scan, rows, fates, server, now, elapsed, rc)
-        if sealed is not None:
-            for f in doc["files"]:
+        for f in doc["files"]:
+            if sealed is not None:
                 f["sealed"] = sealed.get(f["path"])
-            doc["sealed_missing"] = gone
-        if picked is not None:
-            for f in doc["files"]:
+            if picked is not None:
                 f["model"] = picked.get(f["path"])
+        if sealed is not None:
+            doc["sealed_missing"] = gone
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
     else:
         render(scan, rows, fates, now, elapsed, sealed, gone, picked)
@@ -118,7 +146,12 @@ def run_ls(
 def _exit(scan: DirScan, rows: list[FileSummary]) -> int:
     if scan.errors or any(s.error for s in rows):
         return OPERATIONAL
-    return PROBLEMS if any(s.damaged for s in rows) else OK
+    return PROBLEMS if scan.busy or any(s.damaged for s in rows) else OK
+
+
+def tally(scan: DirScan, rows: list[FileSummary]) -> Tally:
+    unread = sum(1 for s in rows if s.error)
+    return Tally(len(rows) - unread, len(scan.temps) + len(scan.symlinks), unread + len(scan.busy) + len(scan.errors))
 
 
 def _sorted(rows: list[FileSummary], sort: str, now: float) -> list[FileSummary]:
@@ -156,6 +189,8 @@ def document(
         "busy": {"files": len(scan.busy), "bytes": sum(e.size for e in scan.busy)},
         "symlinks_skipped": len(scan.symlinks),
         "errors": scan.errors,
+        "still_being_written": [e.path for e in scan.busy],
+        "tally": tally(scan, rows).to_dict(),
         "files_per_second": round(len(rows) / elapsed, 1) if elapsed > 0 else None,
         "exit_code": rc,
     }
@@ -183,8 +218,7 @@ def render(
 ) -> None:
     from rich.table import Table
 
-    from slotfile.cli.common import out
-
+    out = out_console()
     table = Table(title=f"slotfile ls {escape_text(scan.root)}", title_justify="left")
     cols = ["file", "size", "tokens", "ver", "memory", "streams", "K/V", "fa", "ckpt", "draft", "age"]
     if fates:
@@ -225,7 +259,7 @@ def render(
             row.append(escape_text(model_cell(picked.get(s.path))))
         table.add_row(*row)
     if rows:
-        wide_console().print(table)
+        wide_console(out).print(table)
     line = (
         f"{len(rows)} slot file(s), {human_size(sum(s.size for s in rows))}, "
         f"{sum(s.n_tokens or 0 for s in rows)} tokens"
@@ -235,7 +269,7 @@ def render(
         line += f", {damaged} damaged"
     line += (
         f"; apart: {len(scan.temps)} temp file(s) ({human_size(sum(e.size for e in scan.temps))}), "
-        f"{len(scan.busy)} being written ({human_size(sum(e.size for e in scan.busy))})"
+        f"{len(scan.busy)} still being written ({human_size(sum(e.size for e in scan.busy))})"
     )
     if scan.symlinks:
         line += f", {len(scan.symlinks)} symlink(s) not followed"
@@ -245,5 +279,6 @@ def render(
         n_ok = sum(1 for v in sealed.values() if v == "sealed")
         line += f"; manifest: {n_ok} sealed as they are, {len(sealed) - n_ok} changed or unsealed"
         line += f", {len(gone or [])} sealed file(s) gone (verify DIR checks the bytes)"
+    line += f"; {tally(scan, rows).line()}"
     line += f"; {len(rows) / elapsed:.0f} files/s" if elapsed > 0 and rows else ""
     out.print(line, soft_wrap=True)

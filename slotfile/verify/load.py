@@ -7,17 +7,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from slotfile.format.reader import GGSN_VERSIONS, GGSQ_VERSIONS
+from slotfile.format import versions
 from slotfile.format.records import SlotFile
 from slotfile.llama.loader import LIB_ENV, LoaderPool, LoadResult, library_label
 from slotfile.verify.records import Level, SkipKind
-
-# What llama-cpp-python releases vendor which state version, for the version message.
-LOADER_LINES = {
-    2: "llama-cpp-python releases of 2025 (before 0.3.36)",
-    3: "llama-cpp-python 0.3.36 (vendors llama.cpp of 2026-10-01)",
-    4: "llama-cpp-python releases after 0.3.36 that vendor llama.cpp from October 2026 on",
-}
 
 
 def version_message(sf: SlotFile, loader_version: int | None, loader_name: str, tried: str | None = None) -> str | None:
@@ -26,8 +19,9 @@ def version_message(sf: SlotFile, loader_version: int | None, loader_name: str, 
     if sf.format != "GGSQ" or sf.version is None or loader_version is None or sf.version == loader_version:
         return None
     v = sf.version
-    who = GGSQ_VERSIONS.get(v)
-    line = LOADER_LINES.get(v)
+    info = versions.version_info("GGSQ", v)
+    who = info.writer if info else None
+    line = info.loaders if info else None
     msg = f"this file has state version {v}, the loader ({loader_name}) only loads version {loader_version}"
     msg += f" ({tried})" if tried else ""
     if who:
@@ -89,7 +83,8 @@ def level_load(
 def _load_version_message(sf: SlotFile, info: dict[str, Any], tried: str | None) -> str | None:
     """Why the loader's llama.cpp cannot judge a file of another state or session version."""
     if sf.format == "GGSN" and sf.version is not None and sf.version != info.get("session_version"):
-        known = GGSN_VERSIONS.get(sf.version, "no known llama.cpp line")
+        ginfo = versions.version_info("GGSN", sf.version)
+        known = ginfo.writer if ginfo else "no known llama.cpp line"
         return (
             f"this session file has version {sf.version}, the loader ({library_label(info)}) only loads session "
             f"version {info.get('session_version')}"
