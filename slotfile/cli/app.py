@@ -597,21 +597,23 @@ def seal_command(
     """Write a checksum manifest (schema slotfile.manifest/1) of a slot store: per file its size,
     mtime, checksum, format, tokens digest, memory class and cache types; with --model the model's
     fingerprint and the verify levels that passed.  `verify DIR` then checks it."""
-    from slotfile.cli.seal_cmd import run_seal
-    from slotfile.seal.build import SealOptions
+    from slotfile.cli.seal_cmd import SealArgs, run_seal
 
-    opts = SealOptions(
+    args = SealArgs(
+        tuple(paths),
         output=output,
-        model=str(model) if model else None,
-        draft_model=str(draft_model) if draft_model else None,
+        model=model,
+        draft_model=draft_model,
         deep=deep,
         force=force,
         update=update,
         jobs=jobs,
         timeout=timeout,
-        llama_lib=str(llama_lib) if llama_lib else None,
+        llama_lib=llama_lib,
+        json_out=json_out,
+        quiet=quiet,
     )
-    raise typer.Exit(run_seal(paths, opts, json_out, quiet))
+    raise typer.Exit(run_seal(args))
 
 
 @app.command(
@@ -626,7 +628,9 @@ def seal_command(
 def identify_command(
     files: list[Path] = typer.Argument(..., help="Slot files and directories."),
     models: list[Path] = typer.Option(..., "--models", help="Candidate GGUF files or folders of them (repeatable)."),
-    proof: bool = typer.Option(True, "--proof/--no-proof", help="Recompute the first K rows under each fitting model."),
+    proof: bool = typer.Option(
+        True, "--proof/--no-proof", help="Recompute the first K/V rows under each fitting model."
+    ),
     timeout: float = typer.Option(300.0, "--timeout", help="Seconds for each llama.cpp load or recompute."),
     llama_lib: Path | None = typer.Option(None, "--llama-lib", help=_LLAMA_LIB_HELP),
     json_out: bool = typer.Option(False, "--json", help="JSON on stdout (schema slotfile.identify/1)."),
@@ -634,12 +638,11 @@ def identify_command(
 ) -> None:
     """Which model wrote each slot file: candidates ranked by metadata fit (memory class, layers,
     heads, row sizes, types, token ids, positions), then proven by recomputing the first layers'
-    K rows of the first stored tokens (bit-identical, or within the cache type's noise)."""
-    from slotfile.cli.identify_cmd import run_identify
-    from slotfile.seal.identify import IdentifyOptions
+    K and V rows of the first stored tokens (bit-identical, or within the cache type's noise)."""
+    from slotfile.cli.identify_cmd import IdentifyArgs, run_identify
 
-    opts = IdentifyOptions(timeout=timeout, llama_lib=str(llama_lib) if llama_lib else None, prove=proof)
-    raise typer.Exit(run_identify(files, models, opts, json_out, quiet))
+    args = IdentifyArgs(tuple(files), tuple(models), proof, timeout, llama_lib, json_out, quiet)
+    raise typer.Exit(run_identify(args))
 
 
 def main() -> None:

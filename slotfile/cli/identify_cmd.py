@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +33,32 @@ from slotfile.seal.identify import Identification, IdentifyError, IdentifyOption
 SCHEMA = "slotfile.identify/1"
 
 
-def run_identify(
-    files: list[Path], models: list[Path], opts: IdentifyOptions, json_out: bool = False, quiet: bool = False
-) -> int:
+@dataclass(frozen=True, slots=True)
+class IdentifyArgs:
+    """``slotfile identify``'s command line."""
+
+    files: tuple[Path, ...]
+    models: tuple[Path, ...]
+    proof: bool = True
+    timeout: float = 300.0
+    llama_lib: Path | None = None
+    json_out: bool = False
+    quiet: bool = False
+
+    def options(self) -> IdentifyOptions:
+        return IdentifyOptions(
+            timeout=self.timeout, llama_lib=str(self.llama_lib) if self.llama_lib else None, prove=self.proof
+        )
+
+
+def run_identify(args: IdentifyArgs) -> int:
+    files, models, opts, json_out, quiet = (
+        list(args.files),
+        list(args.models),
+        args.options(),
+        args.json_out,
+        args.quiet,
+    )
     t0 = time.monotonic()
     try:
         candidates = collect_models(models)

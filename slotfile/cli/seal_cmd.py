@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from slotfile.cli.common import fail
@@ -25,7 +26,39 @@ from slotfile.seal.build import SealError, SealOptions, SealResult, SealUsage, s
 from slotfile.seal.manifest import ManifestError
 
 
-def run_seal(paths: list[Path], opts: SealOptions, json_out: bool = False, quiet: bool = False) -> int:
+@dataclass(frozen=True, slots=True)
+class SealArgs:
+    """``slotfile seal``'s command line."""
+
+    paths: tuple[Path, ...]
+    output: Path | None = None
+    model: Path | None = None
+    draft_model: Path | None = None
+    deep: bool = False
+    force: bool = False
+    update: bool = False
+    jobs: int = 1
+    timeout: float = 300.0
+    llama_lib: Path | None = None
+    json_out: bool = False
+    quiet: bool = False
+
+    def options(self) -> SealOptions:
+        return SealOptions(
+            output=self.output,
+            model=str(self.model) if self.model else None,
+            draft_model=str(self.draft_model) if self.draft_model else None,
+            deep=self.deep,
+            force=self.force,
+            update=self.update,
+            jobs=self.jobs,
+            timeout=self.timeout,
+            llama_lib=str(self.llama_lib) if self.llama_lib else None,
+        )
+
+
+def run_seal(args: SealArgs) -> int:
+    opts, json_out, quiet = args.options(), args.json_out, args.quiet
     if opts.jobs < 1:
         fail("--jobs must be at least 1", "seal")
         return USAGE
@@ -39,7 +72,7 @@ def run_seal(paths: list[Path], opts: SealOptions, json_out: bool = False, quiet
         fail("give --update or --force, not both", "seal")
         return USAGE
     try:
-        res = seal(paths, opts)
+        res = seal(list(args.paths), opts)
     except SealUsage as e:
         fail(str(e), "seal")
         return USAGE
