@@ -284,15 +284,39 @@ def head_stats(x: np.ndarray, y: np.ndarray, head: int) -> tuple[float, float]:
     return float(np.max(ang)), float(np.max(ln))
 
 
-def _pos_index(pos: np.ndarray, n: int) -> np.ndarray | None:
-    """Cell indices holding positions 0..n-1, in position order (None: some missing or doubled)."""
+def _pos_index(pos: np.ndarray, n: int, keep: np.ndarray | None = None) -> np.ndarray | None:
+    """Cell indices holding positions 0..n-1, in position order (None: some missing or doubled).
+    ``keep``: only these cells (a mask) count."""
     idx = np.full(n, -1, dtype=np.int64)
     for cell, p in enumerate(pos.tolist()):
-        if 0 <= p < n:
+        if 0 <= p < n and (keep is None or keep[cell]):
             if idx[p] >= 0:
                 return None
             idx[p] = cell
     return idx if (idx >= 0).all() else None
+
+
+def _first_seq_cells(st: Any) -> np.ndarray | None:
+    """The cells of the stream's first sequence (a session file of several sequences holds them
+    all in one stream: the token list is one of them); None when every cell is one sequence's."""
+    ct = st.cells
+    if ct is None or not ct.seq_ids.size or "n_seq_id" not in (ct.cells.dtype.names or ()):
+        return None
+    counts = ct.cells["n_seq_id"].astype(np.int64)
+    if len(set(ct.seq_ids.tolist())) <= 1 or int(counts.sum()) != ct.seq_ids.size:
+        return None
+    first = int(ct.seq_ids.min())
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    return np.array([first in ct.seq_ids[a : a + c].tolist() for a, c in zip(starts, counts, strict=True)])
+
+
+def _stored_index(st: Any, n: int) -> np.ndarray | None:
+    idx = _pos_index(st.positions, n)
+    if idx is None:
+        mask = _first_seq_cells(st)
+        if mask is not None:
+            idx = _pos_index(st.positions, n, mask)
+    return idx
 
 
 def _kv_pairs(
@@ -313,7 +337,7 @@ def _kv_pairs(
         if not sts or not rsts:
             continue
         st, rst = sts[0], rsts[0]
-        si, ri = _pos_index(st.positions, n), _pos_index(rst.positions, n)
+        si, ri = _stored_index(st, n), _pos_index(rst.positions, n)
         if si is None or ri is None:
             continue
         for k in range(min(LAYERS, len(st.k), len(rst.k))):
