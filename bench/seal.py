@@ -161,7 +161,9 @@ def bench_identify(runs: int) -> dict[str, object]:
             top = res.ranking[0]
         assert top is not None
         per = min(ident) / max(1, len(surviving))
+        ratios = sorted(i / max(1, len(surviving)) / b for i, b in zip(ident, bare_wall, strict=True))
         return {
+            "ratio_per_candidate_to_bare_child_each_run": [round(x, 3) for x in ratios],
             "model": model.name,
             "candidates": len(cands),
             "surviving": len(surviving),

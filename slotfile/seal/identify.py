@@ -40,8 +40,9 @@ import numpy as np
 from slotfile.format.records import Body, LayerRun, ModelExpect, Severity, SlotFile, TokenForm
 from slotfile.format.types import TypeId
 
-PREFIX = 16  # stored tokens recomputed for the proof (a pass over the weights costs about the same for 8 or 32)
+PREFIX = 16  # stored tokens recomputed for the proof (8 or 16 cost the same within the noise: bench/seal.py)
 LAYERS = 2  # first layers of each cache compared
+PIPELINE = True  # start the next candidate's worker while this one proves
 MAX_RECURRENT_TOKENS = 512  # a recurrent state needs every token recomputed
 FLOAT_TYPES = (TypeId.F32, TypeId.F16, TypeId.BF16)
 EIGHT_BIT = (TypeId.Q8_0, TypeId.Q8_1)
@@ -518,29 +519,48 @@ def identify(
                 opened[(fi, ci)] = sf
             elif sf is not None:
                 sf.close()
-    for ci, c in enumerate(cands):
-        todo = [(fi, sf) for (fi, cj), sf in opened.items() if cj == ci]
-        if not todo or not opts.prove:
-            continue
-        if on_progress is not None:
-            on_progress(f"loading {c.label}")
-        t0 = time.monotonic()
-        try:
-            pool = LoaderPool(c.path, None, opts.n_gpu_layers, 1, llama_lib=opts.llama_lib)
+    todo = {ci: [(fi, sf) for (fi, cj), sf in opened.items() if cj == ci] for ci in range(len(cands))}
+    order = [ci for ci in range(len(cands)) if todo[ci]] if opts.prove else []
+
+    def start(ci: int) -> LoaderPool | str:
+        try:  # spawned only: the worker loads the model while the previous candidate proves
+            return LoaderPool.start(cands[ci].path, None, opts.n_gpu_layers, 1, llama_lib=opts.llama_lib)
         except LoaderError as e:
-            for fi, _ in todo:
-                r = results[fi].ranking[ci]
-                r.proof, r.proof_message = Proof.NOT_PROVEN, f"the model does not load: {e}"
-            continue
-        try:
-            load_s = time.monotonic() - t0
-            for fi, sf in todo:
-                t1 = time.monotonic()
-                r = results[fi].ranking[ci]
-                _prove(r, sf, c, pool, opts)
-                r.seconds = time.monotonic() - t1 + load_s
-        finally:
-            pool.close()
+            return str(e)
+
+    started: dict[int, tuple[LoaderPool | str, float]] = {}
+    try:
+        for k, ci in enumerate(order):
+            c = cands[ci]
+            if on_progress is not None:
+                on_progress(f"loading {c.label}")
+            if ci not in started:
+                started[ci] = (start(ci), time.monotonic())
+            pool, t0 = started.pop(ci)
+            if PIPELINE and k + 1 < len(order):  # at most two models in memory: this one and the next
+                started[order[k + 1]] = (start(order[k + 1]), time.monotonic())
+            try:
+                if isinstance(pool, str):
+                    raise LoaderError(pool)
+                pool.ready()
+            except LoaderError as e:
+                for fi, _ in todo[ci]:
+                    r = results[fi].ranking[ci]
+                    r.proof, r.proof_message = Proof.NOT_PROVEN, f"the model does not load: {e}"
+                continue
+            try:
+                load_s = time.monotonic() - t0
+                for fi, sf in todo[ci]:
+                    t1 = time.monotonic()
+                    r = results[fi].ranking[ci]
+                    _prove(r, sf, c, pool, opts)
+                    r.seconds = time.monotonic() - t1 + load_s
+            finally:
+                pool.close()
+    finally:
+        for pending, _ in started.values():  # a candidate started but not reached
+            if not isinstance(pending, str):
+                pending.close()
     for sf in opened.values():
         sf.close()
     for ident in results:
