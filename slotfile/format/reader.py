@@ -78,14 +78,14 @@ __all__ = [
 
 # Which llama.cpp line writes and loads each state version (slot-format.md §12).
 GGSQ_VERSIONS = {
-    2: "llama.cpp builds of mid-2024 to 2025 (KV blocks without n_stream until mid-2025; no cell ext, "
-    "no io_magic blob prefix)",
+    2: "llama.cpp builds of mid-2024 to 2026-08 (KV blocks without n_stream until mid-2025; an 8-byte M-RoPE "
+    "cell ext (x, y) in 2026 builds; llama-cpp-python 0.3.35 vendors the last)",
     3: "llama.cpp of 2026 up to about October (llama-cpp-python 0.3.36 vendors this)",
     4: "llama.cpp from 2026-10-05 on (every KV stream records its K/V rotation widths n_rot_k, n_rot_v)",
 }
 GGSN_VERSIONS = {
-    9: "llama.cpp builds of 2025 (session body with output ids, logits, embeddings; KV blocks without n_stream "
-    "until mid-2025)",
+    9: "llama.cpp builds of 2025 to 2026-08 (until some point of 2026 the session body carried output ids, "
+    "logits, embeddings; KV blocks without n_stream until mid-2025)",
     10: "llama.cpp of 2026 up to about October (llama-cpp-python 0.3.36)",
     11: "llama.cpp from 2026-10-05 on (as state version 4: every KV stream records n_rot_k, n_rot_v)",
 }
@@ -335,10 +335,13 @@ def _parse_session_prefix(sf: SlotFile, view: memoryview, off: int) -> int | Non
         start = s.tell()
         try:
             g.GgsnV9Extra.parse_stream(s)
-        except ConstructError as e:
-            f = failure_of(e, s)
-            sf.problem("error", f.code, "outputs", f.offset, f"v9 outputs/logits/embeddings: {f.message}")
-            return None
+        except ConstructError:
+            # llama.cpp stopped writing outputs/logits/embeddings into the session without bumping
+            # GGSN 9: the version-9 llama.cpp of 2026-08 (llama-cpp-python 0.3.35,
+            # llama_context::state_write_data) writes the arch and then the memory, as version 10
+            # does. Such a file's first body word (n_stream) never parses as a v9 outputs section
+            # (its logits size would be a cell's pos | n_seq_id << 32), so read the body right here.
+            return start
         sf.sections.append(Section("outputs", start, s.tell() - start, "v9 output ids, logits, embeddings"))
     return s.tell()
 
