@@ -124,6 +124,15 @@ def _test_load(sf: SlotFile, path: str, opts: Options, test_draft: bool, report:
                         if version_of(alt) == sf.version:
                             return load(alt)
                         tried = f" ({where} loads version {version_of(alt)})"
+                # the build scripts' cache (scripts/build-llama-v2.sh, -v4.sh): a "found" library
+                from slotfile.llama.builds import cached_library
+
+                state = sf.version - 7 if sf.format == "GGSN" else sf.version
+                built = cached_library(state)
+                if built is not None and str(built) != pool.info.get("library_dir"):
+                    with pool_over(Library(str(built), "slotfile's build cache")) as alt:
+                        if version_of(alt) == sf.version:
+                            return load(alt)
             report.test_load = {
                 "ok": None,
                 "message": f"skipped: the file has {kind} version {sf.version}, the "
