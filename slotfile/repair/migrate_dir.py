@@ -91,9 +91,7 @@ def migrate_entry(
         res.reason = "; ".join(rep.notes[-1:]) or "would convert"
     elif rep.outcome in (Outcome.REPAIRED, Outcome.NOTHING_TO_DO):
         res.action = "copied" if version == to else "converted"
-        res.reason = (
-            f"already version {to}; copied byte for byte" if version == to else f"converted; checked: {proven}"
-        )
+        res.reason = f"already version {to}; copied byte for byte" if version == to else f"converted; checked: {proven}"
         if rep.test_load is not None and rep.test_load.get("ok") is None:
             res.reason += f" ({rep.test_load.get('message')})"
         try:
@@ -138,7 +136,9 @@ class LibVerdict:
         return {"verdict": self.verdict, "reason": self.reason, "version": self.version, "to": self.to}
 
 
-def library_verdicts(scan: DirScan, model: str, llama_lib: str, n_gpu_layers: int = 0) -> tuple[int | None, list[LibVerdict]]:
+def library_verdicts(
+    scan: DirScan, model: str, llama_lib: str, n_gpu_layers: int = 0
+) -> tuple[int | None, list[LibVerdict]]:
     """(the library's state version, a verdict per slot file).  Each file is test-loaded through
     ``llama_lib`` with the settings the file implies; a file of another version is migrated into
     a temp file first (``migrate --to`` the library's version, with ``model``) and that is loaded."""

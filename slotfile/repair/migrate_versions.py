@@ -180,7 +180,9 @@ def _rewrite_table(table: g.CellTable, old_ext: int, new_ext: int, toks: np.ndar
             out += raw[s : s + 16].tobytes() + raw[s + 20 : e].tobytes()
         else:
             assert toks is not None
-            out += raw[s : s + 16].tobytes() + int(toks[i]).to_bytes(4, "little", signed=True) + raw[s + 16 : e].tobytes()
+            out += (
+                raw[s : s + 16].tobytes() + int(toks[i]).to_bytes(4, "little", signed=True) + raw[s + 16 : e].tobytes()
+            )
     return bytes(out)
 
 
