@@ -209,7 +209,7 @@ def test_v4_files_migrated_to_2_load_in_the_v2_library(tmp_path: Path, llama_v2_
         assert rep.outcome == Outcome.REPAIRED, (path.name, rep.reason, rep.test_load)
         assert rep.test_load is not None and rep.test_load["ok"] is True, (path.name, rep.test_load)
         assert rep.test_load["state_seq_version"] == 2
-        assert "test-load" in rep.to_dict()["checked"]
+        assert "test-load" in rep.to_json()["checked"]
 
 
 @pytest.mark.llama
