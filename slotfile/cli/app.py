@@ -446,9 +446,19 @@ def ls(
     server_args: str | None = _LS_SERVER_ARGS,
     model: Path | None = typer.Option(None, "--model", "-m", help="GGUF model (default: the server's -m)."),
     settle: float = _SETTLE,
+    llama_lib: Path | None = typer.Option(
+        None,
+        "--llama-lib",
+        help="A llama.cpp build (folder of libllama.so): per file, does it load as is, after migrate, or not at all "
+        "(needs --model).",
+    ),
 ) -> None:
     """One row per slot file (size, tokens, version, memory, streams, K/V types, flash attention, checkpoints,
     draft, age) and totals."""
+    if llama_lib is not None:
+        from slotfile.cli.migrate_cmd import run_ls_library
+
+        raise typer.Exit(run_ls_library(directory, llama_lib, model, json_out, settle))
     from slotfile.cli.ls_cmd import run_ls
 
     raise typer.Exit(run_ls(directory, json_out, sort, server_args, model, settle))
@@ -501,12 +511,17 @@ def completion(shell: str = typer.Argument(..., help="bash, zsh or fish.")) -> N
         "slotfile migrate slot0.bin -o slot0.v4.bin --to 4             # float caches: no model needed",
         "slotfile migrate slot0.bin -o slot0.v4.bin --to 4 -m model.gguf",
         "slotfile migrate slot0.v4.bin -o slot0.bin --to 3 -m model.gguf",
+        "slotfile migrate slots/ -o slots.v4/ --to 4 -m model.gguf --llama-lib /opt/llama.cpp/build/bin",
     ),
 )
 def migrate(
-    file: Path = typer.Argument(..., help="Slot (GGSQ 3/4) or session (GGSN 10/11) file (opened read-only)."),
+    file: Path = typer.Argument(
+        ..., help="Slot (GGSQ 2/3/4) or session (GGSN 9/10/11) file, or a directory of them (read-only)."
+    ),
     output: Path | None = _OUT,
-    to: int = typer.Option(..., "--to", help="Target state version: 3 or 4 (a session file: 10 or 11, or 3/4)."),
+    to: int = typer.Option(
+        ..., "--to", help="Target state version: 2, 3 or 4 (a session file: 9, 10 or 11, or 2/3/4)."
+    ),
     model: Path | None = typer.Option(
         None,
         "--model",
@@ -523,10 +538,31 @@ def migrate(
     json_out: bool = _JSON,
     timeout: float = _TIMEOUT,
     llama_lib: Path | None = _LLAMA_LIB,
+    only_changed: bool = typer.Option(
+        False, "--only-changed", help="DIR: leave out files already at the target version (default: copy them)."
+    ),
 ) -> None:
-    """Convert between state versions 3 and 4 (llama.cpp before / from 2026-10-05): add or
-    remove the K/V rotation words.  With --llama-lib DIR (a build of the target version) the
-    output is test-loaded through it before it lands."""
+    """Convert between state versions 2, 3 and 4 (llama.cpp to 2026-08 / to 2026-10-05 / from then),
+    both ways, wherever lossless.  With --llama-lib DIR (a build of the target version) the output is
+    test-loaded through it before it lands.  A directory is migrated into -o OUTDIR (same tree)."""
+    if file.is_dir():
+        from slotfile.cli.migrate_cmd import run_migrate_dir
+
+        raise typer.Exit(
+            run_migrate_dir(
+                file,
+                output,
+                to,
+                model,
+                draft_model,
+                llama_lib,
+                dry_run=dry_run,
+                force=force,
+                only_changed=only_changed,
+                json_out=json_out,
+                timeout=timeout,
+            )
+        )
     from slotfile.cli.repair_cmd import run_repair
 
     raise typer.Exit(

@@ -79,9 +79,10 @@ def migrate_entry(
             return FileResult(entry.rel, fate, "left-out", f"already {fmt} version {to} (--only-changed)")
         if dry_run:
             return FileResult(entry.rel, fate, "would-copy", f"already {fmt} version {to}", out)
-    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
-    if not dry_run and os.path.lexists(out) and not force:
-        return FileResult(entry.rel, fate, "failed", f"{out} exists (pass --force to replace it)")
+    if not dry_run:
+        if os.path.lexists(out) and not force:
+            return FileResult(entry.rel, fate, "failed", f"{out} exists (pass --force to replace it)")
+        os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
     target = Target(entry.path, out, False, None, force)
     rep = run("migrate", entry.path, target, opts, dry_run=dry_run)
     res = FileResult(entry.rel, fate, "", rep.reason or "", out, _changes(rep))

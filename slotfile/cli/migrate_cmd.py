@@ -1,0 +1,165 @@
+"""``slotfile migrate DIR -o OUTDIR --to N`` and ``slotfile ls DIR --llama-lib LIB``: state versions
+across a whole directory (:mod:`slotfile.repair.migrate_dir`).
+
+``migrate DIR`` JSON, schema ``slotfile.migrate-dir/1``: ``{"schema", "root", "output", "to",
+"dry_run", "only_changed", "files": [{"file", "fate", "action", "reason", "output", "changes"}],
+"errors", "summary": {action: count, "seconds"}, "exit_code"}`` (the rows of ``re-save DIR``;
+``fate`` is ``"GGSQ 2 -> 4"``).  Exit 0 when every file was converted or copied (or would be), 4
+when one was refused or failed its check, 8 operational, 2 usage.
+
+``ls --llama-lib`` JSON: ``slotfile.ls/1`` with ``"library": {"path", "state_seq_version"}`` and per
+file ``"llama_lib": {"verdict": "as-is" | "after-migrate" | "no", "reason", "version", "to"}``.
+Exit 0 when every file loads as is, 4 when one needs a migrate or does not load at all.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from slotfile.cli.common import fail, progress_bar
+from slotfile.exitcodes import OK, OPERATIONAL, PROBLEMS, USAGE
+
+SCHEMA = "slotfile.migrate-dir/1"
+
+
+def run_migrate_dir(
+    root: Path,
+    outdir: Path | None,
+    to: int,
+    model: Path | None,
+    draft_model: Path | None,
+    llama_lib: Path | None,
+    *,
+    dry_run: bool,
+    force: bool,
+    only_changed: bool,
+    json_out: bool,
+    timeout: float = 600.0,
+) -> int:
+    from slotfile.cli.restore_cmd import _print_resave_dir
+    from slotfile.repair.common import Options
+    from slotfile.repair.migrate_dir import migrate_all
+    from slotfile.slotdir.walk import scan_dir
+
+    if outdir is None:
+        fail("migrate of a directory needs -o OUTDIR", "migrate")
+        return USAGE
+    rin, rout = os.path.realpath(root), os.path.realpath(outdir)
+    if rout == rin or rout.startswith(rin + os.sep):
+        fail(f"{outdir} lies inside {root}: choose an output directory outside it", "migrate")
+        return USAGE
+    if os.path.lexists(outdir) and (os.path.islink(outdir) or not os.path.isdir(outdir)):
+        fail(f"{outdir} exists and is not a directory", "migrate")
+        return USAGE
+    for m in (model, draft_model):
+        if m is not None and not m.is_file():
+            fail(f"model {m} not found", "migrate")
+            return OPERATIONAL
+    if llama_lib is not None:
+        from slotfile.llama.loader import LoaderError, resolve_library
+
+        try:
+            resolve_library(str(llama_lib))
+        except LoaderError as e:
+            fail(str(e), "migrate")
+            return OPERATIONAL
+    t0 = time.monotonic()
+    scan = scan_dir(root)
+    opts = Options(
+        model=str(model) if model else None,
+        draft_model=str(draft_model) if draft_model else None,
+        to_version=to,
+        timeout=timeout,
+        llama_lib=str(llama_lib) if llama_lib else None,
+    )
+    with progress_bar(disable=len(scan.slots) < 2) as progress:
+        results = migrate_all(
+            scan, str(outdir), opts, force=force, dry_run=dry_run, only_changed=only_changed, progress=progress
+        )
+    errors = list(scan.errors)
+    for line in errors:
+        fail(line, "migrate")
+    if errors or any(x.action == "error" for x in results):
+        rc = OPERATIONAL
+    elif any(x.action in ("skipped", "failed") for x in results):
+        rc = PROBLEMS
+    else:
+        rc = OK
+    elapsed = time.monotonic() - t0
+    counts: dict[str, int] = {}
+    for x in results:
+        counts[x.action] = counts.get(x.action, 0) + 1
+    if json_out:
+        doc = {
+            "schema": SCHEMA,
+            "root": str(root),
+            "output": str(outdir),
+            "to": to,
+            "dry_run": dry_run,
+            "only_changed": only_changed,
+            "files": [x.to_dict() for x in results],
+            "errors": errors,
+            "summary": {**counts, "seconds": round(elapsed, 3)},
+            "exit_code": rc,
+        }
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+    else:
+        _print_resave_dir(results, counts, scan, elapsed, dry_run)
+    return rc
+
+
+def run_ls_library(root: Path, llama_lib: Path, model: Path | None, json_out: bool, settle: float = 5.0) -> int:
+    """``ls DIR --llama-lib LIB``: per file, does that llama.cpp load it as is, after migrate, or not."""
+    from slotfile.cli.common import out
+    from slotfile.cli.terminal import escape_text
+    from slotfile.llama.loader import LoaderError
+    from slotfile.repair.migrate_dir import library_verdicts
+    from slotfile.slotdir.walk import scan_dir
+
+    if model is None:
+        fail("ls --llama-lib needs --model (the library is asked through a real load)", "ls")
+        return USAGE
+    if not root.is_dir():
+        fail(f"{root}: not a directory", "ls")
+        return OPERATIONAL
+    if not model.is_file():
+        fail(f"model {model} not found", "ls")
+        return OPERATIONAL
+    t0 = time.monotonic()
+    scan = scan_dir(root, settle=settle)
+    try:
+        state, verdicts = library_verdicts(scan, str(model), str(llama_lib))
+    except LoaderError as e:
+        fail(str(e), "ls")
+        return OPERATIONAL
+    for line in scan.errors:
+        fail(line, "ls")
+    rc = OPERATIONAL if scan.errors else (PROBLEMS if any(v.verdict != "as-is" for v in verdicts) else OK)
+    elapsed = time.monotonic() - t0
+    if json_out:
+        doc = {
+            "schema": "slotfile.ls/1",
+            "root": scan.root,
+            "library": {"path": str(llama_lib), "state_seq_version": state},
+            "files": [{"rel": v.rel, "version": v.version, "llama_lib": v.to_dict()} for v in verdicts],
+            "errors": scan.errors,
+            "exit_code": rc,
+        }
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+        return rc
+    label = {"as-is": "loads as is", "after-migrate": "after migrate", "no": "not at all"}
+    for v in verdicts:
+        out.print(escape_text(f"{label[v.verdict]:14} {v.rel}: {v.reason}"), soft_wrap=True)
+    counts: dict[str, int] = {}
+    for v in verdicts:
+        counts[label[v.verdict]] = counts.get(label[v.verdict], 0) + 1
+    summary = ", ".join(f"{n} {k}" for k, n in counts.items()) or "no slot files"
+    out.print(
+        f"{len(verdicts)} file(s) for {llama_lib} (state version {state}): {summary} in {elapsed:.1f} s",
+        soft_wrap=True,
+    )
+    return rc
