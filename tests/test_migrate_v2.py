@@ -235,3 +235,33 @@ def test_the_v2_library_loads_its_own_fixture(llama_v2_lib: Path):
         sf = open_slot_file(path)
         res = pool.load(str(path), settings_for(sf), sf=sf)
         assert res.ok, res.message
+
+
+@pytest.mark.llama
+@pytest.mark.slow
+def test_regenerated_v2_fixtures_match(tmp_path: Path, llama_v2_lib: Path):
+    """fixtures/make_v2_fixtures.py over the v2 library writes the committed files again: byte for
+    byte where the library reports the same CPU features, else the same structure with values equal
+    to float rounding (tests/test_fixtures.py's rule)."""
+    import shutil
+    import subprocess
+    import sys
+
+    from .test_fixtures import _value_mismatch
+
+    shutil.copytree(FIXTURES / "models", tmp_path / "models")
+    subprocess.run(
+        [sys.executable, str(FIXTURES / "make_v2_fixtures.py"), "--lib", str(llama_v2_lib), "--out", str(tmp_path)],
+        check=True,
+        capture_output=True,
+    )
+    out = tmp_path / "slots" / "v2"
+    names = sorted(p.name for p in out.iterdir())
+    assert names == sorted(p.name for p in V2.iterdir())
+    strict = (out / "generated-on.txt").read_text() == (V2 / "generated-on.txt").read_text()
+    for n in names:
+        got, want = (out / n).read_bytes(), (V2 / n).read_bytes()
+        if got == want:
+            continue
+        assert not strict and n.endswith((".slot", ".session")), f"{n} differs from the committed fixture"
+        assert _value_mismatch(V2 / n, got) is None, n
