@@ -282,3 +282,17 @@ def test_regenerated_v2_fixtures_match(tmp_path: Path, llama_v2_lib: Path):
             continue
         assert not strict and n.endswith((".slot", ".session")), f"{n} differs from the committed fixture"
         assert _value_mismatch(V2 / n, got) is None, n
+
+
+@pytest.mark.llama
+def test_a_found_v2_library_test_loads_without_llama_lib(
+    tmp_path: Path, llama_v2_lib: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """Without --llama-lib, migrate --to 2 finds the v2 build (SLOTFILE_LLAMA_V2 or the build cache)."""
+    monkeypatch.setenv("SLOTFILE_LLAMA_V2", str(llama_v2_lib))
+    monkeypatch.delenv("SLOTFILE_LLAMA_LIB", raising=False)
+    path, model, _ = next(f for f in V4_FILES if f[0].name == "llama_f16_nofa.slot")
+    rep = _migrate(path, tmp_path / "v2", 2, model)
+    assert rep.outcome == Outcome.REPAIRED, rep.reason
+    assert rep.test_load is not None and rep.test_load["ok"] is True, rep.test_load
+    assert rep.test_load["state_seq_version"] == 2 and "test-load" in rep.to_json()["checked"]
