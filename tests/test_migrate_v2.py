@@ -296,3 +296,25 @@ def test_a_found_v2_library_test_loads_without_llama_lib(
     assert rep.outcome == Outcome.REPAIRED, rep.reason
     assert rep.test_load is not None and rep.test_load["ok"] is True, rep.test_load
     assert rep.test_load["state_seq_version"] == 2 and "test-load" in rep.to_json()["checked"]
+
+
+def test_what_version_2_cannot_hold_is_refused_naming_it():
+    """Memory classes new in version 3 and PLE's recurrent P rows (no fixture of either exists: the
+    refusals are checked on the records the reader would produce)."""
+    from types import SimpleNamespace as NS
+
+    from slotfile.format.records import MemoryKind
+    from slotfile.repair.common import Refused
+    from slotfile.repair.migrate_versions import v2_refusal
+
+    def sf(cls: str, blocks: list[Any]) -> Any:
+        body = NS(memory_class=cls, layout=NS(legacy=False), blocks=blocks)
+        return NS(body=body, checkpoints=[], draft=None)
+
+    for cls, name in (("hybrid-idx", "llama_memory_hybrid_idx"), ("dsa-iswa", "llama_kv_cache_dsa_iswa")):
+        with pytest.raises(Refused, match=name):
+            v2_refusal(sf(cls, []))
+    rec = NS(kind=MemoryKind.REC, role="rec", p=[NS(offset=1234)])
+    with pytest.raises(Refused, match="offset 1234: recurrent P rows"):
+        v2_refusal(sf("hybrid", [rec]))
+    v2_refusal(sf("hybrid", [NS(kind=MemoryKind.REC, role="rec", p=[])]))  # no P rows: fine
