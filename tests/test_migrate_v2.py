@@ -318,3 +318,16 @@ def test_what_version_2_cannot_hold_is_refused_naming_it():
     with pytest.raises(Refused, match="offset 1234: recurrent P rows"):
         v2_refusal(sf("hybrid", [rec]))
     v2_refusal(sf("hybrid", [NS(kind=MemoryKind.REC, role="rec", p=[])]))  # no P rows: fine
+
+
+def test_the_pre_2025_layout_is_refused(tmp_path: Path):
+    """A version-2 body without n_stream (llama.cpp before mid-2025) is read, but no conversion."""
+    from .test_versions import _legacy_body, _with_version
+
+    src = open_slot_file(SLOTS / "llama_f16_fa.slot")
+    data = (SLOTS / "llama_f16_fa.slot").read_bytes()
+    legacy = tmp_path / "old.slot"
+    legacy.write_bytes(_with_version(data[: src.body.offset] + _legacy_body(src, data) + data[src.body.end :], 2))
+    for to in (3, 4):
+        rep = _migrate(legacy, tmp_path / f"v{to}", to)
+        assert rep.outcome == Outcome.REFUSED and "without n_stream" in rep.reason, rep.reason

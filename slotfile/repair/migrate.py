@@ -34,7 +34,16 @@ from slotfile.format.records import Body, CacheExpect, FileFormat, KVStream, Mem
 from slotfile.model.compare import rotation_message, stream_types
 from slotfile.model.expect import attn_rot_disabled, is_quantized, rotation_widths
 from slotfile.repair.common import Operational, Options, Planned, Refused, Retry, start
-from slotfile.repair.migrate_versions import STATES, Edit, ext_edits, file_version, state_of, to_state, v2_refusal
+from slotfile.repair.migrate_versions import (
+    STATES,
+    Edit,
+    ext_edits,
+    file_version,
+    legacy_refusal,
+    state_of,
+    to_state,
+    v2_refusal,
+)
 from slotfile.repair.report import Report
 from slotfile.safewrite import Plan
 
@@ -84,6 +93,7 @@ def migrate(
     checked = _with_model(sf, opts)
     try:
         _model_refusal(checked)
+        legacy_refusal(checked)
         if dst == 2:
             v2_refusal(checked)
         mrope = checked.expect is not None and checked.expect.cell_ext == 12

@@ -44,6 +44,7 @@ __all__ = [
     "bodies_of",
     "ext_edits",
     "file_version",
+    "legacy_refusal",
     "state_of",
     "to_state",
     "v2_refusal",
@@ -120,14 +121,23 @@ def v2_refusal(sf: SlotFile) -> None:
                 f"{sec}: memory class {cls} ({V3_CLASSES[cls]}) is new in state version 3; "
                 "a version-2 llama.cpp has no such cache"
             )
-        if body.layout is not None and body.layout.legacy:
-            raise Refused(f"{sec}: a KV block without n_stream (llama.cpp before mid-2025) is not converted")
         for blk in body.blocks:
             if blk.kind == MemoryKind.REC and blk.p:
                 raise Refused(
                     f"{sec}.{blk.role} at offset {blk.p[0].offset}: recurrent P rows (PLE conv state, new in "
                     "state version 3): a version-2 llama.cpp has no PLE architecture"
                 )
+
+
+def legacy_refusal(sf: SlotFile) -> None:
+    """A version-2 body in the layout of llama.cpp before mid-2025 (KV blocks without n_stream,
+    single-sequence cells without a seq id) is not the layout any of 2026's llama.cpp reads."""
+    for sec, body in bodies_of(sf):
+        if body.layout is not None and body.layout.legacy:
+            raise Refused(
+                f"{sec} at offset {body.offset}: KV blocks without n_stream (llama.cpp before mid-2025): "
+                "no llama.cpp of state version 2 (2026), 3 or 4 reads this layout, and migrate does not rebuild it"
+            )
 
 
 # ---------------------------------------------------------------------------------------
