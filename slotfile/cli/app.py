@@ -458,7 +458,7 @@ def ls(
     if llama_lib is not None:
         from slotfile.cli.migrate_cmd import run_ls_library
 
-        raise typer.Exit(run_ls_library(directory, llama_lib, model, json_out, settle))
+        raise typer.Exit(run_ls_library(directory, llama_lib, model, json_out, settle, server_args))
     from slotfile.cli.ls_cmd import run_ls
 
     raise typer.Exit(run_ls(directory, json_out, sort, server_args, model, settle))

@@ -112,16 +112,31 @@ def run_migrate_dir(
     return rc
 
 
-def run_ls_library(root: Path, llama_lib: Path, model: Path | None, json_out: bool, settle: float = 5.0) -> int:
-    """``ls DIR --llama-lib LIB``: per file, does that llama.cpp load it as is, after migrate, or not."""
+def run_ls_library(
+    root: Path,
+    llama_lib: Path,
+    model: Path | None,
+    json_out: bool,
+    settle: float = 5.0,
+    server_args: str | None = None,
+) -> int:
+    """``ls DIR --llama-lib LIB``: per file, does that llama.cpp load it as is, after migrate, or not.
+    The model: ``--model``, else the ``-m`` of ``--server-args``."""
     from slotfile.cli.common import out
     from slotfile.cli.terminal import escape_text
     from slotfile.llama.loader import LoaderError
     from slotfile.repair.migrate_dir import library_verdicts
     from slotfile.slotdir.walk import scan_dir
 
+    if model is None and server_args is not None:
+        from slotfile.cli.server_common import server_and_model
+
+        got = server_and_model(server_args, None, "ls")
+        if isinstance(got, int):
+            return got
+        model = Path(got[1]) if got[1] else None
     if model is None:
-        fail("ls --llama-lib needs --model (the library is asked through a real load)", "ls")
+        fail("ls --llama-lib needs --model or --server-args with -m (each file is asked through a real load)", "ls")
         return USAGE
     if not root.is_dir():
         fail(f"{root}: not a directory", "ls")
