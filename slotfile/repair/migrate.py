@@ -108,6 +108,11 @@ def migrate(
     out.test_draft = bool(opts.draft_model)
     out.model_check = True
     report.notes.append(_exactness(sf, src, dst))
+    if opts.model is None:
+        report.notes.append(
+            "not test-loaded: that needs --model (through --llama-lib DIR, or a library of the target version "
+            "found beside llama-server on PATH, in SLOTFILE_LLAMA_V<N> or in slotfile's build cache)"
+        )
     return out
 
 
