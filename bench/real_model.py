@@ -91,9 +91,9 @@ def mark(n): T.append((n, time.monotonic()))
 import typer, slotfile.cli.app; mark("typer + slotfile.cli.app")
 from slotfile.llama.loader import LoaderPool; mark("import loader")
 pool = LoaderPool.start(sys.argv[1]); spawned = pool._starting[0].spawned; mark("spawn worker")
-import slotfile.cli.verify_cmd, slotfile.verify; mark("import verify, rich, numpy")
-from slotfile.verify import _model_side, read, level_structure, level_model
-side = _model_side(sys.argv[1]); mark("GGUF metadata + expectation")
+import slotfile.cli.verify_cmd, slotfile.cli.verify_output, slotfile.verify; mark("import verify, rich, numpy")
+from slotfile.verify import model_side, read, level_structure, level_model
+side = model_side(sys.argv[1]); mark("GGUF metadata + expectation")
 sf = read(__import__("pathlib").Path(sys.argv[2]), side, None); mark("parse the slot file")
 level_structure(sf); level_model(sf, side, None); mark("structure + model levels")
 hello = pool.ready(); mark("wait for the worker's hello")

@@ -227,7 +227,7 @@ sf = slotfile.format.reader.open_slot_file(sys.argv[1]); mark("open_slot_file (p
 doc = slotfile.report.to_json(sf); s = json.dumps(doc, indent=1); mark("to_json + json.dumps")
 import contextlib, io, pathlib
 with contextlib.redirect_stdout(io.StringIO()):
-    slotfile.cli.inspect_cmd.run_inspect([pathlib.Path(sys.argv[1])], None, False)
+    slotfile.cli.inspect_cmd.run_inspect(slotfile.cli.inspect_cmd.InspectArgs((pathlib.Path(sys.argv[1]),)))
 mark("inspect rendering (rich, to a StringIO)")
 out = [(b, round(1000 * (t1 - t0), 1)) for (a, t0), (b, t1) in zip(T, T[1:])]
 json.dump(out, sys.stdout)

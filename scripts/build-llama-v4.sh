@@ -32,19 +32,42 @@ if [ -f "${OUT}/libllama.so" ] && [ -f "${CACHE}/.complete" ]; then
 fi
 
 mkdir -p "${CACHE}"
-# one build at a time per cache folder (CI and a developer, or two test sessions)
+# One build at a time per cache folder: .ci/run and a developer's pytest (tests/conftest.py calls
+# this script when SLOTFILE_TEST_LLAMA_V4 is unset), or two test sessions, may start it together.
+# The second waits for the first and then finds its result. flock(1) where there is one (the lock
+# dies with the process); otherwise an atomic mkdir, taken over when its owner no longer runs.
+LOCKDIR="${CACHE}/.lock.d"
+cleanup() {
+    [ -n "${WORK:-}" ] && rm -rf "${WORK}"
+    [ -n "${HOLDS_LOCKDIR:-}" ] && rm -rf "${LOCKDIR}"
+    return 0
+}
+trap cleanup EXIT
 exec 9>"${CACHE}/.lock"
 if command -v flock >/dev/null 2>&1; then
-    flock 9
-    if [ -f "${OUT}/libllama.so" ] && [ -f "${CACHE}/.complete" ]; then
-        log "cached (built by another process): ${OUT}"
-        echo "${OUT}"
-        exit 0
-    fi
+    flock -n 9 || { log "another build of ${CACHE} is running: waiting for it"; flock 9; }
+else
+    until mkdir "${LOCKDIR}" 2>/dev/null; do
+        owner="$(cat "${LOCKDIR}/pid" 2>/dev/null || true)"
+        if [ -n "${owner}" ] && ! kill -0 "${owner}" 2>/dev/null; then
+            log "taking over the lock of process ${owner}, which no longer runs"
+            rm -rf "${LOCKDIR}"
+            continue
+        fi
+        [ -n "${SAID_WAITING:-}" ] || log "another build of ${CACHE} is running (process ${owner:-?}): waiting for it"
+        SAID_WAITING=1
+        sleep 5
+    done
+    HOLDS_LOCKDIR=1
+    echo $$ >"${LOCKDIR}/pid"
+fi
+if [ -f "${OUT}/libllama.so" ] && [ -f "${CACHE}/.complete" ]; then
+    log "cached (built by another process): ${OUT}"
+    echo "${OUT}"
+    exit 0
 fi
 
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/slotfile-llama-v4.XXXXXX")"
-trap 'rm -rf "${WORK}"' EXIT
 start=$(date +%s)
 
 # 1. the pinned source package
@@ -107,7 +130,7 @@ fi
 if ! readelf -d "${BUILD}/bin/libllama.so" 2>/dev/null | grep -q 'R.*PATH.*\$ORIGIN'; then
     command -v readelf >/dev/null 2>&1 && { log "libllama.so was built without RUNPATH \$ORIGIN"; exit 1; }
 fi
-rm -rf "${CACHE}/bin.new" "${OUT}"
+rm -rf "${CACHE}/bin.new" "${OUT}" "${CACHE}/.complete"
 mkdir -p "${CACHE}/bin.new"
 cp -a "${libs[@]}" "${CACHE}/bin.new/"
 cp "${SRC}/LICENSE" "${CACHE}/bin.new/LICENSE.llama.cpp"

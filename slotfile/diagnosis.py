@@ -1,17 +1,9 @@
 """What a failed check means and what to do next: the cause of a file's failure and the repair
 command that fits, shared by ``verify`` (table, JSON, JUnit), ``inspect`` and ``dump``.
 
-Every problem code falls in one class (:func:`problem_class`), decided by code, never by message:
-
-* ``damaged``: the bytes are wrong (cut, overwritten, lengths that do not add up, a state that
-  llama.cpp refuses or that differs from a recompute);
-* ``mismatch``: a file that reads cleanly but was checked against another model
-  (:data:`slotfile.model.check.MISMATCH_CODES`: arch, layout, vocabulary, context);
-* ``not-a-slot-file``: a recognised wrong input (a GGUF model, an empty, compressed or text file);
-* ``unsupported``: a layout slotfile cannot read yet (the bytes may be fine);
-* ``cannot-check``: something this run could not check (no draft model, a layout not modelled,
-  a state version the installed loader does not load): never a failure;
-* ``notice``: any other warning.
+Every problem falls in one class, decided by its code, never by its message: the registry
+(:mod:`slotfile.problems`, :func:`slotfile.problems.cause_of`) holds each code's class and says
+what the classes mean.
 
 A failing file's cause (:func:`file_cause`) is the first that applies of: not a slot file,
 damaged structure, unsupported structure, a model mismatch, damage found by the loader or the
@@ -29,11 +21,10 @@ from __future__ import annotations
 import shlex
 from collections.abc import Iterable
 from dataclasses import dataclass
-from enum import StrEnum
 from pathlib import Path
 
-from slotfile.format.records import MemoryKind, SlotFile
-from slotfile.model.check import CANNOT_CHECK_CODES, MISMATCH_CODES
+from slotfile.format.records import FileFormat, MemoryKind, SlotFile
+from slotfile.problems import CheckLevel, Problem, ProblemClass, ProblemCode, Severity, cause_of
 
 __all__ = [
     "Cause",
@@ -47,16 +38,8 @@ __all__ = [
 ]
 
 
-class Cause(StrEnum):
-    """Why a file fails (or what a problem says)."""
-
-    DAMAGED = "damaged"
-    MISMATCH = "mismatch"
-    NOT_SLOT_FILE = "not-a-slot-file"
-    UNSUPPORTED = "unsupported"
-    CANNOT_CHECK = "cannot-check"
-    NOTICE = "notice"
-
+# A failing file's cause is the class of the problem that decides it (see file_cause).
+Cause = ProblemClass
 
 # the words a person reads for each cause (inspect's verdict line, verify's table)
 CAUSE_WORDS = {
@@ -72,57 +55,45 @@ CAUSE_SHORT = {
     Cause.UNSUPPORTED: "unsupported",
 }
 
-NOT_SLOT_FILE_CODES = frozenset({"not-slot-file"})
-UNSUPPORTED_CODES = frozenset({"unsupported-layout"})
-# verify's own "could not check" codes (a missing draft model, a type the scan cannot read)
-VERIFY_CANNOT_CHECK = frozenset({"not-checked", "draft-not-checked", "draft-not-loaded", "unscanned-type"})
-# a library named with --llama-lib that cannot load the file's state version: the file does not
-# match what the user asked to load it with (a version the loader found by itself is a skip)
-LOADER_MISMATCH_CODES = frozenset({"version-mismatch"})
-DRAFT_LOAD_CODES = frozenset({"draft-rejected", "checkpoint-draft-rejected"})
+# the loader's refusals that concern only the draft state (strip-draft removes it)
+DRAFT_LOAD_CODES = frozenset({ProblemCode.DRAFT_REJECTED, ProblemCode.CHECKPOINT_DRAFT_REJECTED})
 
 
-def problem_class(code: str, severity: str) -> Cause:
-    if code in NOT_SLOT_FILE_CODES:
-        return Cause.NOT_SLOT_FILE
-    if code in MISMATCH_CODES or code in LOADER_MISMATCH_CODES:
-        return Cause.MISMATCH
-    if code in CANNOT_CHECK_CODES or code in VERIFY_CANNOT_CHECK:
-        return Cause.CANNOT_CHECK
-    if code in UNSUPPORTED_CODES:
-        return Cause.UNSUPPORTED
-    return Cause.DAMAGED if severity == "error" else Cause.NOTICE
+def problem_class(code: ProblemCode | str, severity: Severity | str) -> ProblemClass:
+    """The class of a problem (:func:`slotfile.problems.cause_of`); ValueError for an unregistered code."""
+    return cause_of(code, severity)
 
 
-@dataclass(frozen=True, slots=True)
-class ProblemRef:
-    """What the diagnosis needs of a problem: the level that found it and its code and section."""
+class ProblemRef(Problem):
+    """A :class:`Problem` built the way verify's levels build it (level first, no offset).
 
-    level: str  # structure | model | load | deep
-    severity: str
-    code: str
-    section: str
-    message: str = ""
+    Only a constructor: the value is a Problem.  It stays until verify's levels hold Problems
+    themselves (issue 21, phase B)."""
 
-    @property
-    def cls(self) -> Cause:
-        return problem_class(self.code, self.severity)
+    __slots__ = ()
+
+    def __init__(
+        self,
+        level: CheckLevel | str,
+        severity: Severity | str,
+        code: ProblemCode | str,
+        section: str,
+        message: str = "",
+    ) -> None:
+        Problem.__init__(self, Severity(severity), ProblemCode(code), section, None, message, CheckLevel(level))
 
 
-def refs_of(sf: SlotFile) -> list[ProblemRef]:
+def refs_of(sf: SlotFile) -> list[Problem]:
     """A parsed file's problems (inspect, dump): the model check's at the model level."""
-    return [
-        ProblemRef("model" if p.from_model else "structure", str(p.severity), p.code, p.section, p.message)
-        for p in sf.problems
-    ]
+    return list(sf.problems)
 
 
-def file_cause(problems: Iterable[ProblemRef]) -> Cause | None:
+def file_cause(problems: Iterable[Problem]) -> Cause | None:
     """Why the file fails, None when it has no error (see the module doc for the order)."""
-    errors = [p for p in problems if p.severity == "error"]
+    errors = [p for p in problems if p.severity == Severity.ERROR]
     if not errors:
         return None
-    classes = {(p.level == "structure", p.cls) for p in errors}
+    classes = {(p.level.reported_in == CheckLevel.STRUCTURE, p.cls) for p in errors}
     if any(c == Cause.NOT_SLOT_FILE for _, c in classes):
         return Cause.NOT_SLOT_FILE
     if (True, Cause.DAMAGED) in classes:
@@ -196,11 +167,11 @@ def _area(section: str) -> str:
     return head if head in ("body", "sckp", "trailing") else "other"
 
 
-def next_step(cause: Cause | None, problems: Iterable[ProblemRef], facts: Facts) -> NextStep | None:
+def next_step(cause: Cause | None, problems: Iterable[Problem], facts: Facts) -> NextStep | None:
     """The next step for a file that failed with ``cause`` (None: it passed, nothing to do)."""
     if cause is None:
         return None
-    errors = [p for p in problems if p.severity == "error"]
+    errors = [p for p in problems if p.severity == Severity.ERROR]
     if cause == Cause.NOT_SLOT_FILE:
         said = next((p.message for p in errors if p.cls == Cause.NOT_SLOT_FILE), "")
         todo = said.split("not a slot file: ", 1)[1] if "not a slot file: " in said else ""
@@ -215,18 +186,18 @@ def next_step(cause: Cause | None, problems: Iterable[ProblemRef], facts: Facts)
     return _repair_for(errors, facts)
 
 
-def _repair_for(errors: list[ProblemRef], facts: Facts) -> NextStep:
+def _repair_for(errors: list[Problem], facts: Facts) -> NextStep:
     path, out = _q(facts.path), _q(_out_name(facts.path))
     model = _q(facts.model) if facts.model else "MODEL.gguf"
     damaged = [p for p in errors if p.cls == Cause.DAMAGED]
-    if damaged and all(p.level == "deep" for p in damaged):
+    if damaged and all(p.level == CheckLevel.DEEP for p in damaged):
         return NextStep(
             "nothing can be repaired: the stored values differ from a recompute of the tokens "
             "(damaged values, or saved by another model of this shape); discard the file and let "
             "the server recompute the prompt"
         )
-    areas = {_area(p.section) for p in damaged if p.level != "deep"}
-    if facts.format == "GGSN":
+    areas = {_area(p.section) for p in damaged if p.level != CheckLevel.DEEP}
+    if facts.format == FileFormat.GGSN:
         return NextStep(
             "nothing can be repaired: the repair commands handle slot files (GGSQ), not whole-context session files"
         )
@@ -245,17 +216,17 @@ def _repair_for(errors: list[ProblemRef], facts: Facts) -> NextStep:
             "rebuild the body from the stored tokens (keeps every intact checkpoint and draft state)",
             f"slotfile truncate-recover {path} -o {out} --model {model}",
         )
-    structural = {_area(p.section) for p in damaged if p.level == "structure"}
+    structural = {_area(p.section) for p in damaged if p.level.reported_in == CheckLevel.STRUCTURE}
     if structural:  # the body is intact: keep it, drop the damaged appendix parts and trailing bytes
         cmd = f"slotfile truncate-recover {path} -o {out}" + (f" --model {model}" if facts.model else "")
         return NextStep("keep the intact body and every whole checkpoint; drop the damaged rest", cmd)
-    loader = [p for p in damaged if p.level == "load"]
+    loader = [p for p in damaged if p.level == CheckLevel.LOAD]
     if loader and all(p.code in DRAFT_LOAD_CODES for p in loader):
         return NextStep(
             "only the draft state is refused: remove it (the target state stays byte-identical)",
             f"slotfile strip-draft {path} -o {out}",
         )
-    if any(p.code == "checkpoint-rejected" for p in loader) and facts.v_trans_differs:
+    if any(p.code == ProblemCode.CHECKPOINT_REJECTED for p in loader) and facts.v_trans_differs:
         fa = "on" if facts.body_v_trans == 0 else "off"
         return NextStep(
             "the checkpoints' V layout is not the body's: write every part with one flash-attention setting",

@@ -25,9 +25,8 @@ import re
 import secrets
 import shutil
 import stat
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import BinaryIO
 
 CHUNK = 1 << 24  # bytes per copy_file_range / sendfile call
@@ -484,14 +483,6 @@ def _keep_backup(target: Target) -> None:
     fsync_dir(bdir)
 
 
-def iter_plan(plan: Plan) -> Iterator[tuple[str, int, int]]:
-    """(kind, offset in output, length) of each piece: for reports and dry runs."""
-    pos = 0
-    for piece in plan.pieces:
-        yield ("copy" if isinstance(piece, Range) else "literal", pos, piece.length)
-        pos += piece.length
-
-
 def describe_plan(plan: Plan) -> list[dict[str, object]]:
     out: list[dict[str, object]] = []
     pos = 0
@@ -508,17 +499,3 @@ def describe_plan(plan: Plan) -> list[dict[str, object]]:
             )
         pos += piece.length
     return out
-
-
-def same_content(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
-    """Byte-wise equality of two files, chunked."""
-    pa, pb = Path(a), Path(b)
-    if pa.stat().st_size != pb.stat().st_size:
-        return False
-    with open(pa, "rb") as fa, open(pb, "rb") as fb:
-        while True:
-            x, y = fa.read(1 << 20), fb.read(1 << 20)
-            if x != y:
-                return False
-            if not x:
-                return True

@@ -104,18 +104,24 @@ def test_output_symlink_and_directory_are_refused(tmp_path: Path) -> None:
 
 
 def test_read_only_file_system_is_refused(tmp_path: Path) -> None:
+    """A read-only tmpfs mounted in a private mount namespace (unshare; with a user namespace
+    when not root), so the test needs no privilege and leaves no mount behind."""
     from .conftest import SLOTS
 
     mnt = tmp_path / "ro"
     mnt.mkdir()
-    if (
-        subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(mnt)], capture_output=True).returncode
-        != 0
-    ):
-        pytest.skip("cannot mount a read-only file system here")
-    try:
-        r = _cli("strip-draft", str(SLOTS / "llama_draft_sdft.slot"), "-o", str(mnt / "out.slot"))
-        assert r.returncode == 2 and "Read-only file system" in r.stderr, (r.returncode, r.stderr)
-        assert "\n" not in r.stderr.strip()
-    finally:
-        subprocess.run(["umount", str(mnt)], capture_output=True)
+    ns = ["unshare", "--mount"] if os.geteuid() == 0 else ["unshare", "--user", "--map-root-user", "--mount"]
+    mount_then_run = 'mount -t tmpfs -o ro,size=1m tmpfs "$0" || exit 99; exec "$@"'
+    cmd = [
+        sys.executable,
+        "-m",
+        "slotfile",
+        "strip-draft",
+        str(SLOTS / "llama_draft_sdft.slot"),
+        "-o",
+        str(mnt / "out.slot"),
+    ]
+    r = subprocess.run([*ns, "sh", "-c", mount_then_run, str(mnt), *cmd], capture_output=True, text=True, timeout=120)
+    assert r.returncode != 99, f"{' '.join(ns)} could not mount a read-only tmpfs: {r.stderr}"
+    assert r.returncode == 2 and "Read-only file system" in r.stderr, (r.returncode, r.stderr)
+    assert "\n" not in r.stderr.strip()

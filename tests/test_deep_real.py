@@ -57,9 +57,9 @@ def real(tmp_path_factory) -> dict[str, Any]:
 
 @pytest.fixture(scope="session")
 def verifier(real):
-    from slotfile.verify import Options, Verifier
+    from slotfile.verify import Verifier, VerifyOptions
 
-    with Verifier(Options(model=real["model"], deep=True)) as v:
+    with Verifier(VerifyOptions(model=real["model"], deep=True)) as v:
         yield v
 
 

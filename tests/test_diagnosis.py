@@ -6,7 +6,7 @@ import pytest
 
 from slotfile.diagnosis import Cause, Facts, ProblemRef, file_cause, next_step, problem_class, refs_of
 from slotfile.format.reader import parse_buffer, recognise_foreign
-from slotfile.model.check import MISMATCH_CODES
+from slotfile.problems import CheckLevel, ProblemClass, ProblemCode, codes
 
 from .conftest import SLOTS
 
@@ -18,11 +18,31 @@ def e(level: str, code: str, section: str) -> ProblemRef:
 
 
 def test_classes_by_code_never_by_message():
-    assert {problem_class(c, "error") for c in MISMATCH_CODES} == {Cause.MISMATCH}
+    model_mismatch = set(codes(level=CheckLevel.MODEL, cls=ProblemClass.MISMATCH))
+    assert model_mismatch == {"wrong-arch", "model-mismatch", "token-out-of-vocab", "position-beyond-context"}
+    assert {problem_class(c, "error") for c in model_mismatch} == {Cause.MISMATCH}
+    assert problem_class("version-mismatch", "error") == Cause.MISMATCH
     assert problem_class("not-slot-file", "error") == Cause.NOT_SLOT_FILE
     assert problem_class("truncated", "error") == Cause.DAMAGED
     assert problem_class("draft-not-checked", "warning") == Cause.CANNOT_CHECK
     assert problem_class("k-only", "warning") == Cause.NOTICE
+    assert problem_class("unsupported-layout", "error") == Cause.UNSUPPORTED
+    # a damaged code raised as a warning is a notice (invalid: cells of several seq ids)
+    assert problem_class("invalid", "warning") == Cause.NOTICE
+    assert problem_class(ProblemCode.INVALID, "error") == Cause.DAMAGED
+
+
+def test_an_unregistered_code_is_refused_not_classed_damaged():
+    with pytest.raises(ValueError):
+        problem_class("no-such-code", "error")
+    with pytest.raises(ValueError):
+        ProblemRef("load", "error", "load-faild", "body")
+
+
+def test_problem_ref_is_a_problem():
+    ref = ProblemRef("model", "error", "model-mismatch", "body", "m")
+    assert ref.level == CheckLevel.MODEL and ref.from_model and ref.offset is None
+    assert ref.code is ProblemCode.MODEL_MISMATCH and ref.cls == Cause.MISMATCH
 
 
 def test_cause_order():

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from slotfile.format.reader import open_slot_file, parse_buffer
-from slotfile.verify import _dequant_rows
+from slotfile.verify.stats import dequant_rows
 
 from .conftest import FIXTURES
 
@@ -46,7 +46,7 @@ def _value_mismatch(committed: Path, got: bytes) -> str | None:
         lo, hi = y.data.offset, y.data.offset + y.data.length
         if np.array_equal(a[lo:hi], b[lo:hi]):
             continue
-        xv, yv = _dequant_rows(x, 0, x.n_cells), _dequant_rows(y, 0, y.n_cells)
+        xv, yv = dequant_rows(x, 0, x.n_cells), dequant_rows(y, 0, y.n_cells)
         err = float(np.abs(xv - yv).max()) / max(float(np.abs(yv).max()), 1e-30)
         if not err <= VALUE_RTOL:
             return f"{section} {y.part}[{y.index}] at offset {lo}: relative error {err:.2e}"

@@ -56,8 +56,7 @@ def check_read_only_paths(data: bytes, label: str, render: bool = True) -> SlotF
         json.dumps(to_json(sf, with_tokens=True))
         if not render:
             return sf
-        inspect_cmd.out = Console(file=io.StringIO(), markup=False, highlight=False)
-        inspect_cmd.render(sf, None, layers=False)
+        inspect_cmd.render(sf, None, layers=False, console=Console(file=io.StringIO(), markup=False, highlight=False))
     return sf
 
 

@@ -104,7 +104,7 @@ def test_the_graph_is_read_from_the_source():
     g = import_graph()
     # a top-level, a function-level and a TYPE_CHECKING import are all edges
     assert "slotfile.format.records" in g["slotfile.format.reader"]
-    assert "slotfile.format.scan" in g["slotfile.verify"]  # imported inside scan_into
+    assert "slotfile.format.scan" in g["slotfile.verify.structure"]  # imported inside scan_into
     assert "slotfile.format.reader" in g["slotfile"]  # imported inside __getattr__ of the package
     assert "slotfile.cli.inspect_cmd" in g["slotfile.cli.app"]  # from .inspect_cmd import ... in a command
 
@@ -138,3 +138,55 @@ def test_the_cycle_check_finds_a_function_level_cycle(tmp_path: Path):
     g = import_graph(pkg)
     assert g["slotfile.a"] == {"slotfile.b"} and g["slotfile.b"] == {"slotfile.a"}
     assert cycles(g) == [["slotfile.a", "slotfile.b"]]
+
+
+def _is_in(mod: str, pkg: str) -> bool:
+    return mod == pkg or mod.startswith(pkg + ".")
+
+
+def forbidden_edges(graph: dict[str, set[str]], importers: str, targets: tuple[str, ...]) -> list[tuple[str, str]]:
+    """Every import, at any level of a module (a function-level one too), from a module inside
+    package ``importers`` (``"!slotfile.cli"``: every module outside slotfile.cli) of a module
+    inside one of ``targets``."""
+    outside = importers.startswith("!")
+    pkg = importers.lstrip("!")
+    out = []
+    for mod, deps in sorted(graph.items()):
+        if _is_in(mod, pkg) == outside:
+            continue
+        out += [(mod, d) for d in sorted(deps) if any(_is_in(d, t) for t in targets)]
+    return out
+
+
+def test_the_library_never_imports_the_cli():
+    """The CLI sits on top: nothing outside slotfile/cli/ imports it, so the library works
+    (and is tested) without typer's wiring and its consoles.  ``python -m slotfile``
+    (slotfile/__main__.py) is the CLI's entry, not library."""
+    edges = forbidden_edges(import_graph(), "!slotfile.cli", ("slotfile.cli",))
+    assert [e for e in edges if e[0] != "slotfile.__main__"] == []
+
+
+def test_format_never_imports_llama_verify_or_repair():
+    """slotfile/format/ is bytes and records: neither it nor anything it imports reaches the
+    llama.cpp side, the verify levels or the repairs."""
+    g = import_graph()
+    above = ("slotfile.llama", "slotfile.verify", "slotfile.repair", "slotfile.cli")
+    assert forbidden_edges(g, "slotfile.format", above) == []
+    reached = set().union(*(_reaches(g, m) for m in g if _is_in(m, "slotfile.format")))
+    assert not [m for m in reached if any(_is_in(m, t) for t in above)], sorted(reached)
+
+
+def test_the_layer_check_finds_a_function_level_import(tmp_path: Path):
+    pkg = tmp_path / "slotfile"
+    for sub in ("format", "llama", "cli"):
+        (pkg / sub).mkdir(parents=True)
+        (pkg / sub / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "format" / "reader.py").write_text("def f():\n    from slotfile.llama import pool\n    return pool\n")
+    (pkg / "llama" / "pool.py").write_text("import slotfile.cli.app\n")
+    (pkg / "cli" / "app.py").write_text("from slotfile.format import reader\n")
+    g = import_graph(pkg)
+    assert forbidden_edges(g, "slotfile.format", ("slotfile.llama",)) == [
+        ("slotfile.format.reader", "slotfile.llama.pool")
+    ]
+    assert forbidden_edges(g, "!slotfile.cli", ("slotfile.cli",)) == [("slotfile.llama.pool", "slotfile.cli.app")]

@@ -273,9 +273,9 @@ def test_a_library_that_crashes_on_load_is_one_line(tmp_path):
 
 def test_an_unknown_state_version_is_refused(tmp_path):
     """A library writing a version slotfile does not know: the check on the worker's hello."""
-    from slotfile.llama.loader import _Worker
+    from slotfile.llama.loader import WorkerProcess
 
-    w = _Worker(str(MODEL), None, 0, 1)
+    w = WorkerProcess(str(MODEL), None, 0, 1)
     try:
         hello = w.wait_hello(120)
         assert w.library_problem(dict(hello), "") is None

@@ -258,7 +258,7 @@ def test_parent_process_never_imports_llama_cpp():
 
 
 def test_worker_is_self_contained():
-    """The worker program imports only its settings module and the ggml type table of
+    """The worker program imports only its own modules, the ggml type table and the magics of
     slotfile (and neither numpy nor llama_cpp before it runs): it starts cheaply, and a crash
     there can only take the worker."""
     code = (
@@ -272,20 +272,23 @@ def test_worker_is_self_contained():
         "slotfile.format",  # package docstrings only
         "slotfile.llama",
         "slotfile.llama.worker",
+        "slotfile.llama.worker.calls",
         "slotfile.llama.worker.program",
+        "slotfile.llama.worker.runtime",
         "slotfile.llama.worker.settings",
+        "slotfile.format.magics",
         "slotfile.format.types",
     }
 
 
 WORKER_IMPORTS = r"""
 import argparse, json, sys
-from slotfile.llama.worker import program as P
-P.L = P.import_bindings()
-P.L.llama_backend_init()
+from slotfile.llama.worker import program as P, runtime as R
+R.L = R.import_bindings()
+R.L.llama_backend_init()
 w = P.Worker(argparse.Namespace(model=sys.argv[1], draft_model=None, n_gpu_layers=0, threads=1))
 heavy = ("numpy", "jinja2", "llama_cpp.llama", "slotfile.format.appendix")
-out = {"started": [m for m in heavy if m in sys.modules], "version": P.package_version()}
+out = {"started": [m for m in heavy if m in sys.modules], "version": R.package_version()}
 for path, settings in json.loads(sys.argv[2]):
     r = w.load({"path": path, "settings": settings, "format": "GGSQ"})
     out[path] = {"ok": r["ok"], "checkpoints": r["checkpoints"], "imported": [m for m in heavy if m in sys.modules]}
@@ -334,21 +337,22 @@ def test_verify_dir_reads_the_model_once(tmp_path, monkeypatch):
     import shutil
 
     import slotfile.verify as verify_mod
+    import slotfile.verify.model as verify_model
 
     reads: list[str] = []
-    real = verify_mod.load_model_info
+    real = verify_model.load_model_info
 
     def counted(path, **kw):
         reads.append(str(path))
         return real(path, **kw)
 
-    monkeypatch.setattr(verify_mod, "load_model_info", counted)
+    monkeypatch.setattr(verify_model, "load_model_info", counted)
     files = []
     for i in range(12):
         dst = tmp_path / f"slot{i:02d}.slot"
         shutil.copyfile(SLOTS / "llama_f16_fa.slot", dst)
         files.append(dst)
-    with verify_mod.Verifier(verify_mod.Options(model=str(MODELS / "llama.gguf"))) as v:
+    with verify_mod.Verifier(verify_mod.VerifyOptions(model=str(MODELS / "llama.gguf"))) as v:
         reports = v.run(files)
         pids = {w.proc.pid for w in v.pool._all}
         restarts = v.pool.restarts

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from slotfile.format.reader import open_slot_file
-from slotfile.repair import Options, Outcome, run
+from slotfile.repair import Outcome, RepairOptions, run
 from slotfile.safewrite import resolve_target
 
 from .conftest import FIXTURES, SLOT_FILES, SLOTS, slotfile_cli
@@ -56,7 +56,7 @@ def llama_v2_lib() -> Path:
 def _migrate(
     src: Path, out: Path, to: int, model: Path | None = None, draft: Path | None = None, lib: Path | None = None
 ) -> Any:
-    opts = Options(
+    opts = RepairOptions(
         model=str(model) if model else None,
         draft_model=str(draft) if draft else None,
         to_version=to,

@@ -29,7 +29,7 @@ BASE = SLOTS / "llama_f16_fa.slot"  # packed tokens (54 ids in 58 words), llama.
 
 @pytest.fixture(scope="module")
 def llama() -> V.ModelSide:
-    side = V._model_side(str(MODELS / "llama.gguf"))
+    side = V.model_side(str(MODELS / "llama.gguf"))
     assert side is not None and side.expect is not None
     return side
 
@@ -141,7 +141,7 @@ def test_position_past_the_training_context_is_a_warning(llama, tmp_path):
 def test_layout_problems_are_the_same_for_every_command(tmp_path):
     """The draft model taken as the target: every layer's row size is wrong, in the body and
     in each checkpoint, and inspect, dump and verify list the same problems."""
-    side = V._model_side(str(MODELS / "draft.gguf"))
+    side = V.model_side(str(MODELS / "draft.gguf"))
     reader, dumped, verified = _all_three(BASE.read_bytes(), side, tmp_path)
     assert reader and reader == dumped == verified
     assert {p["code"] for p in reader} == {"model-mismatch"}
@@ -151,7 +151,7 @@ def test_layout_problems_are_the_same_for_every_command(tmp_path):
 
 
 def test_session_arch_is_checked_everywhere(tmp_path):
-    side = V._model_side(str(MODELS / "llama.gguf"))
+    side = V.model_side(str(MODELS / "llama.gguf"))
     data = (SLOTS / "extra-jamba.session").read_bytes()
     path = tmp_path / "s.session"
     path.write_bytes(data)
@@ -175,13 +175,13 @@ def test_verify_reads_in_the_model_layout(tmp_path):
     """The bytes alone warn that a K-only block may be a file cut where V starts; in the
     model's layout (as inspect and dump read it) there is nothing to warn about."""
     path = _mla_body_only(tmp_path)
-    side = V._model_side(str(MODELS / "extra-deepseek2.gguf"))
+    side = V.model_side(str(MODELS / "extra-deepseek2.gguf"))
     assert [p["code"] for p in V.level_structure(open_slot_file(path)).problems] == ["k-only"]
     sf = V.read(path, side, None)
     assert sf.body.confidence == "model"
     assert V.level_structure(sf).problems == []
     # a wrong model does not make the bytes look damaged: the structure still passes
-    draft = V._model_side(str(MODELS / "draft.gguf"))
+    draft = V.model_side(str(MODELS / "draft.gguf"))
     wrong = V.read(SLOTS / "gemma3_iswa_fa.slot", draft, None)
     assert V.level_structure(wrong).status == "pass"
     assert V.level_model(wrong, draft, None).status == "fail"
@@ -191,17 +191,20 @@ def test_verify_opens_files_in_the_model_layout(tmp_path):
     """The same, through Verifier.verify (the llama.cpp loader runs too)."""
     pytest.importorskip("llama_cpp")
     path = _mla_body_only(tmp_path)
-    with V.Verifier(V.Options(model=str(MODELS / "extra-deepseek2.gguf"))) as v:
+    with V.Verifier(V.VerifyOptions(model=str(MODELS / "extra-deepseek2.gguf"))) as v:
         r = v.verify(path)
     assert r.levels["structure"].problems == [] and r.levels["structure"].status == V.Status.PASS
     assert r.levels["model"].status == "pass"
 
 
 def test_enums_stay_plain_strings_in_json():
-    p = Problem(Severity.ERROR, "x", "body", 1, "m")
+    p = Problem(Severity.ERROR, "invalid", "body", 1, "m")
     assert (
-        json.dumps(p.to_dict()) == '{"severity": "error", "code": "x", "section": "body", "offset": 1, "message": "m"}'
+        json.dumps(p.to_dict())
+        == '{"severity": "error", "code": "invalid", "section": "body", "offset": 1, "message": "m"}'
     )
+    with pytest.raises(ValueError):
+        Problem(Severity.ERROR, "x", "body", 1, "m")  # an unregistered code is refused, never "damaged"
     assert json.dumps([FileFormat.GGSQ, TokenForm.PACKED, V.Status.SKIPPED]) == '["GGSQ", "packed", "skipped"]'
     assert f"{Severity.WARNING}" == "warning" and Severity("error") is Severity.ERROR
     sf = open_slot_file(BASE)

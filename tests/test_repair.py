@@ -23,8 +23,7 @@ from slotfile.cli.repair_cmd import exit_code
 from slotfile.format.reader import open_slot_file
 from slotfile.repair import Options, run
 from slotfile.safewrite import resolve_target
-from slotfile.verify import Options as VerifyOptions
-from slotfile.verify import Verifier
+from slotfile.verify import Verifier, VerifyOptions
 
 from .conftest import EXTRA, FIXTURES, MANIFEST, MODELS, SLOTS
 

@@ -13,7 +13,7 @@ import pytest
 from slotfile.slotdir.prune import carry_out, plan_prune
 from slotfile.slotdir.restore import Checker, Fate
 from slotfile.slotdir.serverargs import parse_server_args
-from slotfile.slotdir.walk import parse_age, parse_size, scan_dir, summarize
+from slotfile.slotdir.walk import parse_age, parse_size, scan_dir, settle_problem, summarize, wait_for_settle
 
 from .conftest import MODELS, SLOTS
 
@@ -50,6 +50,62 @@ def tree(tmp_path: Path) -> tuple[Path, float]:
     (d / "link.slot").symlink_to(outside / "victim.slot")
     (d / "linkdir").symlink_to(outside)
     return d, now
+
+
+def test_wait_for_settle_takes_what_settles_and_names_the_rest(tmp_path: Path):
+    """A fake clock: a.slot stops changing, b.slot keeps changing through the whole wait, c.slot
+    vanishes while waited for.  What settled joins the slot files in walk order (a folder's
+    files before its subfolders), the rest stays busy or is an error line."""
+    t0 = time.time()
+    for rel in ("a.slot", "z.slot", "sub/x.slot", "b.slot", "c.slot"):
+        _put(tmp_path, rel, "llama_f16_fa.slot", 0.0, t0)
+    for rel in ("z.slot", "sub/x.slot"):
+        os.utime(tmp_path / rel, (t0 - DAY, t0 - DAY))
+    os.utime(tmp_path / "a.slot", (t0 - 1, t0 - 1))
+    scan = scan_dir(tmp_path, settle=5.0, now=t0)
+    assert [e.rel for e in scan.busy] == ["a.slot", "b.slot", "c.slot"]
+    assert [e.rel for e in scan.slots] == ["z.slot", "sub/x.slot"]
+    clock = [t0]
+    slept: list[float] = []
+
+    def sleep(s: float) -> None:
+        slept.append(s)
+        clock[0] += s
+        os.utime(tmp_path / "b.slot", (clock[0], clock[0]))  # still being written
+        (tmp_path / "c.slot").unlink(missing_ok=True)
+
+    wait_for_settle(scan, 8.0, clock=lambda: clock[0], sleep=sleep)
+    assert [e.rel for e in scan.slots] == ["a.slot", "z.slot", "sub/x.slot"]
+    assert [e.rel for e in scan.busy] == ["b.slot"] and scan.settled == 1
+    assert [e for e in scan.errors if "c.slot" in e] == [f"{tmp_path / 'c.slot'}: vanished while it was being written"]
+    assert slept == pytest.approx([4.0, 4.0]) and scan.waited == pytest.approx(8.0)  # due at a's settle, then the bound
+    scan.settle_wait = 8.0
+    (line,) = scan.busy_lines()
+    assert line.startswith(f"{tmp_path / 'b.slot'}: still being written") and "--settle-wait 8" in line
+
+
+def test_scan_dir_waits_for_a_real_file_and_does_not_wait_without_a_bound(tmp_path: Path):
+    _put(tmp_path, "old.slot", "llama_f16_fa.slot", DAY, time.time())
+    _put(tmp_path, "new.slot", "llama_f16_fa.slot", 0.0, time.time())
+    told: list[tuple[list[str], float]] = []
+    t = time.monotonic()
+    scan = scan_dir(tmp_path, settle=0.5, settle_wait=10, on_wait=lambda fs, b: told.append(([e.rel for e in fs], b)))
+    assert time.monotonic() - t < 5 and 0.2 < scan.waited < 5
+    assert [e.rel for e in scan.slots] == ["new.slot", "old.slot"] and not scan.busy and told == [(["new.slot"], 10)]
+    os.utime(tmp_path / "new.slot", (time.time() - DAY, time.time() - DAY))
+    _put(tmp_path, "newer.slot", "llama_f16_fa.slot", 0.0, time.time())
+    scan = scan_dir(tmp_path, settle=60)  # settle_wait 0: nothing waited for, the file stays busy
+    assert [e.rel for e in scan.busy] == ["newer.slot"] and scan.waited == 0.0
+
+
+@pytest.mark.parametrize(
+    ("settle", "wait", "bad"),
+    [(5, 30, None), (0, 0, None), (-1, 30, "--settle"), (5, -1, "--settle-wait"), (5, float("nan"), "--settle-wait"),
+     (5, 1e9, "--settle-wait"), (float("inf"), 0, "--settle")],
+)  # fmt: skip
+def test_settle_values_out_of_range(settle, wait, bad):
+    why = settle_problem(settle, wait)
+    assert (why is None) if bad is None else why.startswith(bad + " takes")
 
 
 def test_scan_sorts_files_by_kind(tree):

@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import struct
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -14,7 +15,7 @@ import pytest
 from typer.testing import Result
 
 from slotfile.format.reader import open_slot_file
-from slotfile.verify import LEVELS, Options, Verifier, collect, version_message
+from slotfile.verify import LEVELS, Verifier, VerifyOptions, collect, version_message
 
 from . import damage
 from .conftest import EXTRA, FIXTURES, MANIFEST, MODELS, SLOTS, slotfile_cli
@@ -33,7 +34,7 @@ class Verifiers:
         key = (model, draft)
         if key not in self.v:
             self.v[key] = Verifier(
-                Options(
+                VerifyOptions(
                     model=str(FIXTURES / model) if "/" in model else str(model),
                     draft_model=str(FIXTURES / draft) if draft else None,
                     deep=True,
@@ -158,7 +159,7 @@ def test_crash_is_contained_in_a_run(verifiers, corpus):
 @pytest.mark.llama
 def test_wrong_model_of_the_same_shape(tmp_path):
     other = damage.other_seed_llama(tmp_path / "other-llama.gguf")
-    with Verifier(Options(model=str(other), deep=True)) as v:
+    with Verifier(VerifyOptions(model=str(other), deep=True)) as v:
         r = v.verify(damage.BASE)
     statuses = {k: lv.status for k, lv in r.levels.items()}
     assert statuses == {"structure": "pass", "model": "pass", "load": "pass", "deep": "fail"}
@@ -176,7 +177,7 @@ def test_version_message_is_plain():
 
 
 def test_structure_only_without_a_model(corpus):
-    with Verifier(Options()) as v:
+    with Verifier(VerifyOptions()) as v:
         ok = v.verify(damage.BASE)
         cut = v.verify(corpus["body-truncated"])
     assert ok.verdict == "pass" and ok.level_reached == 1
@@ -198,16 +199,47 @@ def test_directory_collection(tmp_path):
     (tmp_path / "notes.txt").write_text("not a slot")
     (tmp_path / "manifest.json").write_text("{}")
     os.symlink(tmp_path / "a.slot", tmp_path / "link.slot")
-    files, errors = collect([tmp_path, tmp_path / "missing.slot"])
+    files, errors, notes = collect([tmp_path, tmp_path / "missing.slot"], settle=0)
     assert [p.relative_to(tmp_path).as_posix() for p in files] == ["a.slot", "b.bin", "slot0", "sub/d.slot"]
-    assert errors == [f"{tmp_path / 'missing.slot'}: no such file or directory"]
+    assert errors == [f"{tmp_path / 'missing.slot'}: no such file or directory"] and notes == []
+
+
+def test_directory_walk_sets_temp_and_busy_files_aside(tmp_path):
+    """``verify DIR`` walks as ``ls`` and ``prune`` do (slotfile.slotdir.walk): slotfile's own
+    temp files and partial downloads are not verified, nor files still being written (modified
+    within ``settle`` seconds, and again while the walk waits for them); a note says so."""
+    shutil.copy(damage.BASE, tmp_path / "old.slot")
+    shutil.copy(damage.BASE, tmp_path / ".old.slot.slotfile-123-0123456789ab.tmp")
+    shutil.copy(damage.BASE, tmp_path / "down.slot.part")
+    shutil.copy(damage.BASE, tmp_path / "new.slot")
+    now = os.stat(tmp_path / "new.slot").st_mtime
+    for name in ("old.slot", ".old.slot.slotfile-123-0123456789ab.tmp", "down.slot.part"):
+        os.utime(tmp_path / name, (now - 3600, now - 3600))
+    files, errors, notes = collect([tmp_path], settle=60, wait=False)
+    assert [p.name for p in files] == ["old.slot"] and errors == []
+    assert notes == [
+        f"{tmp_path}: set aside: 2 temp file(s), 1 file(s) still being written (modified within 60 s, --settle) not verified"
+    ]
+    # a file that stops changing is verified once it has settled: the walk waits for it
+    os.utime(tmp_path / "new.slot")  # written just now
+    t0 = time.monotonic()
+    files, errors, notes = collect([tmp_path], settle=2)
+    assert [p.name for p in files] == ["new.slot", "old.slot"] and 1.5 < time.monotonic() - t0 < 30
+    assert notes == [f"{tmp_path}: set aside: 2 temp file(s) not verified"]
+    # only files being written: nothing to verify, which fails the run as an empty directory does
+    (tmp_path / "old.slot").unlink()
+    os.utime(tmp_path / "new.slot")
+    files, errors, notes = collect([tmp_path], settle=60, wait=False)
+    assert files == [] and notes == [] and errors[0].startswith(f"no slot files found under {tmp_path} (set aside: ")
+    r = cli(tmp_path, "--settle", "0")
+    assert r.exit_code == 0 and "1 file(s): 1 pass" in r.stdout  # the temp files stay aside
 
 
 def test_directory_without_slot_files_is_an_error(tmp_path):
     (tmp_path / "empty").mkdir()
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "notes.txt").write_text("not a slot")
-    files, errors = collect([tmp_path / "empty", tmp_path / "other"])
+    files, errors, _notes = collect([tmp_path / "empty", tmp_path / "other"])
     assert files == []
     assert errors == [f"no slot files found under {tmp_path / d}" for d in ("empty", "other")]
 
@@ -225,7 +257,15 @@ def llama_dir(tmp_path_factory, corpus) -> Path:
     for dm in damage.CORPUS:
         if dm.model == "llama.gguf":
             shutil.copy(corpus[dm.name], d)
+    settled(d)
     return d
+
+
+def settled(d: Path) -> None:
+    """Every file under ``d`` last written an hour ago (the walker sets newer ones aside)."""
+    for p in d.rglob("*"):
+        t = p.stat().st_mtime - 3600
+        os.utime(p, (t, t))
 
 
 def _check_schema(doc: dict) -> None:
@@ -323,7 +363,7 @@ def test_cli_table_with_a_model():
 def test_cli_table_and_exit_codes(tmp_path):
     structure = cli(SLOTS)  # no model: structure only, every fixture reads cleanly
     assert structure.exit_code == 0, structure.stdout
-    n = len(collect([SLOTS])[0])
+    n = len(collect([SLOTS], settle=0)[0])
     assert f"{n} file(s): {n} pass, 0 fail (structure only; add --model to test-load) in " in structure.stdout
 
     missing_model = cli(SLOTS / "llama_f16_fa.slot", "--model", tmp_path / "nope.gguf")
@@ -410,9 +450,9 @@ def test_cli_version_mismatch_is_cannot_check_not_a_failure(corpus):
 
 def test_model_level_token_and_position_checks():
     from slotfile.format.reader import parse_buffer
-    from slotfile.verify import _model_side, level_model
+    from slotfile.verify.model import level_model, model_side
 
-    side = _model_side(str(MODELS / "llama.gguf"))
+    side = model_side(str(MODELS / "llama.gguf"))
     data = damage.BASE.read_bytes()
     assert level_model(parse_buffer(data), side, None).status == "pass"
     # a token id beyond the 320-token vocabulary: the server's validate() rejects it
@@ -432,7 +472,7 @@ def test_model_level_token_and_position_checks():
     # without a draft model, draft blobs are reported as not checked (a warning)
     lv = level_model(open_slot_file(SLOTS / "llama_draft_sdft.slot"), side, None)
     assert lv.status == "pass" and any(p["code"] == "draft-not-checked" for p in lv.problems)
-    dside = _model_side(str(MODELS / "draft.gguf"))
+    dside = model_side(str(MODELS / "draft.gguf"))
     assert not level_model(open_slot_file(SLOTS / "llama_draft_sdft.slot"), side, dside).problems
     # the draft model used as the target: every layer's row size is wrong
     lv = level_model(parse_buffer(data), dside, None)

@@ -64,9 +64,9 @@ def inspect(
     layers: bool = typer.Option(False, "--layers", help="List every layer's K/V/R/S entry."),
 ) -> None:
     """A summary of each file: format, tokens, memory layout, sections, checkpoints, verdict."""
-    from slotfile.cli.inspect_cmd import run_inspect
+    from slotfile.cli.inspect_cmd import InspectArgs, run_inspect
 
-    raise typer.Exit(run_inspect(files, model, layers))
+    raise typer.Exit(run_inspect(InspectArgs(tuple(files), model, layers)))
 
 
 @app.command(
@@ -84,9 +84,9 @@ def dump(
     model: Path | None = typer.Option(None, "--model", "-m", help="GGUF model: adds the detokenised text."),
 ) -> None:
     """Every field with its byte offset, as text or JSON."""
-    from slotfile.cli.dump_cmd import run_dump
+    from slotfile.cli.dump_cmd import DumpArgs, run_dump
 
-    raise typer.Exit(run_dump(file, json_out, tokens, model))
+    raise typer.Exit(run_dump(DumpArgs(file, json_out, tokens, model)))
 
 
 _SERVER_ARGS = typer.Option(
@@ -110,13 +110,15 @@ def _verify_for_server(
 ) -> int:
     """verify --server-args: the restore verdict per file (slotfile.restore/1)."""
     from slotfile.cli.common import fail
-    from slotfile.cli.restore_cmd import run_restore_check
+    from slotfile.cli.restore_cmd import RestoreCheckArgs, run_restore_check
 
     used = [f"--{k.replace('_', '-')}" for k, v in others.items() if v]
     if used:
         fail(f"--server-args does not combine with {', '.join(used)}", "verify")
         return 2
-    return run_restore_check(paths, server_args, model, json_out, jobs, n_gpu_layers, timeout, quiet)
+    return run_restore_check(
+        RestoreCheckArgs(tuple(paths), server_args, model, json_out, jobs, n_gpu_layers, timeout, quiet)
+    )
 
 
 @app.command(
@@ -153,6 +155,11 @@ def verify(
     n_ubatch: int = typer.Option(
         512, "--n-ubatch", min=1, help="--deep: the recompute's n_ubatch (match the server's -ub; default 512)."
     ),
+    settle: float = typer.Option(
+        5.0,
+        "--settle",
+        help="DIR: a file modified within this many seconds is waited for; one still being written is set aside.",
+    ),
 ) -> None:
     """Structure, model metadata, a real test-load and (--deep) a recompute, each reported per file."""
     if server_args is not None:
@@ -172,38 +179,26 @@ def verify(
                 draft_model=draft_model,
             )
         )
-    pool = None
-    if model is not None and jobs >= 1 and model.is_file() and (draft_model is None or draft_model.is_file()):
-        # the llama.cpp workers load the model while this process imports and parses
-        from slotfile.llama.loader import LoaderError, LoaderPool
+    from slotfile.cli.verify_cmd import VerifyRequest, run_verify
 
-        try:
-            pool = LoaderPool.start(
-                str(model), str(draft_model) if draft_model else None, n_gpu_layers, jobs, llama_lib=llama_lib
-            )
-        except LoaderError:  # an unusable --llama-lib: reported by run_verify, with its exit code
-            pool = None
-    from slotfile.cli.verify_cmd import run_verify
-
-    raise typer.Exit(
-        run_verify(
-            paths,
-            model,
-            draft_model,
-            deep,
-            n_gpu_layers,
-            jobs,
-            json_out,
-            junit,
-            timeout,
-            scan,
-            pool=pool,
-            quiet=quiet,
-            llama_lib=llama_lib,
-            n_batch=n_batch,
-            n_ubatch=n_ubatch,
-        )
+    request = VerifyRequest(
+        paths=tuple(paths),
+        model=model,
+        draft_model=draft_model,
+        deep=deep,
+        n_gpu_layers=n_gpu_layers,
+        jobs=jobs,
+        json_out=json_out,
+        junit=junit,
+        timeout=timeout,
+        scan=scan,
+        quiet=quiet,
+        llama_lib=llama_lib,
+        n_batch=n_batch,
+        n_ubatch=n_ubatch,
+        settle=settle,
     )
+    raise typer.Exit(run_verify(request))
 
 
 _OUT = typer.Option(None, "--output", "-o", help="Where to write the repaired file (must not exist unless --force).")
@@ -257,28 +252,27 @@ def truncate_recover(
 ) -> None:
     """Keep every intact section; drop damaged checkpoints, a damaged SDFT and trailing bytes;
     with --model rebuild a cut body."""
-    from slotfile.cli.repair_cmd import run_repair
+    from slotfile.cli.repair_cmd import RepairArgs, run_repair
 
-    raise typer.Exit(
-        run_repair(
-            "truncate-recover",
-            file,
-            output,
-            force=force,
-            in_place=in_place,
-            backup=backup,
-            dry_run=dry_run,
-            json_out=json_out,
-            model=model,
-            draft_model=draft_model,
-            flash_attn=flash_attn,
-            cache_type_k=cache_type_k,
-            cache_type_v=cache_type_v,
-            checkpoint_at=checkpoint_at,
-            timeout=timeout,
-            llama_lib=llama_lib,
-        )
+    args = RepairArgs(
+        "truncate-recover",
+        file,
+        output,
+        force=force,
+        in_place=in_place,
+        backup=backup,
+        dry_run=dry_run,
+        json_out=json_out,
+        model=model,
+        draft_model=draft_model,
+        flash_attn=flash_attn,
+        cache_type_k=cache_type_k,
+        cache_type_v=cache_type_v,
+        checkpoint_at=tuple(checkpoint_at or ()),
+        timeout=timeout,
+        llama_lib=llama_lib,
     )
+    raise typer.Exit(run_repair(args))
 
 
 @app.command(
@@ -303,23 +297,22 @@ def strip_draft(
 ) -> None:
     """Remove the SDFT appendix and every checkpoint's draft and speculative blobs; the target
     state stays byte-identical."""
-    from slotfile.cli.repair_cmd import run_repair
+    from slotfile.cli.repair_cmd import RepairArgs, run_repair
 
-    raise typer.Exit(
-        run_repair(
-            "strip-draft",
-            file,
-            output,
-            force=force,
-            in_place=in_place,
-            backup=backup,
-            dry_run=dry_run,
-            json_out=json_out,
-            model=model,
-            timeout=timeout,
-            llama_lib=llama_lib,
-        )
+    args = RepairArgs(
+        "strip-draft",
+        file,
+        output,
+        force=force,
+        in_place=in_place,
+        backup=backup,
+        dry_run=dry_run,
+        json_out=json_out,
+        model=model,
+        timeout=timeout,
+        llama_lib=llama_lib,
     )
+    raise typer.Exit(run_repair(args))
 
 
 _RESAVE_CTK = typer.Option(None, "--cache-type-k", help="Recompute the state with this K cache type (lossy).")
@@ -331,6 +324,12 @@ _LS_SERVER_ARGS = typer.Option(
     None, "--server-args", help="A restore verdict per file for this llama-server command line (structure only)."
 )
 _SETTLE = typer.Option(5.0, "--settle", help="Seconds since the last write before a file counts as complete.")
+_SETTLE_WAIT = typer.Option(
+    30.0,
+    "--settle-wait",
+    help="Seconds to wait for files still being written (inside --settle) before handling them; "
+    "a file still changing then is named and the exit code is 4 (0 to 86400).",
+)
 
 
 @app.command(
@@ -362,72 +361,52 @@ def re_save(
     json_out: bool = _JSON,
     timeout: float = _TIMEOUT,
     llama_lib: Path | None = _LLAMA_LIB,
+    settle: float = _SETTLE,
+    settle_wait: float = _SETTLE_WAIT,
 ) -> None:
     """Load the body through llama.cpp and write it again, keeping the checkpoints and draft state."""
     if file.is_dir() or server_args is not None:
+        from slotfile.cli.restore_cmd import ResaveDirArgs, run_resave_dir
+
         raise typer.Exit(
-            _resave_dir(
-                file,
-                output,
-                server_args,
-                model,
-                dry_run=dry_run,
-                force=force,
-                json_out=json_out,
-                timeout=timeout,
-                in_place=in_place,
+            run_resave_dir(
+                ResaveDirArgs(
+                    file,
+                    output,
+                    server_args,
+                    model,
+                    dry_run=dry_run,
+                    force=force,
+                    json_out=json_out,
+                    in_place=in_place,
+                    timeout=timeout,
+                    settle=settle,
+                    settle_wait=settle_wait,
+                )
             )
         )
-    from slotfile.cli.repair_cmd import run_repair
+    from slotfile.cli.repair_cmd import RepairArgs, run_repair
 
-    raise typer.Exit(
-        run_repair(
-            "re-save",
-            file,
-            output,
-            force=force,
-            in_place=in_place,
-            backup=backup,
-            dry_run=dry_run,
-            json_out=json_out,
-            model=model,
-            draft_model=draft_model,
-            flash_attn=flash_attn,
-            tokens=tokens,
-            recompute=recompute,
-            timeout=timeout,
-            cache_type_k=cache_type_k,
-            cache_type_v=cache_type_v,
-            llama_lib=llama_lib,
-        )
+    args = RepairArgs(
+        "re-save",
+        file,
+        output,
+        force=force,
+        in_place=in_place,
+        backup=backup,
+        dry_run=dry_run,
+        json_out=json_out,
+        model=model,
+        draft_model=draft_model,
+        flash_attn=flash_attn,
+        tokens=tokens,
+        recompute=recompute,
+        timeout=timeout,
+        cache_type_k=cache_type_k,
+        cache_type_v=cache_type_v,
+        llama_lib=llama_lib,
     )
-
-
-def _resave_dir(
-    root: Path,
-    output: Path | None,
-    server_args: str | None,
-    model: Path | None,
-    *,
-    dry_run: bool,
-    force: bool,
-    json_out: bool,
-    timeout: float,
-    in_place: bool,
-) -> int:
-    """re-save DIR -o OUTDIR --server-args ARGS."""
-    from slotfile.cli.common import fail
-    from slotfile.cli.restore_cmd import run_resave_dir
-
-    if not root.is_dir():
-        fail("--server-args goes with a directory: re-save DIR -o OUTDIR --server-args ARGS", "re-save")
-        return 2
-    if in_place:
-        fail("a directory is never converted in place: give -o OUTDIR", "re-save")
-        return 2
-    return run_resave_dir(
-        root, output, server_args, model, dry_run=dry_run, force=force, json_out=json_out, timeout=timeout
-    )
+    raise typer.Exit(run_repair(args))
 
 
 @app.command(
@@ -446,22 +425,24 @@ def ls(
     server_args: str | None = _LS_SERVER_ARGS,
     model: Path | None = typer.Option(None, "--model", "-m", help="GGUF model (default: the server's -m)."),
     settle: float = _SETTLE,
+    settle_wait: float = _SETTLE_WAIT,
     llama_lib: Path | None = typer.Option(
         None,
         "--llama-lib",
         help="A llama.cpp build (folder of libllama.so): per file, does it load as is, after migrate, or not at all "
-        "(needs --model).",
+        "(needs --model or --server-args with -m).",
     ),
 ) -> None:
     """One row per slot file (size, tokens, version, memory, streams, K/V types, flash attention, checkpoints,
-    draft, age) and totals."""
+    draft, age) and totals.  With --llama-lib: per file, whether that llama.cpp loads it as is, after
+    migrate, or not at all."""
     if llama_lib is not None:
-        from slotfile.cli.migrate_cmd import run_ls_library
+        from slotfile.cli.migrate_cmd import LsLibraryArgs, run_ls_library
 
-        raise typer.Exit(run_ls_library(directory, llama_lib, model, json_out, settle, server_args))
-    from slotfile.cli.ls_cmd import run_ls
+        raise typer.Exit(run_ls_library(LsLibraryArgs(directory, llama_lib, model, json_out, settle, server_args)))
+    from slotfile.cli.ls_cmd import LsArgs, run_ls
 
-    raise typer.Exit(run_ls(directory, json_out, sort, server_args, model, settle))
+    raise typer.Exit(run_ls(LsArgs(directory, json_out, sort, server_args, model, settle, settle_wait)))
 
 
 @app.command(
@@ -482,11 +463,33 @@ def prune(
     delete: bool = typer.Option(False, "--delete", help="Remove the planned files (without it: print the plan only)."),
     json_out: bool = typer.Option(False, "--json", help="JSON on stdout (schema slotfile.prune/1)."),
     settle: float = _SETTLE,
+    settle_wait: float = _SETTLE_WAIT,
 ) -> None:
     """Plan which slot files to remove to meet a quota (oldest first); remove them only with --delete."""
-    from slotfile.cli.prune_cmd import run_prune
+    from slotfile.cli.prune_cmd import PruneArgs, run_prune
 
-    raise typer.Exit(run_prune(directory, max_total, older_than, keep, damaged, delete, json_out, settle))
+    args = PruneArgs(directory, max_total, older_than, keep, damaged, delete, json_out, settle, settle_wait)
+    raise typer.Exit(run_prune(args))
+
+
+@app.command(
+    "precommit",
+    context_settings=HELP,
+    epilog=_examples(
+        "slotfile precommit sessions/a.slot firmware.bin   # firmware.bin: passed over",
+        "slotfile precommit -v $(git diff --cached --name-only)",
+    ),
+)
+def precommit(
+    files: list[Path] = typer.Argument(..., help="Files a commit adds or changes (as pre-commit passes them)."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Name every file passed over, and why."),
+    model: Path | None = typer.Option(None, "--model", "-m", help="GGUF model: metadata checks and a test-load."),
+    llama_lib: Path | None = typer.Option(None, "--llama-lib", help=_LLAMA_LIB_HELP),
+) -> None:
+    """The pre-commit hook: verify the files that carry a slot magic (GGSQ/GGSN), pass over the rest."""
+    from slotfile.cli.precommit_cmd import PrecommitArgs, run_precommit
+
+    raise typer.Exit(run_precommit(PrecommitArgs(tuple(files), verbose, model, llama_lib)))
 
 
 @app.command(
@@ -546,42 +549,40 @@ def migrate(
     both ways, wherever lossless.  With --llama-lib DIR (a build of the target version) the output is
     test-loaded through it before it lands.  A directory is migrated into -o OUTDIR (same tree)."""
     if file.is_dir():
-        from slotfile.cli.migrate_cmd import run_migrate_dir
+        from slotfile.cli.migrate_cmd import MigrateDirArgs, run_migrate_dir
 
-        raise typer.Exit(
-            run_migrate_dir(
-                file,
-                output,
-                to,
-                model,
-                draft_model,
-                llama_lib,
-                dry_run=dry_run,
-                force=force,
-                only_changed=only_changed,
-                json_out=json_out,
-                timeout=timeout,
-            )
-        )
-    from slotfile.cli.repair_cmd import run_repair
-
-    raise typer.Exit(
-        run_repair(
-            "migrate",
+        dir_args = MigrateDirArgs(
             file,
             output,
-            force=force,
-            in_place=in_place,
-            backup=backup,
-            dry_run=dry_run,
-            json_out=json_out,
+            to,
             model=model,
             draft_model=draft_model,
-            to_version=to,
-            timeout=timeout,
             llama_lib=llama_lib,
+            dry_run=dry_run,
+            force=force,
+            only_changed=only_changed,
+            json_out=json_out,
+            timeout=timeout,
         )
+        raise typer.Exit(run_migrate_dir(dir_args))
+    from slotfile.cli.repair_cmd import RepairArgs, run_repair
+
+    args = RepairArgs(
+        "migrate",
+        file,
+        output,
+        force=force,
+        in_place=in_place,
+        backup=backup,
+        dry_run=dry_run,
+        json_out=json_out,
+        model=model,
+        draft_model=draft_model,
+        to_version=to,
+        timeout=timeout,
+        llama_lib=llama_lib,
     )
+    raise typer.Exit(run_repair(args))
 
 
 def main() -> None:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from slotfile.cli.terminal import escape_text
 from slotfile.exitcodes import OK, OPERATIONAL, PROBLEMS
@@ -12,30 +13,44 @@ from slotfile.format.reader import open_slot_file
 from slotfile.format.records import SlotFile
 from slotfile.model.bridge import ModelError, ModelInfo, load_model_info
 
-
-def __getattr__(name: str) -> Any:
-    """``out`` / ``err``: rich consoles, built on first use, so that commands printing plain
-    text or JSON (dump, --json) never import rich.  stdout carries results; everything else
-    (logs, operational errors) goes to stderr."""
-    if name not in ("out", "err"):
-        raise AttributeError(name)
+if TYPE_CHECKING:
     from rich.console import Console
 
-    console = (
-        Console(highlight=False, markup=False, soft_wrap=False)
-        if name == "out"
-        else Console(stderr=True, highlight=False, markup=False)
-    )
-    globals()[name] = console
-    return console
+
+def out_console() -> Console:
+    """A rich console on stdout (results), made for one invocation; rich is imported only
+    here, so that commands printing plain text or JSON (dump, --json) never import it.  It
+    writes to whatever ``sys.stdout`` is when it prints (a test runner's capture included)."""
+    from rich.console import Console
+
+    return Console(highlight=False, markup=False, soft_wrap=False)
 
 
-def progress_bar(disable: bool = False) -> Any:
-    """The progress bar of the commands that walk many files: on stderr, gone when done, off
-    when stderr is not a terminal; rich.progress is imported only here."""
+def err_console() -> Console:
+    """A rich console on stderr (progress, logs), made for one invocation."""
+    from rich.console import Console
+
+    return Console(stderr=True, highlight=False, markup=False)
+
+
+def __getattr__(name: str) -> Any:
+    """``out`` / ``err`` for a module that still imports them by name (the verify command):
+    a fresh console on each import, never one kept here.  The other commands call
+    :func:`out_console` / :func:`err_console` in their run function."""
+    if name == "out":
+        return out_console()
+    if name == "err":
+        return err_console()
+    raise AttributeError(name)
+
+
+def progress_bar(disable: bool = False, console: Console | None = None) -> Any:
+    """The progress bar of the commands that walk many files: on stderr (``console``, or a
+    fresh one), gone when done, off when stderr is not a terminal; rich.progress is imported
+    only here."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    err = __getattr__("err")
+    err = console if console is not None else err_console()
     return Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -53,6 +68,19 @@ def fail(message: str, command: str | None = None) -> None:
     prefix = f"slotfile {command}" if command else "slotfile"
     sys.stderr.write(f"{prefix}: {escape_text(message)}\n")
     sys.stderr.flush()
+
+
+def say_waiting(command: str) -> Callable[[list[Any], float], None]:
+    """A directory walker's ``on_wait`` (slotdir.walk.scan_dir): one line on stderr before it
+    waits for files being written, so that a wait is never silent."""
+
+    def say(files: list[Any], bound: float) -> None:
+        more = f" and {len(files) - 1} more" if len(files) > 1 else ""
+        first = escape_text(files[0].rel, 60) if files else "files"
+        sys.stderr.write(f"slotfile {command}: waiting up to {bound:g} s for {first}{more}: still being written\n")
+        sys.stderr.flush()
+
+    return say
 
 
 def open_or_report(path: Path, model: ModelInfo | None = None, draft_model: ModelInfo | None = None) -> SlotFile | None:
@@ -85,7 +113,3 @@ def exit_code(files: list[SlotFile | None]) -> int:
     if any(f.errors for f in files if f is not None):
         return PROBLEMS
     return OK
-
-
-def stdout_is_tty() -> bool:
-    return sys.stdout.isatty()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -14,16 +15,26 @@ from slotfile.exitcodes import OPERATIONAL
 from slotfile.report import to_json
 
 
-def run_dump(path: Path, as_json: bool, with_tokens: bool, model_path: Path | None) -> int:
-    model, ok = load_model_or_report(model_path)
+@dataclass(frozen=True, slots=True)
+class DumpArgs:
+    """``slotfile dump``'s command line."""
+
+    file: Path
+    json_out: bool = False
+    tokens: bool = False
+    model: Path | None = None
+
+
+def run_dump(args: DumpArgs) -> int:
+    model, ok = load_model_or_report(args.model)
     if not ok:
         return OPERATIONAL
-    sf = open_or_report(path, model)
+    sf = open_or_report(args.file, model)
     if sf is None:
         return OPERATIONAL
     text = model.detokenize(sf.tokens.tokens) if model is not None and sf.tokens is not None else None
-    doc = to_json(sf, with_tokens=with_tokens, text=text, model_path=str(model_path) if model_path else None)
-    if as_json:
+    doc = to_json(sf, with_tokens=args.tokens, text=text, model_path=str(args.model) if args.model else None)
+    if args.json_out:
         json.dump(doc, sys.stdout, indent=1, ensure_ascii=True)
         sys.stdout.write("\n")
     else:

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from itertools import groupby
 from pathlib import Path
 
+from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from slotfile.cli.common import exit_code, load_model_or_report, open_or_report, out
+from slotfile.cli.common import exit_code, load_model_or_report, open_or_report, out_console
 from slotfile.cli.terminal import escape_text, human_size
 from slotfile.diagnosis import CAUSE_WORDS, Cause, facts_of, file_cause, next_step, refs_of
 from slotfile.exitcodes import OPERATIONAL
@@ -20,19 +22,29 @@ from slotfile.report import flash_attn_of
 PREVIEW_CHARS = 160
 
 
-def run_inspect(files: list[Path], model_path: Path | None, layers: bool) -> int:
-    model, ok = load_model_or_report(model_path)
+@dataclass(frozen=True, slots=True)
+class InspectArgs:
+    """``slotfile inspect``'s command line."""
+
+    files: tuple[Path, ...]
+    model: Path | None = None
+    layers: bool = False
+
+
+def run_inspect(args: InspectArgs) -> int:
+    model, ok = load_model_or_report(args.model)
     if not ok:
         return OPERATIONAL
+    con = out_console()
     results: list[SlotFile | None] = []
-    for i, path in enumerate(files):
+    for i, path in enumerate(args.files):
         sf = open_or_report(path, model)
         results.append(sf)
         if sf is None:
             continue
         if i:
-            out.print()
-        render(sf, model, layers, model_path)
+            con.print()
+        render(sf, model, args.layers, args.model, console=con)
     return exit_code(results)
 
 
@@ -40,8 +52,12 @@ def _kv(table: Table, key: str, value: str | Text) -> None:
     table.add_row(Text(key, style="bold"), value if isinstance(value, Text) else Text(value))
 
 
-def render(sf: SlotFile, model: ModelInfo | None, layers: bool, model_path: Path | None = None) -> None:
-    out.print(Text(escape_text(sf.path), style="bold underline"))
+def render(
+    sf: SlotFile, model: ModelInfo | None, layers: bool, model_path: Path | None = None, console: Console | None = None
+) -> None:
+    """One file's screen, printed on ``console`` (default: a fresh one on stdout)."""
+    con = console if console is not None else out_console()
+    con.print(Text(escape_text(sf.path), style="bold underline"))
     summary = Table(show_header=False, box=None, pad_edge=False)
     summary.add_column(no_wrap=True)
     summary.add_column()
@@ -56,13 +72,13 @@ def render(sf: SlotFile, model: ModelInfo | None, layers: bool, model_path: Path
     _tokens(summary, sf, model)
     _memory(summary, sf)
     _appendices(summary, sf)
-    out.print(summary)
-    _sections(sf)
+    con.print(summary)
+    _sections(con, sf)
     if sf.body is not None and sf.body.blocks:
-        _blocks(sf, layers)
+        _blocks(con, sf, layers)
     if sf.checkpoints:
-        _checkpoints(sf)
-    _verdict(sf, model_path)
+        _checkpoints(con, sf)
+    _verdict(con, sf, model_path)
 
 
 def _tokens(t: Table, sf: SlotFile, model: ModelInfo | None) -> None:
@@ -161,16 +177,16 @@ def _appendices(t: Table, sf: SlotFile) -> None:
             _kv(t, "draft state", f"SDFT v{d.version}: DAMAGED")
 
 
-def _sections(sf: SlotFile) -> None:
+def _sections(con: Console, sf: SlotFile) -> None:
     table = Table(title="sections", title_justify="left", show_lines=False)
     for col, just in (("section", "left"), ("offset", "right"), ("size", "right"), ("content", "left")):
         table.add_column(col, justify=just)  # type: ignore[arg-type]
     for s in sf.sections:
         table.add_row(Text(s.name), str(s.offset), str(s.size), Text(escape_text(s.note)))
-    out.print(table)
+    con.print(table)
 
 
-def _blocks(sf: SlotFile, layers: bool) -> None:
+def _blocks(con: Console, sf: SlotFile, layers: bool) -> None:
     table = Table(title="memory layers", title_justify="left")
     for col, just in (
         ("block", "left"),
@@ -204,10 +220,10 @@ def _blocks(sf: SlotFile, layers: bool) -> None:
                 str(r0.offset),
                 str(sum(r.data.length for r in grp)),
             )
-    out.print(table)
+    con.print(table)
 
 
-def _checkpoints(sf: SlotFile) -> None:
+def _checkpoints(con: Console, sf: SlotFile) -> None:
     table = Table(title="context checkpoints (SCKP)", title_justify="left")
     for col, just in (
         ("#", "right"),
@@ -232,7 +248,7 @@ def _checkpoints(sf: SlotFile) -> None:
             lay,
             str(c.offset),
         )
-    out.print(table)
+    con.print(table)
 
 
 def _blob_line(body: object) -> str:
@@ -247,7 +263,7 @@ def _blob_line(body: object) -> str:
     return ", ".join(parts) or "empty"
 
 
-def _verdict(sf: SlotFile, model_path: Path | None = None) -> None:
+def _verdict(con: Console, sf: SlotFile, model_path: Path | None = None) -> None:
     """The verdict names the cause (damaged, does not match this model, not a slot file), then
     every problem, then the next step for a file that fails."""
     style = {"ok": "bold green", "ok with warnings": "bold yellow"}.get(sf.verdict, "bold red")
@@ -258,16 +274,16 @@ def _verdict(sf: SlotFile, model_path: Path | None = None) -> None:
     n = len(sf.problems)
     if n:
         line.append(f" ({n} problem{'s' if n > 1 else ''})")
-    out.print(line)
+    con.print(line)
     for p in sf.problems:
         mark = "error" if p.severity == "error" else "warning"
         # one problem, one line, never wrapped: people grep for these
-        out.print(
+        con.print(
             Text(f"  {mark}: {escape_text(p.line())}", style="red" if mark == "error" else "yellow"), soft_wrap=True
         )
     step = next_step(cause, refs, facts_of(sf, str(model_path) if model_path else None))
     if step is not None and cause != Cause.NOT_SLOT_FILE:  # a wrong input says what to pass in its problem
-        out.print(
+        con.print(
             Text(escape_text(f"next step: {step.text}" + (f": {step.command}" if step.command else "")), style="cyan"),
             soft_wrap=True,
         )

@@ -9,7 +9,13 @@ JSON (``--json``), schema ``slotfile.ls/1``::
                 "restore"?: {"fate", "reason", "changes", "proven": false, "load": null}}],
      "totals": {"files", "bytes", "tokens", "damaged", "unreadable"},
      "temp": {"files", "bytes"}, "busy": {"files", "bytes"}, "symlinks_skipped": int,
-     "errors": [str], "files_per_second": float, "exit_code": 0 | 4 | 8}
+     "errors": [str], "still_being_written": [str], "tally": {"handled", "skipped", "failed"},
+     "files_per_second": float, "exit_code": 0 | 4 | 8}
+
+``busy``: the files still being written once ``--settle-wait`` ran out (named in
+``still_being_written``; they make the exit code 4).  Exit codes: 0 every slot file found was
+listed and none is damaged; 4 a damaged file, or one still being written; 8 a path could not
+be read; 2 usage.
 """
 
 from __future__ import annotations
@@ -17,24 +23,51 @@ from __future__ import annotations
 import json
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from slotfile.cli.common import fail
+from slotfile.cli.common import fail, out_console, say_waiting
 from slotfile.cli.server_common import server_dict, wide_console
 from slotfile.cli.terminal import escape_text, human_size
 from slotfile.exitcodes import OK, OPERATIONAL, PROBLEMS, USAGE
-from slotfile.slotdir.walk import DirScan, FileSummary, human_age, scan_dir, summarize
+from slotfile.slotdir.walk import (
+    SETTLE_SECONDS,
+    SETTLE_WAIT_SECONDS,
+    DirScan,
+    FileSummary,
+    Tally,
+    human_age,
+    scan_dir,
+    settle_problem,
+    summarize,
+)
 
 SCHEMA = "slotfile.ls/1"
 SORTS = ("path", "size", "age", "tokens")
 
 
-def run_ls(
-    root: Path, json_out: bool, sort: str, server_args: str | None, model: Path | None, settle: float = 5.0
-) -> int:
-    if sort not in SORTS:
-        fail(f"--sort takes {', '.join(SORTS)}, not {sort!r}", "ls")
+@dataclass(frozen=True, slots=True)
+class LsArgs:
+    """``slotfile ls``'s command line."""
+
+    root: Path
+    json_out: bool = False
+    sort: str = "path"
+    server_args: str | None = None
+    model: Path | None = None
+    settle: float = SETTLE_SECONDS
+    settle_wait: float = SETTLE_WAIT_SECONDS
+
+
+def run_ls(args: LsArgs) -> int:
+    root, server_args, model = args.root, args.server_args, args.model
+    if args.sort not in SORTS:
+        fail(f"--sort takes {', '.join(SORTS)}, not {args.sort!r}", "ls")
+        return USAGE
+    why = settle_problem(args.settle, args.settle_wait)
+    if why is not None:
+        fail(why, "ls")
         return USAGE
     server, side = None, None
     if server_args is not None:
@@ -57,8 +90,8 @@ def run_ls(
         fail(f"{root}: not a directory", "ls")
         return OPERATIONAL
     t0 = time.monotonic()
-    now = time.time()
-    scan = scan_dir(root, settle=settle, now=now)
+    scan = scan_dir(root, settle=args.settle, settle_wait=args.settle_wait, on_wait=say_waiting("ls"))
+    now = time.time()  # ages from after the wait
     rows = [summarize(e) for e in scan.slots]
     fates: dict[str, Any] = {}
     if server is not None:
@@ -67,15 +100,15 @@ def run_ls(
         for s in rows:
             if s.error is None:
                 fates[s.path] = predict(s, None, server, side, None).to_dict()
-    elapsed = time.monotonic() - t0
-    rows = _sorted(rows, sort, now)
-    for e in scan.errors:
+    elapsed = time.monotonic() - t0 - scan.waited  # the rate of the work, not of the wait
+    rows = _sorted(rows, args.sort, now)
+    for e in scan.errors + scan.busy_lines():
         fail(e, "ls")
     for s in rows:
         if s.error:
             fail(s.error, "ls")
     rc = _exit(scan, rows)
-    if json_out:
+    if args.json_out:
         doc = document(scan, rows, fates, server, now, elapsed, rc)
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
     else:
@@ -86,7 +119,12 @@ def run_ls(
 def _exit(scan: DirScan, rows: list[FileSummary]) -> int:
     if scan.errors or any(s.error for s in rows):
         return OPERATIONAL
-    return PROBLEMS if any(s.damaged for s in rows) else OK
+    return PROBLEMS if scan.busy or any(s.damaged for s in rows) else OK
+
+
+def tally(scan: DirScan, rows: list[FileSummary]) -> Tally:
+    unread = sum(1 for s in rows if s.error)
+    return Tally(len(rows) - unread, len(scan.temps) + len(scan.symlinks), unread + len(scan.busy) + len(scan.errors))
 
 
 def _sorted(rows: list[FileSummary], sort: str, now: float) -> list[FileSummary]:
@@ -124,6 +162,8 @@ def document(
         "busy": {"files": len(scan.busy), "bytes": sum(e.size for e in scan.busy)},
         "symlinks_skipped": len(scan.symlinks),
         "errors": scan.errors,
+        "still_being_written": [e.path for e in scan.busy],
+        "tally": tally(scan, rows).to_dict(),
         "files_per_second": round(len(rows) / elapsed, 1) if elapsed > 0 else None,
         "exit_code": rc,
     }
@@ -142,8 +182,7 @@ def _fa(s: FileSummary) -> str:
 def render(scan: DirScan, rows: list[FileSummary], fates: dict[str, Any], now: float, elapsed: float) -> None:
     from rich.table import Table
 
-    from slotfile.cli.common import out
-
+    out = out_console()
     table = Table(title=f"slotfile ls {escape_text(scan.root)}", title_justify="left")
     cols = ["file", "size", "tokens", "ver", "memory", "streams", "K/V", "fa", "ckpt", "draft", "age"]
     if fates:
@@ -174,7 +213,7 @@ def render(scan: DirScan, rows: list[FileSummary], fates: dict[str, Any], now: f
             row.append(escape_text(f"{f['fate']}: {f['reason']}") if f else "-")
         table.add_row(*row)
     if rows:
-        wide_console().print(table)
+        wide_console(out).print(table)
     line = (
         f"{len(rows)} slot file(s), {human_size(sum(s.size for s in rows))}, "
         f"{sum(s.n_tokens or 0 for s in rows)} tokens"
@@ -184,11 +223,12 @@ def render(scan: DirScan, rows: list[FileSummary], fates: dict[str, Any], now: f
         line += f", {damaged} damaged"
     line += (
         f"; apart: {len(scan.temps)} temp file(s) ({human_size(sum(e.size for e in scan.temps))}), "
-        f"{len(scan.busy)} being written ({human_size(sum(e.size for e in scan.busy))})"
+        f"{len(scan.busy)} still being written ({human_size(sum(e.size for e in scan.busy))})"
     )
     if scan.symlinks:
         line += f", {len(scan.symlinks)} symlink(s) not followed"
     if fates:
         line += " [restore: from the structure only; verify --server-args proves it with a load]"
+    line += f"; {tally(scan, rows).line()}"
     line += f"; {len(rows) / elapsed:.0f} files/s" if elapsed > 0 and rows else ""
     out.print(line, soft_wrap=True)

@@ -18,30 +18,59 @@ import json
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-from slotfile.cli.common import fail, progress_bar
+from slotfile.cli.common import fail, progress_bar, say_waiting
 from slotfile.exitcodes import OK, OPERATIONAL, PROBLEMS, USAGE
+from slotfile.slotdir.walk import SETTLE_SECONDS, SETTLE_WAIT_SECONDS, Tally
 
 SCHEMA = "slotfile.migrate-dir/1"
 
 
-def run_migrate_dir(
-    root: Path,
-    outdir: Path | None,
-    to: int,
-    model: Path | None,
-    draft_model: Path | None,
-    llama_lib: Path | None,
-    *,
-    dry_run: bool,
-    force: bool,
-    only_changed: bool,
-    json_out: bool,
-    timeout: float = 600.0,
-) -> int:
+@dataclass(frozen=True, slots=True)
+class MigrateDirArgs:
+    """``slotfile migrate DIR``'s command line."""
+
+    root: Path
+    outdir: Path | None
+    to: int
+    model: Path | None = None
+    draft_model: Path | None = None
+    llama_lib: Path | None = None
+    dry_run: bool = False
+    force: bool = False
+    only_changed: bool = False
+    json_out: bool = False
+    timeout: float = 600.0
+    settle: float = SETTLE_SECONDS
+    settle_wait: float = SETTLE_WAIT_SECONDS
+
+
+@dataclass(frozen=True, slots=True)
+class LsLibraryArgs:
+    """``slotfile ls DIR --llama-lib LIB``'s command line."""
+
+    root: Path
+    llama_lib: Path
+    model: Path | None = None
+    json_out: bool = False
+    settle: float = 5.0
+    server_args: str | None = None
+
+
+def run_migrate_dir(args: MigrateDirArgs) -> int:
+    root, outdir, to, model, draft_model, llama_lib = (
+        args.root,
+        args.outdir,
+        args.to,
+        args.model,
+        args.draft_model,
+        args.llama_lib,
+    )
+    dry_run, force, only_changed, json_out = args.dry_run, args.force, args.only_changed, args.json_out
     from slotfile.cli.restore_cmd import _print_resave_dir
-    from slotfile.repair.common import Options
+    from slotfile.repair.common import RepairOptions
     from slotfile.repair.migrate_dir import migrate_all
     from slotfile.slotdir.walk import scan_dir
 
@@ -68,12 +97,12 @@ def run_migrate_dir(
             fail(str(e), "migrate")
             return OPERATIONAL
     t0 = time.monotonic()
-    scan = scan_dir(root)
-    opts = Options(
+    scan = scan_dir(root, settle=args.settle, settle_wait=args.settle_wait, on_wait=say_waiting("migrate"))
+    opts = RepairOptions(
         model=str(model) if model else None,
         draft_model=str(draft_model) if draft_model else None,
         to_version=to,
-        timeout=timeout,
+        timeout=args.timeout,
         llama_lib=str(llama_lib) if llama_lib else None,
     )
     with progress_bar(disable=len(scan.slots) < 2) as progress:
@@ -81,11 +110,12 @@ def run_migrate_dir(
             scan, str(outdir), opts, force=force, dry_run=dry_run, only_changed=only_changed, progress=progress
         )
     errors = list(scan.errors)
-    for line in errors:
+    busy = scan.busy_lines()
+    for line in errors + busy:
         fail(line, "migrate")
     if errors or any(x.action == "error" for x in results):
         rc = OPERATIONAL
-    elif any(x.action in ("skipped", "failed") for x in results):
+    elif busy or any(x.action in ("skipped", "failed") for x in results):
         rc = PROBLEMS
     else:
         rc = OK
@@ -93,6 +123,11 @@ def run_migrate_dir(
     counts: dict[str, int] = {}
     for x in results:
         counts[x.action] = counts.get(x.action, 0) + 1
+    tally = Tally(
+        sum(1 for x in results if x.action in ("copied", "converted", "would-copy", "would-convert")),
+        counts.get("skipped", 0) + counts.get("left-out", 0) + len(scan.temps) + len(scan.symlinks),
+        counts.get("failed", 0) + counts.get("error", 0) + len(busy) + len(errors),
+    )
     if json_out:
         doc = {
             "schema": SCHEMA,
@@ -103,26 +138,29 @@ def run_migrate_dir(
             "only_changed": only_changed,
             "files": [x.to_dict() for x in results],
             "errors": errors,
+            "still_being_written": busy,
             "summary": {**counts, "seconds": round(elapsed, 3)},
+            "tally": tally.to_dict(),
             "exit_code": rc,
         }
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
     else:
-        _print_resave_dir(results, counts, scan, elapsed, dry_run)
+        _print_resave_dir(results, counts, scan, tally, elapsed, dry_run)
     return rc
 
 
-def run_ls_library(
-    root: Path,
-    llama_lib: Path,
-    model: Path | None,
-    json_out: bool,
-    settle: float = 5.0,
-    server_args: str | None = None,
-) -> int:
+def run_ls_library(args: LsLibraryArgs) -> int:
     """``ls DIR --llama-lib LIB``: per file, does that llama.cpp load it as is, after migrate, or not.
     The model: ``--model``, else the ``-m`` of ``--server-args``."""
-    from slotfile.cli.common import out
+    root, llama_lib, model, json_out, settle, server_args = (
+        args.root,
+        args.llama_lib,
+        args.model,
+        args.json_out,
+        args.settle,
+        args.server_args,
+    )
+    from slotfile.cli.common import out_console
     from slotfile.cli.terminal import escape_text
     from slotfile.llama.loader import LoaderError
     from slotfile.repair.migrate_dir import library_verdicts
@@ -166,6 +204,7 @@ def run_ls_library(
         }
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
         return rc
+    out = out_console()
     label = {"as-is": "loads as is", "after-migrate": "after migrate", "no": "not at all"}
     for v in verdicts:
         out.print(escape_text(f"{label[v.verdict]:14} {v.rel}: {v.reason}"), soft_wrap=True)

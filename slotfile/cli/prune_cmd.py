@@ -6,11 +6,13 @@ JSON (``--json``), schema ``slotfile.prune/1``::
      "rules": {"max_total", "older_than_s", "keep", "damaged", "settle_s"},
      "remove": [{"path", "rel", "size", "age_s", "why", "removed", "error"}],
      "total_before": int, "total_after": int, "untouchable_bytes": int,
-     "quota_met": bool, "note": str, "errors": [str], "exit_code": 0 | 4 | 8}
+     "quota_met": bool, "note": str, "errors": [str], "still_being_written": [str],
+     "tally": {"handled", "skipped", "failed"}, "exit_code": 0 | 4 | 8}
 
 Exit codes: 0 the plan meets every rule (and, with --delete, every removal succeeded);
-4 --max-total cannot be met with the files that may be removed; 8 a path could not be read or
-a removal failed; 2 usage.
+4 --max-total cannot be met with the files that may be removed, or a file was still being
+written after ``--settle-wait`` (it was left alone, unjudged); 8 a path could not be read or a
+removal failed; 2 usage.
 """
 
 from __future__ import annotations
@@ -18,26 +20,51 @@ from __future__ import annotations
 import json
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from slotfile.cli.common import fail
+from slotfile.cli.common import fail, out_console, say_waiting
 from slotfile.cli.terminal import escape_text, human_size
 from slotfile.exitcodes import OK, OPERATIONAL, PROBLEMS, USAGE
 from slotfile.slotdir.prune import SCHEMA, PrunePlan, carry_out, plan_prune
-from slotfile.slotdir.walk import FileSummary, human_age, parse_age, parse_size, scan_dir, summarize
+from slotfile.slotdir.walk import (
+    SETTLE_SECONDS,
+    SETTLE_WAIT_SECONDS,
+    DirScan,
+    FileSummary,
+    Tally,
+    human_age,
+    parse_age,
+    parse_size,
+    scan_dir,
+    settle_problem,
+    summarize,
+)
 
 
-def run_prune(
-    root: Path,
-    max_total: str | None,
-    older_than: str | None,
-    keep: int | None,
-    damaged: bool,
-    delete: bool,
-    json_out: bool,
-    settle: float = 5.0,
-) -> int:
+@dataclass(frozen=True, slots=True)
+class PruneArgs:
+    """``slotfile prune``'s command line."""
+
+    root: Path
+    max_total: str | None = None
+    older_than: str | None = None
+    keep: int | None = None
+    damaged: bool = False
+    delete: bool = False
+    json_out: bool = False
+    settle: float = SETTLE_SECONDS
+    settle_wait: float = SETTLE_WAIT_SECONDS
+
+
+def run_prune(args: PruneArgs) -> int:
+    root, max_total, older_than, keep, damaged = args.root, args.max_total, args.older_than, args.keep, args.damaged
+    settle = args.settle
+    why_settle = settle_problem(settle, args.settle_wait)
+    if why_settle is not None:
+        fail(why_settle, "prune")
+        return USAGE
     try:
         size = parse_size(max_total) if max_total is not None else None
         age = parse_age(older_than) if older_than is not None else None
@@ -53,8 +80,8 @@ def run_prune(
     if root.is_symlink() or not root.is_dir():
         fail(f"{root}: not a directory (a symlink is not followed)", "prune")
         return OPERATIONAL
+    scan = scan_dir(root, settle=settle, settle_wait=args.settle_wait, on_wait=say_waiting("prune"))
     now = time.time()
-    scan = scan_dir(root, settle=settle, now=now)
     errors = list(scan.errors)
     summaries: dict[str, FileSummary] | None = None
     if damaged:
@@ -65,40 +92,46 @@ def run_prune(
                 errors.append(s.error)
             summaries[entry.path] = s
     plan = plan_prune(scan, summaries, now=now, max_total=size, older_than=age, keep=keep, damaged=damaged)
-    if delete:
+    if args.delete:
         carry_out(plan, str(root), settle)
-    for line in errors:
+    busy = scan.busy_lines()
+    for line in errors + busy:
         fail(line, "prune")
     failed = [r for r in plan.remove if r.error]
     for r in failed:
         fail(f"{r.entry.path}: not removed: {r.error}", "prune")
-    rc = OPERATIONAL if errors or failed else (OK if plan.quota_met else PROBLEMS)
-    if json_out:
-        doc = _document(root, plan, delete, size, age, keep, damaged, settle, errors, now, rc)
+    rc = OPERATIONAL if errors or failed else (OK if plan.quota_met and not busy else PROBLEMS)
+    unread = len(errors) - len(scan.errors)  # files --damaged could not read
+    tally = Tally(
+        len(scan.slots) - unread - len(failed),
+        len(scan.temps) + len(scan.symlinks),
+        unread + len(failed) + len(busy) + len(scan.errors),
+    )
+    if args.json_out:
+        doc = _document(args, plan, size, age, errors, now, rc)
+        doc["still_being_written"] = [e.path for e in scan.busy]
+        doc["tally"] = tally.to_dict()
+        doc["exit_code"] = doc.pop("exit_code")  # stays last
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
     else:
-        _render(plan, delete, len(scan.temps) + len(scan.busy), now)
+        _render(plan, args.delete, scan, tally, now)
     return rc
 
 
 def _document(
-    root: Path,
-    plan: PrunePlan,
-    delete: bool,
-    size: int | None,
-    age: float | None,
-    keep: int | None,
-    damaged: bool,
-    settle: float,
-    errors: list[str],
-    now: float,
-    rc: int,
+    args: PruneArgs, plan: PrunePlan, size: int | None, age: float | None, errors: list[str], now: float, rc: int
 ) -> dict[str, Any]:
     return {
         "schema": SCHEMA,
-        "root": str(root),
-        "delete": delete,
-        "rules": {"max_total": size, "older_than_s": age, "keep": keep, "damaged": damaged, "settle_s": settle},
+        "root": str(args.root),
+        "delete": args.delete,
+        "rules": {
+            "max_total": size,
+            "older_than_s": age,
+            "keep": args.keep,
+            "damaged": args.damaged,
+            "settle_s": args.settle,
+        },
         "remove": [r.to_dict(now) for r in plan.remove],
         "total_before": plan.total_before,
         "total_after": plan.total_after,
@@ -110,9 +143,9 @@ def _document(
     }
 
 
-def _render(plan: PrunePlan, delete: bool, n_apart: int, now: float) -> None:
-    from slotfile.cli.common import out
-
+def _render(plan: PrunePlan, delete: bool, scan: DirScan, tally: Tally, now: float) -> None:
+    out = out_console()
+    n_apart = len(scan.temps) + len(scan.busy)
     verb = "removed" if delete else "would remove"
     for r in plan.remove:
         state = verb if r.error is None else "NOT removed"
@@ -134,4 +167,4 @@ def _render(plan: PrunePlan, delete: bool, n_apart: int, now: float) -> None:
         line += f"; {plan.note}"
     if not delete and plan.remove:
         line += " (plan only: add --delete to remove)"
-    out.print(line, soft_wrap=True)
+    out.print(line + f"; {tally.line()}", soft_wrap=True)

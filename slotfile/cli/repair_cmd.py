@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from slotfile.cli.common import fail, out
+from slotfile.cli.common import fail, out_console
 from slotfile.cli.terminal import escape_text
 from slotfile.exitcodes import OK, OPERATIONAL, PROBLEMS, USAGE
 from slotfile.format.types import KV_CACHE_TYPES
@@ -60,59 +61,72 @@ def _cache_type(value: str | None, option: str) -> str | None:
     return value.lower()
 
 
-def run_repair(
-    command: str,
-    input_path: Path,
-    output: Path | None,
-    *,
-    force: bool,
-    in_place: bool,
-    backup: Path | None,
-    dry_run: bool,
-    json_out: bool,
-    model: Path | None = None,
-    draft_model: Path | None = None,
-    flash_attn: str | None = None,
-    cache_type_k: str | None = None,
-    cache_type_v: str | None = None,
-    checkpoint_at: list[int] | None = None,
-    tokens: str | None = None,
-    recompute: bool = False,
-    timeout: float = 600.0,
-    llama_lib: Path | None = None,
-    to_version: int | None = None,
-) -> int:
-    try:
+@dataclass(frozen=True, slots=True)
+class RepairArgs:
+    """The command line of a command that writes one file (``truncate-recover``,
+    ``strip-draft``, ``re-save FILE``, ``migrate``); an option a command lacks keeps its default."""
+
+    command: str
+    input: Path
+    output: Path | None = None
+    force: bool = False
+    in_place: bool = False
+    backup: Path | None = None
+    dry_run: bool = False
+    json_out: bool = False
+    model: Path | None = None
+    draft_model: Path | None = None
+    flash_attn: str | None = None
+    cache_type_k: str | None = None
+    cache_type_v: str | None = None
+    checkpoint_at: tuple[int, ...] = ()
+    tokens: str | None = None
+    recompute: bool = False
+    timeout: float = 600.0
+    llama_lib: Path | None = None
+    to_version: int | None = None
+
+    def options(self) -> Options:
+        """The repair library's options; raises ValueError with the option's name for a bad value."""
         opts = Options(
-            model=str(model) if model else None,
-            draft_model=str(draft_model) if draft_model else None,
-            flash_attn=_on_off(flash_attn, "--flash-attn"),
-            type_k=_cache_type(cache_type_k, "--cache-type-k"),
-            type_v=_cache_type(cache_type_v, "--cache-type-v"),
-            checkpoint_at=list(checkpoint_at) if checkpoint_at else None,
-            tokens=tokens.lower() if tokens else None,
-            recompute=recompute,
-            timeout=timeout,
-            llama_lib=str(llama_lib) if llama_lib is not None else None,
-            to_version=to_version,
+            model=str(self.model) if self.model else None,
+            draft_model=str(self.draft_model) if self.draft_model else None,
+            flash_attn=_on_off(self.flash_attn, "--flash-attn"),
+            type_k=_cache_type(self.cache_type_k, "--cache-type-k"),
+            type_v=_cache_type(self.cache_type_v, "--cache-type-v"),
+            checkpoint_at=list(self.checkpoint_at) if self.checkpoint_at else None,
+            tokens=self.tokens.lower() if self.tokens else None,
+            recompute=self.recompute,
+            timeout=self.timeout,
+            llama_lib=str(self.llama_lib) if self.llama_lib is not None else None,
+            to_version=self.to_version,
         )
         if opts.tokens not in (None, "packed", "plain"):
-            raise ValueError(f"--tokens takes packed or plain, not {tokens!r}")
-        if command == "re-save" and model is None:
+            raise ValueError(f"--tokens takes packed or plain, not {self.tokens!r}")
+        if self.command == "re-save" and self.model is None:
             raise ValueError("re-save needs --model")
+        return opts
+
+
+def run_repair(args: RepairArgs) -> int:
+    command, input_path, json_out = args.command, args.input, args.json_out
+    try:
+        opts = args.options()
         target = None
-        if not dry_run or output is not None or in_place:
+        if not args.dry_run or args.output is not None or args.in_place:
             if not input_path.exists() and not input_path.is_symlink():
                 target = None  # reported by run() as an unreadable input
             else:
-                target = resolve_target(input_path, output, in_place=in_place, backup=backup, force=force)
+                target = resolve_target(
+                    input_path, args.output, in_place=args.in_place, backup=args.backup, force=args.force
+                )
     except (ValueError, WriteRefused) as e:
         return _usage(command, input_path, str(e), json_out)
-    if target is None and not dry_run:
+    if target is None and not args.dry_run:
         report = Report(command, str(input_path)).fail(Outcome.OPERATIONAL, f"{input_path}: no such file")
         _emit(report, json_out)
         return exit_code(report)
-    report = run(command, str(input_path), target, opts, dry_run=dry_run)
+    report = run(command, str(input_path), target, opts, dry_run=args.dry_run)
     _emit(report, json_out)
     return exit_code(report)
 
@@ -145,6 +159,7 @@ def _emit(report: Report, json_out: bool) -> None:
         if code and report.reason:
             fail(report.reason, report.command)
         return
+    out = out_console()
     if code:
         # one line with the reason on stderr; what a refused or failed repair found on stdout
         # (a repair that could not start or write has nothing to show there)

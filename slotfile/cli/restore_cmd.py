@@ -11,15 +11,18 @@
                 "load": {"ok", "message", "crashed", "settings", "checkpoints_rejected"} | null,
                 "error": str | null}],
      "errors": [str], "summary": {"files", "as_is", "exact", "lossy", "cannot", "error", "seconds"},
-     "exit_code": 0 | 4 | 8}
+     "still_being_written": [str], "tally": {"handled", "skipped", "failed"}, "exit_code": 0 | 4 | 8}
 
-Exit codes: 0 every file restores as is; 4 at least one needs a re-save or cannot restore;
-8 a path or the model cannot be read (unreadable files are reported one by one, the run goes on).
+Exit codes: 0 every file restores as is; 4 at least one needs a re-save or cannot restore, or
+was still being written after ``--settle-wait``; 8 a path or the model cannot be read
+(unreadable files are reported one by one, the run goes on).
 
 ``re-save DIR`` JSON, schema ``slotfile.resave-dir/1``: ``{"schema", "root", "output", "server",
 "dry_run", "files": [{"file", "fate", "action", "reason", "output", "changes"}], "errors",
-"summary": {action: count, "seconds"}, "exit_code"}``; exit 0 when every file was copied or
-converted (or would be), 4 when one cannot be or failed its check, 8 operational, 2 usage.
+"still_being_written": [str], "summary": {action: count, "seconds"}, "tally": {"handled",
+"skipped", "failed"}, "exit_code"}``; exit 0 when every file was copied or converted (or would
+be), 4 when one cannot be, failed its check or was still being written after ``--settle-wait``,
+8 operational, 2 usage.
 """
 
 from __future__ import annotations
@@ -28,19 +31,21 @@ import json
 import os
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from slotfile.cli.common import fail, progress_bar
+from slotfile.cli.common import fail, out_console, progress_bar, say_waiting
 from slotfile.cli.server_common import server_and_model, server_dict, wide_console
 from slotfile.cli.terminal import escape_text, human_size
 from slotfile.exitcodes import OK, OPERATIONAL, PROBLEMS, USAGE
 from slotfile.slotdir.serverargs import ServerSettings
+from slotfile.slotdir.walk import SETTLE_SECONDS, SETTLE_WAIT_SECONDS, Tally, settle_problem
 
 if TYPE_CHECKING:
     from slotfile.repair.batch import FileResult
     from slotfile.slotdir.restore import Checker, Restore
-    from slotfile.slotdir.walk import DirScan, FileSummary
+    from slotfile.slotdir.walk import DirEntry, DirScan, FileSummary
 
 SCHEMA = "slotfile.restore/1"
 _SHORT = {
@@ -65,80 +70,118 @@ def _start(
         return OPERATIONAL
 
 
-def _entries(paths: list[Path]) -> tuple[list[Any], list[str], dict[str, int]]:
-    """Slot files of the given files and directories (temps and files being written left out)."""
-    from slotfile.slotdir.walk import Entry, scan_dir
+@dataclass(slots=True)
+class _Found:
+    """The slot files of the given paths, and what was set aside or could not be read."""
 
-    entries: list[Entry] = []
-    errors: list[str] = []
-    apart = {"temp": 0, "busy": 0, "symlinks": 0}
+    entries: list[DirEntry]
+    errors: list[str]
+    temps: int = 0
+    symlinks: int = 0
+    busy: list[str] = field(default_factory=list)  # lines naming the files still being written after the wait
+
+    @property
+    def n_busy(self) -> int:
+        return len(self.busy)
+
+
+def _entries(paths: tuple[Path, ...], settle: float, settle_wait: float, command: str) -> _Found:
+    """Slot files of the given files and directories (temps left out; files being written
+    waited for, up to ``settle_wait``)."""
+    from slotfile.slotdir.walk import DirEntry, scan_dir
+
+    found = _Found([], [])
     for p in paths:
         if p.is_dir():
-            scan = scan_dir(p)
-            entries += scan.slots
-            errors += scan.errors
-            apart["temp"] += len(scan.temps)
-            apart["busy"] += len(scan.busy)
-            apart["symlinks"] += len(scan.symlinks)
-            if not scan.slots and not scan.errors:
-                errors.append(f"no slot files found under {p}")
+            scan = scan_dir(p, settle=settle, settle_wait=settle_wait, on_wait=say_waiting(command))
+            found.entries += scan.slots
+            found.errors += scan.errors
+            found.temps += len(scan.temps)
+            found.symlinks += len(scan.symlinks)
+            found.busy += scan.busy_lines()
+            if not scan.slots and not scan.errors and not scan.busy:
+                found.errors.append(f"no slot files found under {p}")
         elif p.is_file():
             st = p.stat()
-            entries.append(Entry(str(p), p.name, st.st_size, st.st_mtime))
+            found.entries.append(DirEntry(str(p), p.name, st.st_size, st.st_mtime))
         else:
-            errors.append(f"{p}: no such file or directory")
-    return entries, errors, apart
+            found.errors.append(f"{p}: no such file or directory")
+    return found
+
+
+def _usage_settle(settle: float, settle_wait: float, command: str) -> int | None:
+    why = settle_problem(settle, settle_wait)
+    if why is None:
+        return None
+    fail(why, command)
+    return USAGE
 
 
 # ---------------------------------------------------------------------------------------
 # verify --server-args
 
 
-def run_restore_check(
-    paths: list[Path],
-    server_args: str,
-    model: Path | None,
-    json_out: bool,
-    jobs: int = 1,
-    n_gpu_layers: int = 0,
-    timeout: float = 300.0,
-    quiet: bool = False,
-) -> int:
-    got = server_and_model(server_args, model, "verify")
+@dataclass(frozen=True, slots=True)
+class RestoreCheckArgs:
+    """``verify PATH... --server-args ARGS``'s command line."""
+
+    paths: tuple[Path, ...]
+    server_args: str
+    model: Path | None = None
+    json_out: bool = False
+    jobs: int = 1
+    n_gpu_layers: int = 0
+    timeout: float = 300.0
+    quiet: bool = False
+    settle: float = SETTLE_SECONDS
+    settle_wait: float = SETTLE_WAIT_SECONDS
+
+
+def run_restore_check(args: RestoreCheckArgs) -> int:
+    bad = _usage_settle(args.settle, args.settle_wait, "verify")
+    if bad is not None:
+        return bad
+    got = server_and_model(args.server_args, args.model, "verify")
     if isinstance(got, int):
         return got
     server, model_path = got
     t0 = time.monotonic()
-    entries, errors, apart = _entries(paths)
-    checker = _start(server, model_path, jobs, n_gpu_layers, timeout, "verify")
+    found = _entries(args.paths, args.settle, args.settle_wait, "verify")
+    checker = _start(server, model_path, args.jobs, args.n_gpu_layers, args.timeout, "verify")
     if isinstance(checker, int):
         return checker
     results: list[tuple[FileSummary, Restore | None]] = []
     try:
-        with progress_bar(disable=len(entries) < 2) as progress:
-            task = progress.add_task("checking", total=len(entries))
-            for e in entries:
+        with progress_bar(disable=len(found.entries) < 2) as progress:
+            task = progress.add_task("checking", total=len(found.entries))
+            for e in found.entries:
                 results.append(checker.check(e.path, e.rel, e.size, e.mtime))
                 progress.update(task, advance=1, description=f"checked {escape_text(e.rel, 40)}")
         loader = dict(checker.pool.info) if checker.pool is not None else {}
     finally:
         checker.close()
-    for line in errors:
+    for line in found.errors + found.busy:
         fail(line, "verify")
     for s, _ in results:
         if s.error:
             fail(s.error, "verify")
-    rc = (
-        OPERATIONAL
-        if errors or any(r is None for _, r in results)
-        else (OK if all(r is not None and r.fate == "restores as is" for _, r in results) else PROBLEMS)
-    )
+    if found.errors or any(r is None for _, r in results):
+        rc = OPERATIONAL
+    elif found.busy or not all(r is not None and r.fate == "restores as is" for _, r in results):
+        rc = PROBLEMS
+    else:
+        rc = OK
+    unread = sum(1 for _, r in results if r is None)
+    tally = Tally(len(results) - unread, found.temps + found.symlinks, unread + found.n_busy + len(found.errors))
     elapsed = time.monotonic() - t0
-    if json_out:
-        doc = restore_document(results, errors, server, model_path, loader, elapsed, rc)
+    if args.json_out:
+        doc = restore_document(results, found.errors, server, model_path, loader, elapsed, rc)
+        doc["still_being_written"] = found.busy
+        doc["tally"] = tally.to_dict()
+        doc["exit_code"] = doc.pop("exit_code")  # stays last
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
     else:
-        _render_restore(results, server, apart, elapsed, quiet)
+        _render_restore(results, server, found, tally, elapsed, args.quiet)
     return rc
 
 
@@ -178,14 +221,14 @@ def restore_document(
 def _render_restore(
     results: list[tuple[FileSummary, Restore | None]],
     server: ServerSettings,
-    apart: dict[str, int],
+    found: _Found,
+    tally: Tally,
     elapsed: float,
     quiet: bool,
 ) -> None:
     from rich.table import Table
 
-    from slotfile.cli.common import out
-
+    out = out_console()
     if not quiet:
         table = Table(title=f"will these restore? server: {server.describe()}", title_justify="left")
         for c in ("file", "size", "tokens", "verdict", "why"):
@@ -200,7 +243,7 @@ def _render_restore(
                 escape_text(r.reason if r is not None else s.error or ""),
             )
         if results:
-            wide_console().print(table)
+            wide_console(out).print(table)
     else:
         for s, r in results:
             if r is not None and r.fate != "restores as is":
@@ -209,28 +252,35 @@ def _render_restore(
     for _, r in results:
         k = str(r.fate) if r is not None else "unreadable"
         counts[k] = counts.get(k, 0) + 1
-    line = f"{len(results)} file(s): " + ", ".join(f"{n} {k}" for k, n in counts.items())
-    if apart["temp"] or apart["busy"]:
-        line += f"; left out: {apart['temp']} temp file(s), {apart['busy']} being written"
-    out.print(line + f" in {elapsed:.1f} s", soft_wrap=True)
+    line = f"{len(results)} file(s): " + (", ".join(f"{n} {k}" for k, n in counts.items()) or "none checked")
+    if found.temps or found.busy:
+        line += f"; left out: {found.temps} temp file(s), {found.n_busy} still being written"
+    out.print(line + f"; {tally.line()} in {elapsed:.1f} s", soft_wrap=True)
 
 
 # ---------------------------------------------------------------------------------------
 # re-save DIR
 
 
-def run_resave_dir(
-    root: Path,
-    outdir: Path | None,
-    server_args: str | None,
-    model: Path | None,
-    *,
-    dry_run: bool,
-    force: bool,
-    json_out: bool,
-    timeout: float = 600.0,
-) -> int:
-    got = _resave_dir_args(root, outdir, server_args, model)
+@dataclass(frozen=True, slots=True)
+class ResaveDirArgs:
+    """``re-save DIR -o OUTDIR --server-args ARGS``'s command line."""
+
+    root: Path
+    output: Path | None
+    server_args: str | None
+    model: Path | None = None
+    dry_run: bool = False
+    force: bool = False
+    json_out: bool = False
+    in_place: bool = False
+    timeout: float = 600.0
+    settle: float = SETTLE_SECONDS
+    settle_wait: float = SETTLE_WAIT_SECONDS
+
+
+def run_resave_dir(args: ResaveDirArgs) -> int:
+    got = _resave_dir_args(args)
     if isinstance(got, int):
         return got
     server, model_path, outdir = got
@@ -238,25 +288,28 @@ def run_resave_dir(
     from slotfile.slotdir.walk import scan_dir
 
     t0 = time.monotonic()
-    scan = scan_dir(root)
+    scan = scan_dir(args.root, settle=args.settle, settle_wait=args.settle_wait, on_wait=say_waiting("re-save"))
     in_the_way = outputs_in_the_way(scan, str(outdir))
-    if in_the_way and not force:
+    if in_the_way and not args.force:
         fail(
             f"{in_the_way[0]} exists ({len(in_the_way)} output(s) in the way; pass --force to replace them)", "re-save"
         )
         return USAGE
-    checker = _start(server, model_path, 1, 0, timeout, "re-save")
+    checker = _start(server, model_path, 1, 0, args.timeout, "re-save")
     if isinstance(checker, int):
         return checker
     try:
-        results, errors = _convert_all(scan, checker, outdir, force=force, dry_run=dry_run, timeout=timeout)
+        results, errors = _convert_all(
+            scan, checker, outdir, force=args.force, dry_run=args.dry_run, timeout=args.timeout
+        )
     finally:
         checker.close()
-    for line in errors:
+    busy = scan.busy_lines()
+    for line in errors + busy:
         fail(line, "re-save")
     if errors or any(x.action == "error" for x in results):
         rc = OPERATIONAL
-    elif any(x.action in ("skipped", "failed") for x in results):
+    elif busy or any(x.action in ("skipped", "failed") for x in results):
         rc = PROBLEMS
     else:
         rc = OK
@@ -264,38 +317,53 @@ def run_resave_dir(
     counts: dict[str, int] = {}
     for x in results:
         counts[x.action] = counts.get(x.action, 0) + 1
-    if json_out:
+    tally = Tally(
+        sum(1 for x in results if x.action in ("copied", "converted", "would-copy", "would-convert")),
+        counts.get("skipped", 0) + len(scan.temps) + len(scan.symlinks),
+        counts.get("failed", 0) + counts.get("error", 0) + len(busy) + len(errors),
+    )
+    if args.json_out:
         from slotfile.repair.batch import SCHEMA as BATCH_SCHEMA
 
         doc = {
             "schema": BATCH_SCHEMA,
-            "root": str(root),
+            "root": str(args.root),
             "output": str(outdir),
             "server": server_dict(server),
-            "dry_run": dry_run,
+            "dry_run": args.dry_run,
             "files": [x.to_dict() for x in results],
             "errors": errors,
+            "still_being_written": busy,
             "summary": {**counts, "seconds": round(elapsed, 3)},
+            "tally": tally.to_dict(),
             "exit_code": rc,
         }
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
     else:
-        _print_resave_dir(results, counts, scan, elapsed, dry_run)
+        _print_resave_dir(results, counts, scan, tally, elapsed, args.dry_run)
     return rc
 
 
-def _resave_dir_args(
-    root: Path, outdir: Path | None, server_args: str | None, model: Path | None
-) -> int | tuple[ServerSettings, str | None, Path]:
+def _resave_dir_args(args: ResaveDirArgs) -> int | tuple[ServerSettings, str | None, Path]:
     """The usage checks of a directory re-save: (server, model, output directory), or the
     exit code after saying what is wrong."""
+    root, outdir, server_args = args.root, args.output, args.server_args
+    if not root.is_dir():
+        fail("--server-args goes with a directory: re-save DIR -o OUTDIR --server-args ARGS", "re-save")
+        return USAGE
+    if args.in_place:
+        fail("a directory is never converted in place: give -o OUTDIR", "re-save")
+        return USAGE
+    bad = _usage_settle(args.settle, args.settle_wait, "re-save")
+    if bad is not None:
+        return bad
     if server_args is None:
         fail("re-save of a directory needs --server-args (the flags of the server the files are for)", "re-save")
         return USAGE
     if outdir is None:
         fail("re-save of a directory needs -o OUTDIR", "re-save")
         return USAGE
-    got = server_and_model(server_args, model, "re-save")
+    got = server_and_model(server_args, args.model, "re-save")
     if isinstance(got, int):
         return got
     rin, rout = os.path.realpath(root), os.path.realpath(outdir)
@@ -330,19 +398,20 @@ def _convert_all(
 
 
 def _print_resave_dir(
-    results: list[FileResult], counts: dict[str, int], scan: DirScan, elapsed: float, dry_run: bool
+    results: list[FileResult], counts: dict[str, int], scan: DirScan, tally: Tally, elapsed: float, dry_run: bool
 ) -> None:
-    from slotfile.cli.common import out
-
+    out = out_console()
     for x in results:
         tail = f" -> {x.output}" if x.output and x.action in ("copied", "converted") else ""
         out.print(escape_text(f"{x.action:13} {x.rel}: {x.fate}: {x.reason}{tail}"), soft_wrap=True)
     summary = ", ".join(f"{n} {k}" for k, n in counts.items()) or "nothing to do"
     left = (
-        f"; left out: {len(scan.temps)} temp file(s), {len(scan.busy)} being written" if scan.temps or scan.busy else ""
+        f"; left out: {len(scan.temps)} temp file(s), {len(scan.busy)} still being written"
+        if scan.temps or scan.busy
+        else ""
     )
     out.print(
-        f"{len(results)} file(s): {summary}{left} in {elapsed:.1f} s"
+        f"{len(results)} file(s): {summary}{left}; {tally.line()} in {elapsed:.1f} s"
         + (" (dry run: nothing written)" if dry_run else ""),
         soft_wrap=True,
     )

@@ -45,11 +45,10 @@ def server_dict(server: Any) -> dict[str, Any]:
     return d
 
 
-def wide_console() -> Any:
-    """stdout; on a pipe or a file wide enough for one line per file (as verify's table)."""
+def wide_console(out: Any) -> Any:
+    """``out`` (a console on stdout); on a pipe or a file, one wide enough for one line per
+    file (as verify's table)."""
     from rich.console import Console
-
-    from slotfile.cli.common import out
 
     if out.is_terminal or os.environ.get("COLUMNS"):
         return out

@@ -40,125 +40,119 @@ min_floor}.
 
 from __future__ import annotations
 
-import json
-import os
-import platform
 import sys
-import textwrap
 import time
-from datetime import UTC, datetime
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rich.text import Text
-
-from slotfile.cli.common import err, fail, out, progress_bar
-from slotfile.cli.terminal import escape_text, human_size, problem_line
-from slotfile.diagnosis import CAUSE_SHORT, Cause
 from slotfile.exitcodes import OK, OPERATIONAL, PROBLEMS, USAGE
-from slotfile.verify import (
-    DEEP_JUDGMENT,
-    LEVELS,
-    SCHEMA,
-    FileReport,
-    Options,
-    Verifier,
-    VerifyError,
-    collect,
-)
+from slotfile.slotdir.walk import SETTLE_SECONDS
 
 if TYPE_CHECKING:
     from slotfile.llama.loader import LoaderPool
+    from slotfile.verify import FileReport, Verifier, VerifyOptions
 
-STRUCTURE_ONLY = "(structure only; add --model to test-load)"
 
+@dataclass(frozen=True)
+class VerifyRequest:
+    """``slotfile verify``'s command line, as the typer wiring (cli/app.py) received it."""
 
-def run_verify(
-    paths: list[Path],
-    model: Path | None,
-    draft_model: Path | None,
-    deep: bool,
-    n_gpu_layers: int,
-    jobs: int,
-    json_out: bool,
-    junit: Path | None,
-    timeout: float = 300.0,
-    scan: bool = False,
-    pool: LoaderPool | None = None,
-    quiet: bool = False,
-    llama_lib: Path | None = None,
-    n_batch: int = 0,
-    n_ubatch: int = 0,
-) -> int:
-    """``pool``: loader workers already started for ``model`` (they load it meanwhile).
-    ``quiet``: no table, only the failing files and the summary (JSON is unchanged).
-    ``llama_lib``: the folder holding the libllama.so the workers load (--llama-lib)."""
-    try:
-        return _run_verify(
-            paths,
-            model,
-            draft_model,
-            deep,
-            n_gpu_layers,
-            jobs,
-            json_out,
-            junit,
-            timeout,
-            scan,
-            pool,
-            quiet,
-            llama_lib,
-            n_batch,
-            n_ubatch,
+    paths: tuple[Path, ...]
+    model: Path | None = None
+    draft_model: Path | None = None
+    deep: bool = False
+    n_gpu_layers: int = 0
+    jobs: int = 1
+    json_out: bool = False
+    junit: Path | None = None
+    timeout: float = 300.0
+    scan: bool = False
+    quiet: bool = False  # no table: the failing files and the summary (JSON is unchanged)
+    llama_lib: Path | None = None  # the folder holding the libllama.so the workers load
+    n_batch: int = 0  # the deep recompute's; 0: the server's default
+    n_ubatch: int = 0
+    settle: float = SETTLE_SECONDS  # a directory's files modified more recently are set aside
+
+    def usage_error(self) -> str | None:
+        if self.deep and self.model is None:
+            return "--deep needs --model (the recompute runs the model)"
+        if self.draft_model is not None and self.model is None:
+            return "--draft-model needs --model"
+        if self.jobs < 1:
+            return "--jobs must be at least 1"
+        return None
+
+    def options(self) -> VerifyOptions:
+        from slotfile.verify import VerifyOptions
+
+        return VerifyOptions(
+            model=str(self.model) if self.model else None,
+            draft_model=str(self.draft_model) if self.draft_model else None,
+            deep=self.deep,
+            n_gpu_layers=self.n_gpu_layers,
+            jobs=self.jobs,
+            timeout=self.timeout,
+            scan=self.scan,
+            llama_lib=str(self.llama_lib) if self.llama_lib is not None else None,
+            n_batch=self.n_batch,
+            n_ubatch=self.n_ubatch,
         )
+
+
+def run_verify(req: VerifyRequest) -> int:
+    """The command: the loader workers start first, so that they load the model while this
+    process imports numpy and rich and reads the files."""
+    pool = _start_pool(req)
+    try:
+        return _run_verify(req, pool)
     finally:
         if pool is not None:
             pool.close()
 
 
-def _run_verify(
-    paths: list[Path],
-    model: Path | None,
-    draft_model: Path | None,
-    deep: bool,
-    n_gpu_layers: int,
-    jobs: int,
-    json_out: bool,
-    junit: Path | None,
-    timeout: float,
-    scan: bool,
-    pool: LoaderPool | None,
-    quiet: bool,
-    llama_lib: Path | None = None,
-    n_batch: int = 0,
-    n_ubatch: int = 0,
-) -> int:
-    usage = _usage_error(deep, model, draft_model, jobs)
+def _start_pool(req: VerifyRequest) -> LoaderPool | None:
+    """Workers for ``--model`` (None: no model, a usage error, or a model path that is not a
+    file; the Verifier reports those with their exit codes)."""
+    model, draft = req.model, req.draft_model
+    if model is None or req.jobs < 1 or not model.is_file() or (draft is not None and not draft.is_file()):
+        return None
+    from slotfile.llama.loader import LoaderError, LoaderPool
+
+    try:
+        return LoaderPool.start(
+            str(model), str(draft) if draft else None, req.n_gpu_layers, req.jobs, llama_lib=req.llama_lib
+        )
+    except LoaderError:  # an unusable --llama-lib: the Verifier reports it, with its exit code
+        return None
+
+
+def _run_verify(req: VerifyRequest, pool: LoaderPool | None) -> int:
+    from slotfile.cli.common import err, fail
+    from slotfile.verify import Verifier, VerifyError, collect
+
+    usage = req.usage_error()
     if usage is not None:
         fail(usage)
         return USAGE
     t0 = time.monotonic()
-    files, errors = collect(paths)
+    files, errors, notes = collect(list(req.paths), settle=req.settle)
     for e in errors:
         fail(e)
-    opts = Options(
-        model=str(model) if model else None,
-        draft_model=str(draft_model) if draft_model else None,
-        deep=deep,
-        n_gpu_layers=n_gpu_layers,
-        jobs=jobs,
-        timeout=timeout,
-        scan=scan,
-        llama_lib=str(llama_lib) if llama_lib is not None else None,
-        n_batch=n_batch,
-        n_ubatch=n_ubatch,
-    )
+    for n in notes:
+        fail(n)
+    opts = req.options()
     try:
         verifier = Verifier(opts, pool)
     except VerifyError as e:
         fail(str(e))
         return OPERATIONAL
-    show = not quiet and err.is_terminal and (any(p.is_dir() for p in paths) or model is not None or len(files) > 1)
+    paths = req.paths
+    show = (
+        not req.quiet
+        and err.is_terminal
+        and (any(p.is_dir() for p in paths) or req.model is not None or len(files) > 1)
+    )
     reports: list[FileReport] = []
     try:
         reports = _run_with_progress(verifier, files) if show else verifier.run(files)
@@ -172,31 +166,35 @@ def _run_verify(
     for r in reports:
         if r.error:
             fail(r.error)
+    return _emit(req, reports, errors, loaders, elapsed)
+
+
+def _emit(
+    req: VerifyRequest, reports: list[FileReport], errors: list[str], loaders: list[dict[str, Any]], elapsed: float
+) -> int:
+    """The JUnit file, then the JSON document or the listing; the exit code."""
+    from slotfile.cli.common import fail
+    from slotfile.cli.verify_output import document, render, write_junit
+
+    opts = req.options()
     rc = _exit_code(errors, reports)
     doc = document(reports, errors, opts, loaders, elapsed, rc)
-    if junit is not None:
+    if req.junit is not None:
         try:
-            write_junit(junit, reports, errors, opts, elapsed)
+            write_junit(req.junit, reports, errors, opts, elapsed)
         except OSError as e:
-            fail(f"{junit}: {e.strerror or e}")
+            fail(f"{req.junit}: {e.strerror or e}")
             rc = OPERATIONAL
             doc["exit_code"] = rc
-    if json_out:
+    if req.json_out:
+        import json
+
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
     elif reports:  # nothing verified: the error lines on stderr say why, stdout stays empty
+        paths = req.paths
         base = paths[0] if len(paths) == 1 and paths[0].is_dir() else None
-        render(reports, loaders, elapsed, structure_only=opts.model is None, quiet=quiet, base=base)
+        render(reports, loaders, elapsed, structure_only=opts.model is None, quiet=req.quiet, base=base)
     return rc
-
-
-def _usage_error(deep: bool, model: Path | None, draft_model: Path | None, jobs: int) -> str | None:
-    if deep and model is None:
-        return "--deep needs --model (the recompute runs the model)"
-    if draft_model is not None and model is None:
-        return "--draft-model needs --model"
-    if jobs < 1:
-        return "--jobs must be at least 1"
-    return None
 
 
 def _exit_code(errors: list[str], reports: list[FileReport]) -> int:
@@ -210,6 +208,9 @@ def _exit_code(errors: list[str], reports: list[FileReport]) -> int:
 
 def _run_with_progress(verifier: Verifier, files: list[Path]) -> list[FileReport]:
     """The run with a progress bar on stderr (a terminal)."""
+    from slotfile.cli.common import progress_bar
+    from slotfile.cli.terminal import escape_text
+
     with progress_bar() as progress:
         task = progress.add_task("verifying", total=len(files))
 
@@ -217,240 +218,3 @@ def _run_with_progress(verifier: Verifier, files: list[Path]) -> list[FileReport
             progress.update(task, advance=1, description=f"verified {escape_text(Path(r.path).name, 40)}")
 
         return verifier.run(files, done)
-
-
-def document(
-    reports: list[FileReport], errors: list[str], opts: Options, loaders: list[dict[str, Any]], elapsed: float, rc: int
-) -> dict[str, Any]:
-    counts = {v: sum(1 for r in reports if r.verdict == v) for v in ("pass", "fail", "error")}
-    return {
-        "schema": SCHEMA,
-        "loader": loaders[0] if loaders else None,
-        "loaders": loaders,
-        "model": opts.model,
-        "draft_model": opts.draft_model,
-        "deep": opts.deep,
-        "tolerances": DEEP_JUDGMENT,
-        "files": [r.to_dict() for r in reports],
-        "errors": errors,
-        "summary": {"files": len(reports), **counts, "seconds": round(elapsed, 3)},
-        "exit_code": rc,
-    }
-
-
-_VERDICT_STYLE = {"pass": "bold green", "fail": "bold red", "error": "bold magenta"}
-_STATUS_MARK = {"pass": "ok", "fail": "FAIL", "skipped": "-"}
-DETAIL_INDENT = "    "
-
-
-def _warnings(r: FileReport) -> list[str]:
-    return [problem_line(name, p) for name in LEVELS for p in r.levels[name].problems if p["severity"] == "warning"]
-
-
-def _verdict_word(r: FileReport) -> str:
-    """pass | pass, N warnings | damaged | wrong model | not a slot file | unsupported | unreadable."""
-    if r.error:
-        return "unreadable"
-    cause = r.cause
-    if cause is not None:
-        return CAUSE_SHORT.get(cause, "fail")
-    n = len(_warnings(r))
-    return f"pass, {n} warning{'s' if n > 1 else ''}" if n else "pass"
-
-
-def _levels(r: FileReport) -> str:
-    if r.error:
-        return "-"
-    return " ".join(f"{name[0].upper()}:{_STATUS_MARK[r.levels[name].status]}" for name in LEVELS)
-
-
-def display_name(path: str, base: Path | None) -> str:
-    """The path relative to the one directory argument (what a person pointed at), else as given."""
-    if base is not None:
-        try:
-            return str(Path(path).relative_to(base))
-        except ValueError:
-            pass
-    return path
-
-
-def _details(r: FileReport) -> list[tuple[str, str]]:
-    """(style, text) lines under a file's row: its first error (or warning), the levels that
-    could not be checked here, and the next step (style "command": a command line, never
-    wrapped).  A file that is not a slot file says what to pass in its problem already."""
-    lines: list[tuple[str, str]] = []
-    if r.first_problem and not r.error:
-        lines.append(("red", r.first_problem))
-    elif not r.error and _warnings(r):
-        lines.append(("yellow", f"warning: {_warnings(r)[0]}"))
-    for u in r.unchecked:
-        lines.append(("yellow", f"not checked here: {u}"))
-    step = r.next_step
-    if step is not None and r.cause != Cause.NOT_SLOT_FILE:
-        lines.append(("cyan", f"next step: {step.text}" + (":" if step.command else "")))
-        if step.command:
-            lines.append(("command", step.command))
-    return lines
-
-
-def render(
-    reports: list[FileReport],
-    loaders: list[dict[str, Any]],
-    elapsed: float,
-    structure_only: bool = False,
-    quiet: bool = False,
-    base: Path | None = None,
-) -> None:
-    if quiet:  # the failing files, one line each, then the summary (unreadable ones are on stderr already)
-        for r in reports:
-            if r.verdict == "fail":
-                out.print(escape_text(f"{r.path}: {r.verdict}: {r.first_problem}"), soft_wrap=True)
-    elif out.is_terminal or os.environ.get("COLUMNS"):
-        cols = os.environ.get("COLUMNS", "")
-        _listing(reports, base, int(cols) if cols.isdigit() else out.width)
-    else:  # a pipe or a file: one line per file, nothing wrapped
-        for r in reports:
-            _pipe_line(r, base)
-    out.print(summary_line(reports, loaders, elapsed, structure_only), soft_wrap=True)
-
-
-def summary_line(reports: list[FileReport], loaders: list[dict[str, Any]], elapsed: float, structure_only: bool) -> str:
-    counts = {v: sum(1 for r in reports if r.verdict == v) for v in ("pass", "fail", "error")}
-    line = f"{len(reports)} file(s): {counts['pass']} pass, {counts['fail']} fail"
-    causes = [CAUSE_SHORT.get(c, str(c)) for c in (r.cause for r in reports) if c is not None]
-    if causes:
-        line += " (" + ", ".join(f"{causes.count(c)} {c}" for c in dict.fromkeys(causes)) + ")"
-    if counts["error"]:
-        line += f", {counts['error']} unreadable"
-    unchecked = sum(1 for r in reports if r.unchecked)
-    if unchecked:
-        line += f", {unchecked} not fully checkable here"
-    if structure_only:
-        line += f" {STRUCTURE_ONLY}"
-    line += f" in {elapsed:.1f} s"
-    for i, ld in enumerate(loaders):
-        line += "; loader" if i == 0 else f"; for {ld.get('files')} file(s) the library of the llama-server on PATH:"
-        line += (
-            f" llama-cpp-python {ld.get('llama_cpp_python')} with {ld.get('library')} "
-            f"(state version {ld.get('state_seq_version')}, session version {ld.get('session_version')})"
-        )
-    return line
-
-
-def _listing(reports: list[FileReport], base: Path | None, width: int) -> None:
-    """One row per file (verdict, levels, size, tokens, then the path, which is never folded),
-    and under a row that has something to say its first problem and next step, wrapped to the
-    terminal at word boundaries."""
-    rows = [
-        (
-            _verdict_word(r),
-            _levels(r),
-            human_size(r.size) if r.size is not None else "-",
-            str(r.n_tokens) if r.n_tokens is not None else "-",
-            escape_text(display_name(r.path, base)),
-        )
-        for r in reports
-    ]
-    heads = ("verdict", "levels", "size", "tokens", "file")
-    w = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(heads[:4])]
-    fmt = f"{{:<{w[0]}}}  {{:<{w[1]}}}  {{:>{w[2]}}}  {{:>{w[3]}}}  {{}}"
-    out.print(Text(fmt.format(*heads), style="bold"), soft_wrap=True)
-    for r, row in zip(reports, rows, strict=True):
-        line = Text(fmt.format(*row))
-        line.stylize(
-            _VERDICT_STYLE[r.verdict] if r.verdict != "pass" or not _warnings(r) else "bold yellow", 0, len(row[0])
-        )
-        if len(line) >= width:  # the path would wrap mid-word at the edge: it goes on its own line
-            line = line[: len(line) - len(row[4])]
-            line.rstrip()
-            line.append("\n" + DETAIL_INDENT + row[4])
-        out.print(line, soft_wrap=True)
-        for style, text in _details(r):
-            if style == "command":  # whole, to copy and paste
-                out.print(Text(DETAIL_INDENT + "  " + escape_text(text), style="bold"), soft_wrap=True)
-                continue
-            wrapped = textwrap.wrap(
-                escape_text(text),
-                width=max(40, width - 1),
-                initial_indent=DETAIL_INDENT,
-                subsequent_indent=DETAIL_INDENT + "  ",
-                break_long_words=False,
-                break_on_hyphens=False,
-            )
-            for piece in wrapped:
-                out.print(Text(piece, style=style), soft_wrap=True)
-
-
-def _pipe_line(r: FileReport, base: Path | None) -> None:
-    """``PATH: VERDICT [levels] first problem; next step: ...`` on one line (grep, awk)."""
-    parts = [f"{display_name(r.path, base)}: {_verdict_word(r)} [{_levels(r)}]"]
-    details = [text for _, text in _details(r)]
-    if details:
-        parts.append(" " + "; ".join(details).replace(":; ", ": "))
-    sys.stdout.write(escape_text("".join(parts)) + "\n")
-
-
-def _x(s: Any) -> str:
-    """Text safe for XML 1.0 (control characters escaped)."""
-    return escape_text(str(s))
-
-
-def write_junit(path: Path, reports: list[FileReport], errors: list[str], opts: Options, elapsed: float) -> None:
-    """JUnit XML: one testcase per file (and one per missing path)."""
-    import xml.etree.ElementTree as ET  # only for --junit
-
-    failures = sum(1 for r in reports if r.verdict == "fail")
-    errs = sum(1 for r in reports if r.verdict == "error") + len(errors)
-    total = len(reports) + len(errors)
-    root = ET.Element(
-        "testsuites",
-        name="slotfile verify",
-        tests=str(total),
-        failures=str(failures),
-        errors=str(errs),
-        time=f"{elapsed:.3f}",
-    )
-    suite = ET.SubElement(
-        root,
-        "testsuite",
-        name="slotfile.verify",
-        tests=str(total),
-        failures=str(failures),
-        errors=str(errs),
-        skipped="0",
-        time=f"{elapsed:.3f}",
-        timestamp=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S"),
-        hostname=_x(platform.node()),
-    )
-    props = ET.SubElement(suite, "properties")
-    for k, v in (("model", opts.model), ("draft_model", opts.draft_model), ("deep", opts.deep)):
-        ET.SubElement(props, "property", name=k, value=_x(v if v is not None else ""))
-    for r in reports:
-        tc = ET.SubElement(suite, "testcase", classname="slotfile.verify", name=_x(r.path), time=f"{r.seconds:.3f}")
-        lines = []
-        for name in LEVELS:
-            lv = r.levels[name]
-            lines.append(f"{name}: {lv.status}" + (f" ({lv.reason})" if lv.reason else ""))
-            for p in lv.problems:
-                off = f" at offset {p['offset']}" if p.get("offset") is not None else ""
-                lines.append(f"  {p['severity']}: {p['section']}{off}: {p['message']}")
-        step = r.next_step
-        if r.cause is not None:
-            lines.append(f"cause: {r.cause}")
-        if step is not None:
-            lines.append(f"next step: {step.text}" + (f": {step.command}" if step.command else ""))
-        body = "\n".join(_x(ln) for ln in lines)
-        if r.verdict == "error":
-            el = ET.SubElement(tc, "error", message=_x(r.error), type="unreadable")
-            el.text = _x(r.error)
-        elif r.verdict == "fail":
-            lvl = next(n for n in LEVELS if r.levels[n].status == "fail")
-            el = ET.SubElement(tc, "failure", message=_x(r.first_problem), type=lvl)
-            el.text = body
-        ET.SubElement(tc, "system-out").text = body
-    for e in errors:
-        tc = ET.SubElement(suite, "testcase", classname="slotfile.verify", name=_x(e.split(":")[0]), time="0")
-        ET.SubElement(tc, "error", message=_x(e), type="missing").text = _x(e)
-    ET.indent(root)
-    data = ET.tostring(root, encoding="unicode", xml_declaration=False)
-    path.write_text('<?xml version="1.0" encoding="UTF-8"?>\n' + data + "\n", encoding="utf-8")

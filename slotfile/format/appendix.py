@@ -66,11 +66,6 @@ class EntryFrame:
     dft: BlobFrame
     spec: BlobFrame
 
-    @property
-    def head_end(self) -> int:
-        """End of n_tokens, pos_min, pos_max."""
-        return self.offset + 16
-
 
 @dataclass(frozen=True, slots=True)
 class Stop:

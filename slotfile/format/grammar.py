@@ -2,8 +2,11 @@
 
 One place for bytes: everything here is a ``construct`` grammar, and the same grammars
 build files, so ``build(parse(x)) == x``.  Bulk data (K/V/R/S rows, blobs, token arrays,
-cell metadata) never passes through construct fields: the custom constructs below record
-``(offset, length)`` and hand out zero-copy numpy views of the buffer being parsed.
+cell metadata) never passes through construct fields: the custom constructs of
+:mod:`slotfile.format.grammar_core` record ``(offset, length)`` and hand out zero-copy numpy
+views of the buffer being parsed.  The memory blocks (KV, REC) are in
+:mod:`slotfile.format.grammar_memory`; this module holds the file's framing (header, tokens,
+session prefix, appendices) and re-exports the other two, so callers import one module.
 
 Grammars are parameterised through construct's context parameters:
 
@@ -24,22 +27,15 @@ SDFT from the article in ``shared/reference`` (see README, "Format reference").
 
 from __future__ import annotations
 
-import functools
 import io
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from construct import (
     Bytes,
-    Computed,
     Const,
     Construct,
-    ConstructError,
-    Default,
     If,
-    IfThenElse,
     Int8ul,
     Int32sl,
     Int32ul,
@@ -49,663 +45,168 @@ from construct import (
     Tell,
     this,
 )
-from construct.core import evaluate
 
-from slotfile.format.types import TRANSPOSABLE, TYPES
-
-# ---------------------------------------------------------------------------------------
-# magics and caps
-# ---------------------------------------------------------------------------------------
-
-GGSQ_MAGIC = 0x67677371  # LLAMA_STATE_SEQ_MAGIC, include/llama.h
-GGSN_MAGIC = 0x6767736E  # LLAMA_SESSION_MAGIC
-IO_MAGIC = 0xAF143CD8  # llama_context::state_seq_get_data prefix
-SCKP_MAGIC = b"SCKP"  # 0x504b4353 little-endian
-SDFT_MAGIC = b"SDFT"  # 0x54464453 little-endian
-DSV4_MAGIC = 0x34565344
-PACKED_MARKER = -1  # LLAMA_TOKEN_NULL opens a packed server_tokens payload
-SERVER_TOKENS_VERSION = 1
-SCKP_VERSION = 1  # SLOT_CKPT_VERSION (PR #26004)
-SDFT_VERSION = 1
-MTMD_SERIALIZATION_VERSION = 2
-
-# The first versions whose KV streams carry the rotation words (llama.cpp of 2026-10-05 on).
-ROT_STATE_VERSION = 4  # LLAMA_STATE_SEQ_VERSION
-ROT_SESSION_VERSION = 11  # LLAMA_SESSION_VERSION
-
-MAX_STREAMS = 256  # LLAMA_MAX_SEQ
-MAX_LAYERS = 4096
-MAX_CHECKPOINTS = 1024  # the SCKP writer refuses more; the reader treats more as corrupt
-MAX_TYPE_ID = 1024  # ids above this are not a type id of any build: reject the layout
-
-
-# ---------------------------------------------------------------------------------------
-# the stream every grammar parses from
-# ---------------------------------------------------------------------------------------
-
-
-class ViewStream(io.RawIOBase):
-    """A read-only stream over ``buf[start:end]`` that never copies more than it is asked.
-
-    Offsets are absolute in ``buf`` (the whole file), so every ``Tell`` is a file offset.
-    ``loc`` is a stack of names pushed by :class:`Named` / :class:`Seq`; after a failed
-    parse it still holds the location of the failure.  ``short`` records the last read
-    that hit the end: ``(offset, wanted, available)``.
-    """
-
-    def __init__(self, buf: Any, start: int = 0, end: int | None = None) -> None:
-        super().__init__()
-        self.view = memoryview(buf).cast("B") if not isinstance(buf, memoryview) else buf
-        self.pos = start
-        self.start = start
-        self.end = len(self.view) if end is None else end
-        self.loc: list[str] = []
-        self.short: tuple[int, int, int] | None = None
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def remaining(self) -> int:
-        return self.end - self.pos
-
-    def read(self, n: int = -1) -> bytes:
-        if n is None or n < 0:
-            n = self.end - self.pos
-        if self.pos + n > self.end:
-            self.short = (self.pos, n, self.end - self.pos)
-            n = self.end - self.pos
-        data = bytes(self.view[self.pos : self.pos + n])
-        self.pos += n
-        return data
-
-    def tell(self) -> int:
-        return self.pos
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        base = {0: 0, 1: self.pos, 2: self.end}[whence]
-        self.pos = base + offset
-        return self.pos
-
-
-class FormatError(ConstructError):
-    """A problem found while parsing, with the file offset and the location inside the grammar."""
-
-    def __init__(self, message: str, offset: int, code: str = "invalid", loc: str = "") -> None:
-        super().__init__(message)
-        self.message = message
-        self.offset = offset
-        self.code = code
-        self.loc = loc
-
-
-def _loc(stream: Any) -> str:
-    return ".".join(getattr(stream, "loc", []))
-
-
-def _remaining(stream: Any) -> int:
-    if isinstance(stream, ViewStream):
-        return stream.remaining()
-    return 1 << 62  # building into BytesIO: nothing to check
-
-
-def require_bytes(stream: Any, n: int, what: str) -> None:
-    """Check ``n`` bytes remain before anything is allocated or read."""
-    have = _remaining(stream)
-    if n < 0 or n > have:
-        raise FormatError(
-            f"{what} needs {n} bytes, {have} remain",
-            stream.tell(),
-            code="truncated",
-            loc=_loc(stream),
-        )
-
-
-# ---------------------------------------------------------------------------------------
-# custom constructs for bulk data
-# ---------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Run:
-    """A run of bytes in the source buffer: recorded, never copied."""
-
-    offset: int
-    length: int
-    view: memoryview | bytes
-
-    def array(self, dtype: Any = np.uint8) -> np.ndarray:
-        """A zero-copy numpy view (read-only when the source is a read-only mmap)."""
-        return np.frombuffer(self.view, dtype=dtype)
-
-    @classmethod
-    def of(cls, data: bytes) -> Run:
-        return cls(0, len(data), data)
-
-
-class Rows(Construct):
-    """``nbytes`` of bulk data, returned as a :class:`Run`; build writes the run's bytes."""
-
-    def __init__(self, nbytes: Any, what: str) -> None:
-        super().__init__()
-        self.nbytes = nbytes
-        self.what = what
-
-    def _parse(self, stream: Any, context: Any, path: str) -> Run:
-        n = int(evaluate(self.nbytes, context))
-        require_bytes(stream, n, self.what)
-        start = stream.tell()
-        if isinstance(stream, ViewStream):
-            view: memoryview | bytes = stream.view[start : start + n]
-            stream.seek(start + n)
-        else:  # a plain file-like object (tests, small inputs)
-            view = stream.read(n)
-        return Run(start, n, view)
-
-    def _build(self, obj: Any, stream: Any, context: Any, path: str) -> Any:
-        n = int(evaluate(self.nbytes, context))
-        data = obj.view if isinstance(obj, Run) else obj
-        if len(data) != n:
-            raise FormatError(f"{self.what}: run of {len(data)} bytes where {n} are due", stream.tell())
-        stream.write(data)
-        return obj
-
-    def _sizeof(self, context: Any, path: str) -> int:
-        return int(evaluate(self.nbytes, context))
-
-
-class NumpyArray(Construct):
-    """``count`` items of a fixed numpy dtype, as one zero-copy array."""
-
-    def __init__(self, dtype: Any, count: Any, what: str) -> None:
-        super().__init__()
-        self.dtype = np.dtype(dtype)
-        self.count = count
-        self.what = what
-
-    def _parse(self, stream: Any, context: Any, path: str) -> np.ndarray:
-        n = int(evaluate(self.count, context))
-        if n < 0:
-            raise FormatError(f"{self.what}: negative count {n}", stream.tell(), loc=_loc(stream))
-        run = Rows(n * self.dtype.itemsize, self.what)._parse(stream, context, path)
-        return np.frombuffer(run.view, dtype=self.dtype, count=n)
-
-    def _build(self, obj: Any, stream: Any, context: Any, path: str) -> Any:
-        arr = np.ascontiguousarray(obj, dtype=self.dtype)
-        n = int(evaluate(self.count, context))
-        if arr.shape != (n,):
-            raise FormatError(f"{self.what}: {arr.size} items where {n} are due", stream.tell())
-        stream.write(arr.tobytes())
-        return obj
-
-
-class ExtraWords(NumpyArray):
-    """Optional u32 words (trial parses of unknown versions); absent from a build object means zeros."""
-
-    def __init__(self, count: Any, what: str) -> None:
-        super().__init__("<u4", count, what)
-        self.flagbuildnone = True
-
-    def _build(self, obj: Any, stream: Any, context: Any, path: str) -> Any:
-        if obj is None:
-            obj = np.zeros(int(evaluate(self.count, context)), "<u4")
-        return super()._build(obj, stream, context, path)
-
-
-class Ensure(Construct):
-    """Fail the parse with a clear message when ``predicate(context)`` is false."""
-
-    def __init__(self, predicate: Callable[[Any], bool], message: Callable[[Any], str], code: str = "invalid") -> None:
-        super().__init__()
-        self.flagbuildnone = True
-        self.predicate = predicate
-        self.message = message
-        self.code = code
-
-    def _parse(self, stream: Any, context: Any, path: str) -> None:
-        if not self.predicate(context):
-            # the failing field was the one just read: point at its start when we can
-            raise FormatError(self.message(context), stream.tell(), code=self.code, loc=_loc(stream))
-        return None
-
-    def _build(self, obj: Any, stream: Any, context: Any, path: str) -> None:
-        return None
-
-    def _sizeof(self, context: Any, path: str) -> int:
-        return 0
-
-
-class Named(Construct):
-    """Push ``name`` on the stream's location stack while ``subcon`` parses."""
-
-    def __init__(self, name: str, subcon: Construct) -> None:
-        super().__init__()
-        self.label = name
-        self.subcon = subcon
-        self.flagbuildnone = subcon.flagbuildnone
-
-    def _parse(self, stream: Any, context: Any, path: str) -> Any:
-        loc = getattr(stream, "loc", None)
-        if loc is not None:
-            loc.append(self.label)
-        obj = self.subcon._parsereport(stream, context, path)
-        if loc is not None:
-            loc.pop()  # left in place on failure: the reader reads it back
-        return obj
-
-    def _build(self, obj: Any, stream: Any, context: Any, path: str) -> Any:
-        return self.subcon._build(obj, stream, context, path)
-
-
-class Seq(Construct):
-    """An array of ``count`` items; checks ``count * min_size`` fits before looping."""
-
-    def __init__(self, name: str, count: Any, subcon: Construct, min_size: int) -> None:
-        super().__init__()
-        self.label = name
-        self.count = count
-        self.subcon = subcon
-        self.min_size = min_size
-
-    def _parse(self, stream: Any, context: Any, path: str) -> list[Any]:
-        n = int(evaluate(self.count, context))
-        require_bytes(stream, n * self.min_size, f"{n} x {self.label}")
-        loc = getattr(stream, "loc", None)
-        out = []
-        for i in range(n):
-            if loc is not None:
-                loc.append(f"{self.label}[{i}]")
-            context._index = i
-            out.append(self.subcon._parsereport(stream, context, path))
-            if loc is not None:
-                loc.pop()
-        return out
-
-    def _build(self, obj: Any, stream: Any, context: Any, path: str) -> Any:
-        n = int(evaluate(self.count, context))
-        if len(obj) != n:
-            raise FormatError(f"{self.label}: {len(obj)} items where {n} are due", stream.tell())
-        for i, item in enumerate(obj):
-            context._index = i
-            self.subcon._build(item, stream, context, path)
-        return obj
-
-
-# ---------------------------------------------------------------------------------------
-# per-cell metadata as one structured array
-# ---------------------------------------------------------------------------------------
-
-
-@functools.lru_cache(maxsize=8)
-def kv_cell_dtype(ext: int) -> np.dtype:
-    """One single-sequence KV cell: pos, n_seq_id (always 1), [ext], seq_id."""
-    fields: list[tuple[str, Any]] = [("pos", "<i4"), ("n_seq_id", "<u4")]
-    if ext == 12:  # llama_kv_cell_ext { x, y, tok } (src/llama-kv-cells.h)
-        fields += [("x", "<i4"), ("y", "<i4"), ("tok", "<i4")]
-    elif ext == 8:  # older trees wrote only x, y
-        fields += [("x", "<i4"), ("y", "<i4")]
-    elif ext:
-        raise ValueError(f"unsupported cell ext size {ext}")
-    fields.append(("seq_id", "<i4"))
-    return np.dtype(fields)
-
-
-REC_CELL_DTYPE = np.dtype([("pos", "<i4"), ("n_seq_id", "<u4")])
-
-
-@functools.lru_cache(maxsize=8)
-def _cell_head_dtype(rec: bool, ext: int) -> np.dtype:
-    """The fixed head of one cell (everything before its seq ids): the stride of the
-    cell-by-cell walk of a whole-context save."""
-    dtype = REC_CELL_DTYPE if rec else kv_cell_dtype(ext)
-    return np.dtype(dtype.descr[:2] + ([] if rec else dtype.descr[2:-1]))
-
-
-@dataclass(slots=True)
-class CellTable:
-    """Cell metadata of one KV stream or REC block.
-
-    ``cells`` is a structured array with ``pos`` and ``n_seq_id`` (and ``x``, ``y``, ``tok``
-    with an ext); ``seq_ids`` holds all seq ids flat, ``raw`` the exact bytes.
-    """
-
-    offset: int
-    cells: np.ndarray
-    seq_ids: np.ndarray
-    raw: memoryview | bytes
-
-    @property
-    def size(self) -> int:
-        return len(self.raw)
-
-
-class CellMeta(Construct):
-    """``count`` cells of KV (``rec=False``) or REC (``rec=True``) metadata.
-
-    A single-sequence save has a fixed stride (KV: n_seq_id == 1; REC: n_seq_id == 0), read as
-    one zero-copy structured array.  A whole-context save (``whole``, GGSN) may carry any number
-    of seq ids per cell: when the fixed-stride fast path does not hold it is walked cell by cell.
-    """
-
-    def __init__(self, count: Any, rec: bool) -> None:
-        super().__init__()
-        self.count = count
-        self.rec = rec
-
-    def _parse(self, stream: Any, context: Any, path: str) -> CellTable:
-        n = int(evaluate(self.count, context))
-        whole = bool(context._params.get("whole", False))
-        ext = 0 if self.rec else int(context._params.get("ext", 0))
-        dtype, fixed = (REC_CELL_DTYPE, 0) if self.rec else (kv_cell_dtype(ext), 1)
-        head = _cell_head_dtype(self.rec, ext)
-        start = stream.tell()
-        # every cell takes at least its fixed head: check that before reading any
-        require_bytes(stream, n * head.itemsize, f"metadata of {n} cells")
-        avail = min(n, stream.remaining() // dtype.itemsize)
-        cells = np.frombuffer(stream.view, dtype=dtype, count=avail, offset=start)
-        bad = np.flatnonzero(cells["n_seq_id"] != fixed)
-        neg = np.flatnonzero(cells["pos"] < 0)
-        if neg.size and (not bad.size or neg[0] < bad[0]):
-            # empty cells (pos -1) are never written: a negative position is damage
-            i = int(neg[0])
-            raise FormatError(
-                f"cell {i}: negative position {int(cells['pos'][i])}",
-                start + i * dtype.itemsize,
-                code="bad-position",
-                loc=_loc(stream),
-            )
-        if avail == n and not bad.size:
-            end = start + n * dtype.itemsize
-            stream.seek(end)
-            seq = np.empty(0, np.int32) if self.rec else cells["seq_id"]
-            return CellTable(start, cells, seq, stream.view[start:end])
-        if whole:
-            return self._parse_variable(stream, start, n, head)
-        if bad.size:
-            i = int(bad[0])
-            stream.seek(start + i * dtype.itemsize + 4)
-            raise FormatError(
-                f"cell {i}: n_seq_id {int(cells['n_seq_id'][i])} in a single-sequence save (must be {fixed})",
-                start + i * dtype.itemsize + 4,
-                code="invalid",
-                loc=_loc(stream),
-            )
-        require_bytes(stream, n * dtype.itemsize, f"metadata of {n} cells")
-        raise AssertionError("unreachable")
-
-    def _parse_variable(self, stream: Any, start: int, n: int, head: np.dtype) -> CellTable:
-        view = stream.view
-        cells = np.empty(n, head)
-        seq_parts: list[np.ndarray] = []
-        pos = start
-        for i in range(n):  # only whole-context saves with shared cells come here
-            stream.seek(pos)
-            require_bytes(stream, head.itemsize, f"cell {i} metadata")
-            cells[i] = np.frombuffer(view, dtype=head, count=1, offset=pos)[0]
-            nseq = int(cells["n_seq_id"][i])
-            pos += head.itemsize
-            stream.seek(pos)
-            require_bytes(stream, 4 * nseq, f"cell {i} seq ids")
-            seq_parts.append(np.frombuffer(view, dtype="<i4", count=nseq, offset=pos))
-            pos += 4 * nseq
-        stream.seek(pos)
-        seq = np.concatenate(seq_parts) if seq_parts else np.empty(0, np.int32)
-        return CellTable(start, cells, seq, view[start:pos])
-
-    def _build(self, obj: Any, stream: Any, context: Any, path: str) -> Any:
-        stream.write(obj.raw)
-        return obj
-
-
-class Tail(Construct):
-    """Whatever remains of a bounded stream (the 0-3 padding bytes of a packed payload)."""
-
-    def _parse(self, stream: Any, context: Any, path: str) -> Run:
-        return Rows(stream.remaining(), "tail")._parse(stream, context, path)
-
-    def _build(self, obj: Any, stream: Any, context: Any, path: str) -> Any:
-        stream.write(obj.view if isinstance(obj, Run) else obj)
-        return obj
-
-
-# ---------------------------------------------------------------------------------------
-# scalars with checks
-# ---------------------------------------------------------------------------------------
-
-
-def _type_ok(type_id: int) -> bool:
-    return 0 <= type_id < MAX_TYPE_ID
-
-
-def _row_ok(type_id: int, row: int) -> bool:
-    # rows of 0 bytes exist: LFM2 short-conv layers have n_embd_s == 0 but still get an S entry
-    t = TYPES.get(type_id)
-    return t is None or row % t.type_size == 0
-
-
-def _type_msg(field: str) -> Callable[[Any], str]:
-    return lambda c: f"{field} {c[field]} is not a ggml type id"
-
-
-def _row_msg(field: str, type_field: str) -> Callable[[Any], str]:
-    return lambda c: f"{field} {c[field]} is not a whole number of {_tname(c[type_field])} blocks"
-
-
-def _tname(type_id: int) -> str:
-    t = TYPES.get(type_id)
-    return t.name if t else f"type {type_id}"
-
-
-# ---------------------------------------------------------------------------------------
-# KV block: llama_kv_cache::state_write
-# ---------------------------------------------------------------------------------------
-
-# The u32 that says how V is laid out (0: rows, flash attention on; 1: transposed).
-VTransWord = Int32ul
-
-# The head of one K layer, or of one V layer when V is not transposed: type, row size.
-KVLayerHead = Struct(
-    "type" / Int32sl,
-    "row_size" / Int64ul,
+from slotfile.format.grammar_core import (
+    MAX_CHECKPOINTS,
+    MAX_LAYERS,
+    MAX_STREAMS,
+    MAX_TYPE_ID,
+    MTMD_SERIALIZATION_VERSION,
+    PACKED_MARKER,
+    REC_CELL_DTYPE,
+    ROT_SESSION_VERSION,
+    ROT_STATE_VERSION,
+    SCKP_VERSION,
+    SDFT_VERSION,
+    SERVER_TOKENS_VERSION,
+    CellMeta,
+    CellTable,
+    Ensure,
+    ExtraWords,
+    FormatError,
+    Named,
+    NumpyArray,
+    Remainder,
+    Rows,
+    Run,
+    Seq,
+    ViewStream,
+    kv_cell_dtype,
+    require_bytes,
+    row_msg,
+    row_ok,
+    stream_loc,
+    type_msg,
+    type_name,
+    type_ok,
 )
-
-# The head of one transposed V layer: type, element size, n_embd_v_gqa.
-KVLayerTHead = Struct(
-    "type" / Int32sl,
-    "el_size" / Int32ul,
-    "n_embd" / Int32ul,
+from slotfile.format.grammar_memory import (
+    COUNT,
+    KV_BLOCK,
+    KV_STREAM_HEAD,
+    LAYER_HEAD,
+    REC_CELL_HEAD,
+    CountWord,
+    KVLayer,
+    KVLayerHead,
+    KVLayerT,
+    KVLayerTHead,
+    KVStreamHead,
+    RecCellHead,
+    RecLayer,
+    RecPLayer,
+    RecRWithP,
+    RotWord,
+    RotWords,
+    VTransWord,
+    fixed_reader,
+    kv_block,
+    kv_block_legacy,
+    read_fixed,
+    rec_block,
 )
+from slotfile.format.magics import DSV4_MAGIC, GGSN_MAGIC, GGSQ_MAGIC, IO_MAGIC, SCKP_MAGIC, SDFT_MAGIC
 
-# One K layer, or one V layer when V is not transposed: type, row size, cell_count rows.
-KVLayer = Struct(
-    "offset" / Tell,
-    "type" / Int32sl,
-    Ensure(lambda c: _type_ok(c.type), _type_msg("type"), code="bad-type"),
-    "row_size" / Int64ul,
-    Ensure(lambda c: _row_ok(c.type, c.row_size), _row_msg("row_size", "type"), code="bad-row-size"),
-    "cell_count" / Computed(this._.cell_count),
-    "data" / Rows(this.row_size * this.cell_count, "rows"),
-)
-
-# One transposed V layer (v_trans == 1, flash attention off): type, element size,
-# n_embd_v_gqa, then the matrix element-major (element j of every cell, for each j).
-KVLayerT = Struct(
-    "offset" / Tell,
-    "type" / Int32sl,
-    Ensure(
-        lambda c: c.type in TRANSPOSABLE,
-        lambda c: f"transposed V of type {_tname(c.type)} (only f32/f16/bf16 can be)",
-        code="bad-type",
-    ),
-    "el_size" / Int32ul,
-    Ensure(
-        lambda c: c.el_size == TYPES[c.type].type_size,
-        lambda c: f"el_size {c.el_size} does not match {_tname(c.type)}",
-        code="bad-row-size",
-    ),
-    "n_embd" / Int32ul,
-    "cell_count" / Computed(this._.cell_count),
-    "data" / Rows(this.n_embd * this.cell_count * this.el_size, "transposed V columns"),
-)
-
-
-# One rotation width (n_rot_k or n_rot_v) of a version-4 KV stream.
-RotWord = Int32ul
-
-# Both rotation words, as a version-4 writer puts them after n_layer (what migrate inserts).
-RotWords = Struct(
-    "n_rot_k" / RotWord,
-    "n_rot_v" / RotWord,
-)
-
-
-def _rot(c: Any) -> bool:
-    return bool(c._params.get("rot", False))
-
-
-def _kv_stream_data(has_v: bool, legacy: bool = False) -> Struct:
-    v_plain = Seq("V", this.n_layer, KVLayer, 12)
-    v_trans = Seq("V", this.n_layer, KVLayerT, 12)
-    fields: list[Any] = [
-        "cell_count" / Computed(this._.cell_count),
-        # a legacy single-sequence cell is (pos, n_seq_id = 0) like a recurrent one
-        "meta" / Named("cells", CellMeta(this._.cell_count, rec=legacy)),
-        # a state version newer than slotfile knows is parsed by trial: a few unknown u32
-        # words before v_trans and after the rotation words (params trial_pre / trial_post)
-        "trial_pre" / ExtraWords(lambda c: c._params.get("trial_pre", 0), "unknown metadata words"),
-        "v_trans_offset" / Tell,
-        "v_trans" / VTransWord,
-        Ensure(lambda c: c.v_trans in (0, 1), lambda c: f"v_trans {c.v_trans} (must be 0 or 1)"),
-        "n_layer" / Int32ul,
-        Ensure(
-            lambda c: c.n_layer <= MAX_LAYERS,
-            lambda c: f"n_layer {c.n_layer} over the cap {MAX_LAYERS}",
-            code="over-cap",
-        ),
-        # GGSQ 4 / GGSN 11 (param ``rot``): the K and V Hadamard rotation widths of the cache,
-        # 0 when not rotated (llama_kv_cache::state_write_data, llama.cpp of 2026-10-06)
-        "n_rot_k" / If(_rot, Default(RotWord, 0)),  # Default: a build object without it (v3) is fine
-        "n_rot_v" / If(_rot, Default(RotWord, 0)),
-        "trial_post" / ExtraWords(lambda c: c._params.get("trial_post", 0), "unknown metadata words"),
-        "k" / Seq("K", this.n_layer, KVLayer, 12),
-    ]
-    if has_v:
-        fields.append("v" / IfThenElse(this.v_trans == 1, v_trans, v_plain))
-    else:
-        fields.append("v" / Computed(lambda c: []))
-    return Struct(*fields)
-
-
-def _kv_stream(has_v: bool) -> Struct:
-    return Struct(
-        "offset" / Tell,
-        "cell_count" / Int32ul,
-        "data" / If(this.cell_count > 0, _kv_stream_data(has_v)),
-    )
-
-
-@functools.lru_cache(maxsize=4)
-def kv_block(has_v: bool = True) -> Struct:
-    """One ``llama_kv_cache::state_write`` block.  ``has_v=False`` for MLA and indexer caches."""
-    return Struct(
-        "offset" / Tell,
-        "n_stream" / Int32ul,
-        Ensure(
-            lambda c: 1 <= c.n_stream <= MAX_STREAMS,
-            lambda c: f"n_stream {c.n_stream} (must be 1..{MAX_STREAMS})",
-            code="over-cap",
-        ),
-        "streams" / Seq("stream", this.n_stream, _kv_stream(has_v), 4),
-        "end" / Tell,
-    )
-
-
-@functools.lru_cache(maxsize=4)
-def kv_block_legacy(has_v: bool = True) -> Struct:
-    """The KV block as llama.cpp wrote it before per-stream caches (2024 to mid-2025; GGSQ 2,
-    GGSN 9): ``llama_kv_cache_unified::state_write`` wrote ``cell_count`` with no ``n_stream``
-    word, the layer headers even when no cell is written, and in a single-sequence save
-    ``n_seq_id = 0`` with no seq id.  Recurrent models of that time used the same block (K
-    holding the conv state r, V the SSM state s).  Parsed as one stream."""
-    stream = Struct(
-        "offset" / Tell,
-        "cell_count" / Int32ul,
-        "data" / _kv_stream_data(has_v, legacy=True),
-    )
-    return Struct(
-        "offset" / Tell,
-        "n_stream" / Computed(1),
-        "streams" / Seq("stream", 1, stream, 12),
-        "end" / Tell,
-    )
-
-
-KV_BLOCK = kv_block(True)
-KV_BLOCK_NO_V = kv_block(False)
-
-
-# ---------------------------------------------------------------------------------------
-# REC block: llama_memory_recurrent::state_write
-# ---------------------------------------------------------------------------------------
-
-RecLayer = Struct(
-    "offset" / Tell,
-    "type" / Int32sl,
-    Ensure(lambda c: _type_ok(c.type), _type_msg("type"), code="bad-type"),
-    "row_size" / Int64ul,
-    Ensure(lambda c: _row_ok(c.type, c.row_size), _row_msg("row_size", "type"), code="bad-row-size"),
-    "cell_count" / Computed(this._.cell_count),
-    "data" / Rows(this.row_size * this.cell_count, "rows"),
-)
-
-# PLE conv history after an R entry: a row size with no type field (the type is r_type).
-RecPLayer = Struct(
-    "offset" / Tell,
-    "row_size" / Int64ul,
-    "cell_count" / Computed(this._.cell_count),
-    "data" / Rows(this.row_size * this.cell_count, "P rows"),
-)
-
-RecRWithP = Struct(
-    "cell_count" / Computed(this._.cell_count),
-    "r" / RecLayer,
-    "p" / RecPLayer,
-)
-
-
-@functools.lru_cache(maxsize=256)
-def rec_block(n_rec: int, has_p: bool = False) -> Struct:
-    """One REC block with ``n_rec`` R entries and as many S entries (the written ``n_layer``
-    also counts layers that have no recurrent state, so the count comes from the layout)."""
-    r = Seq("R", n_rec, RecRWithP, 20) if has_p else Seq("R", n_rec, RecLayer, 12)
-    return Struct(
-        "offset" / Tell,
-        "cell_count" / Int32ul,
-        # a sequence occupies one recurrent cell: a single-sequence save has 0 or 1
-        Ensure(
-            lambda c: c.cell_count <= (MAX_STREAMS if c._params.get("whole") else 1),
-            lambda c: f"recurrent cell_count {c.cell_count} (a single-sequence save has at most 1)",
-            code="over-cap",
-        ),
-        "meta" / Named("cells", CellMeta(this.cell_count, rec=True)),
-        "s_trans_offset" / Tell,
-        "s_trans" / Int32ul,
-        Ensure(lambda c: c.s_trans == 0, lambda c: f"s_trans {c.s_trans} (always written as 0)"),
-        "n_layer" / Int32ul,
-        Ensure(
-            lambda c: c.n_layer <= MAX_LAYERS,
-            lambda c: f"n_layer {c.n_layer} over the cap {MAX_LAYERS}",
-            code="over-cap",
-        ),
-        Ensure(lambda c: n_rec <= max(c.n_layer, 1), lambda c: f"{n_rec} recurrent entries for n_layer {c.n_layer}"),
-        "r" / r,
-        "s" / Seq("S", n_rec, RecLayer, 12),
-        "end" / Tell,
-    )
-
-
+# The grammars of the building blocks and the memory blocks live in grammar_core and
+# grammar_memory; this module is the one entry every caller imports them from.
+__all__ = [
+    "COUNT",
+    "DSV4_MAGIC",
+    "GGSN_MAGIC",
+    "GGSQ_MAGIC",
+    "IO_MAGIC",
+    "KV_BLOCK",
+    "KV_STREAM_HEAD",
+    "LAYER_HEAD",
+    "MAX_CHECKPOINTS",
+    "MAX_LAYERS",
+    "MAX_STREAMS",
+    "MAX_TYPE_ID",
+    "MTMD_SERIALIZATION_VERSION",
+    "PACKED_MARKER",
+    "REC_CELL_DTYPE",
+    "REC_CELL_HEAD",
+    "ROT_SESSION_VERSION",
+    "ROT_STATE_VERSION",
+    "SCKP_MAGIC",
+    "SCKP_VERSION",
+    "SDFT_MAGIC",
+    "SDFT_VERSION",
+    "SERVER_TOKENS_VERSION",
+    "ArchString",
+    "Blob",
+    "BlobLength",
+    "BoundedBlob",
+    "CellMeta",
+    "CellTable",
+    "CheckpointEntry",
+    "CheckpointHead",
+    "CountWord",
+    "Ensure",
+    "ExtraWords",
+    "FileHeader",
+    "FormatError",
+    "GgsnV9Extra",
+    "KVLayer",
+    "KVLayerHead",
+    "KVLayerT",
+    "KVLayerTHead",
+    "KVStreamHead",
+    "MtmdAudio",
+    "MtmdBatch",
+    "MtmdBatchEntry",
+    "MtmdChunk",
+    "MtmdImage",
+    "MtmdString",
+    "NTokens",
+    "Named",
+    "NumpyArray",
+    "PackedTokens",
+    "PlainTokens",
+    "RecCellHead",
+    "RecLayer",
+    "RecPLayer",
+    "RecRWithP",
+    "Remainder",
+    "RotWord",
+    "RotWords",
+    "Rows",
+    "Run",
+    "SckpHeader",
+    "SckpHeaderAnyMagic",
+    "SdftBody",
+    "SdftHeader",
+    "Seq",
+    "SeqBlobPrefix",
+    "VTransWord",
+    "ViewStream",
+    "blob_length",
+    "build",
+    "checkpoint_head",
+    "file_header",
+    "fixed_reader",
+    "kv_block",
+    "kv_block_legacy",
+    "kv_cell_dtype",
+    "kv_layer_head",
+    "kv_layer_t_head",
+    "n_stream_word",
+    "parse",
+    "plain_tokens",
+    "read_fixed",
+    "rec_block",
+    "require_bytes",
+    "rot_words",
+    "row_msg",
+    "row_ok",
+    "sckp_header",
+    "sdft_header",
+    "stream_loc",
+    "type_msg",
+    "type_name",
+    "type_ok",
+    "v_trans_word",
+]
 # ---------------------------------------------------------------------------------------
 # header, token payloads
 # ---------------------------------------------------------------------------------------
@@ -793,7 +294,7 @@ class BoundedBlob(Construct):
             raise FormatError(
                 f"{self.what} declares {n} bytes but its content ends after {sub.tell() - body_start}",
                 sub.tell(),
-                loc=_loc(stream),
+                loc=stream_loc(stream),
             )
         stream.seek(body_start + n)
         return {"offset": start, "length": n, "raw": stream.view[body_start : body_start + n], "chunk": obj}
@@ -821,7 +322,7 @@ PackedTokens = Struct(
     "media_keys" / NumpyArray("<u4", this.n_media, "media keys"),
     "media" / Seq("media", this.n_media, BoundedBlob(MtmdChunk, "media chunk"), 4),
     "padding_offset" / Tell,
-    "padding" / Tail(),
+    "padding" / Remainder(),
     Ensure(
         lambda c: c.padding.length < 4,
         lambda c: f"{c.padding.length} bytes after the last media chunk (the server refuses 4 or more)",
@@ -889,11 +390,6 @@ CheckpointEntry = Struct(
     "end" / Tell,
 )
 
-Sckp = Struct(
-    "header" / SckpHeader,
-    "entries" / Seq("checkpoint", this.header.count, CheckpointEntry, 40),
-)
-
 SdftHeader = Struct(
     "offset" / Tell,
     "magic" / Const(SDFT_MAGIC),
@@ -904,11 +400,6 @@ SdftBody = Struct(
     "dft" / Named("data_dft", Blob),
     "spec" / Named("data_spec", Blob),
     "end" / Tell,
-)
-
-Sdft = Struct(
-    "header" / SdftHeader,
-    "body" / SdftBody,
 )
 
 # GGSN v10 (llama_context::state_write_data): the arch string after the tokens.

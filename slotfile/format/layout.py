@@ -11,24 +11,28 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
 from construct import ConstructError
 
 from slotfile.format.grammar import (
+    COUNT,
+    LAYER_HEAD,
     MAX_LAYERS,
     MAX_STREAMS,
+    REC_CELL_HEAD,
     SCKP_MAGIC,
     SDFT_MAGIC,
     FormatError,
     ViewStream,
-    _row_ok,
-    _type_ok,
     kv_block,
     kv_block_legacy,
+    read_fixed,
     rec_block,
+    row_ok,
+    type_ok,
 )
 
 
@@ -263,34 +267,33 @@ def _parse_kv(
 
 
 def _rec_entry_counts(view: Any, off: int, end: int, whole: bool) -> tuple[int, int, list[tuple[int, int]]]:
-    """Scan a REC block greedily: (cell_count, n_layer, [(type, row_size), ...])."""
-    import struct
-
-    def u32(p: int) -> int | None:
-        return struct.unpack_from("<I", view, p)[0] if p + 4 <= end else None
-
-    cells = u32(off)
+    """Scan a REC block greedily: (cell_count, n_layer, [(type, row_size), ...]).  The heads
+    are read with the grammar's fixed readers: the entry count is what the block grammar
+    (rec_block) needs to be told, so it cannot parse the block to find it."""
+    got = read_fixed(COUNT, view, off, end)
+    cells = int(got[0]) if got is not None else None
     # the same cap as the grammar: one cell per sequence (no Python loop over a bogus count)
     if cells is None or cells > (MAX_STREAMS if whole else 1):
         return cells or 0, 0, []
-    p = off + 4
+    p = off + COUNT.size
     for _ in range(cells):
-        if p + 8 > end:
+        head = read_fixed(REC_CELL_HEAD, view, p, end)
+        if head is None:
             return cells, 0, []
-        nseq = struct.unpack_from("<I", view, p + 4)[0]
-        p += 8 + (4 * nseq if whole else 0)
-    p += 4  # s_trans
-    n_layer = u32(p)
+        p += REC_CELL_HEAD.size + (4 * head[1] if whole else 0)  # whole: n_seq_id seq ids follow
+    p += COUNT.size  # s_trans
+    got = read_fixed(COUNT, view, p, end)
+    n_layer = int(got[0]) if got is not None else None
     if n_layer is None or n_layer > MAX_LAYERS:
         return cells, 0, []
-    p += 4
+    p += COUNT.size
     entries: list[tuple[int, int]] = []
-    while p + 12 <= end and len(entries) < 2 * n_layer:
-        t, row = struct.unpack_from("<iQ", view, p)
-        if not (_type_ok(t) and _row_ok(t, row)) or p + 12 + cells * row > end:
+    while p + LAYER_HEAD.size <= end and len(entries) < 2 * n_layer:
+        t, row = LAYER_HEAD.unpack_from(view, p)
+        if not (type_ok(t) and row_ok(t, row)) or p + LAYER_HEAD.size + cells * row > end:
             break
         entries.append((t, row))
-        p += 12 + cells * row
+        p += LAYER_HEAD.size + cells * row
     return cells, n_layer, entries
 
 
@@ -327,20 +330,27 @@ def _parse_rec(
     return blk
 
 
+@dataclass(frozen=True, slots=True)
+class _Walk:
+    """What stays fixed while :func:`_walk` descends through the blocks of one candidate."""
+
+    view: Any
+    end: int
+    ext: int
+    whole: bool
+    deep: _Deepest
+    extra: tuple[int, int] = (0, 0)
+    legacy: bool = False
+    rot: bool = False
+
+
 def _walk(
-    view: Any,
+    w: _Walk,
     off: int,
-    end: int,
     kinds: tuple[str, ...],
     has_v: tuple[bool, ...],
-    ext: int,
-    whole: bool,
-    deep: _Deepest,
     specs: tuple[BlockSpec, ...] = (),
     parsed: tuple[Any, ...] = (),
-    extra: tuple[int, int] = (0, 0),
-    legacy: bool = False,
-    rot: bool = False,
 ) -> Iterator[tuple[tuple[BlockSpec, ...], tuple[Any, ...], int]]:
     """Every complete parse of ``kinds`` starting at ``off``: (specs, blocks, end offset)."""
     if not kinds:
@@ -349,49 +359,25 @@ def _walk(
 
     # the failure label is only built when a parse fails (most calls are memo hits)
     def label() -> str:
-        return Layout((*specs, BlockSpec(MemoryKind(kinds[0]))), ext, legacy=legacy).describe()
+        return Layout((*specs, BlockSpec(MemoryKind(kinds[0]))), w.ext, legacy=w.legacy).describe()
 
     if kinds[0] == KV:
-        blk = _parse_kv(view, off, end, ext, whole, has_v[0], deep, label, extra, legacy, rot)
+        blk = _parse_kv(w.view, off, w.end, w.ext, w.whole, has_v[0], w.deep, label, w.extra, w.legacy, w.rot)
         if blk is not None:
-            yield from _walk(
-                view,
-                blk.end,
-                end,
-                kinds[1:],
-                has_v[1:],
-                ext,
-                whole,
-                deep,
-                (*specs, BlockSpec(KV, has_v[0])),
-                (*parsed, blk),
-                extra,
-                legacy,
-                rot,
-            )
+            yield from _walk(w, blk.end, kinds[1:], has_v[1:], (*specs, BlockSpec(KV, has_v[0])), (*parsed, blk))
         return
+    # a REC block is never legacy (no REC block existed in that layout): the blocks after it neither
+    after_rec = replace(w, legacy=False)
     tried_p = 0
-    for n_rec, has_p in _rec_candidates(view, off, end, whole):
+    for n_rec, has_p in _rec_candidates(w.view, off, w.end, w.whole):
         if has_p:
             tried_p += 1
             if tried_p > 64:
                 break
-        blk = _parse_rec(view, off, end, whole, n_rec, has_p, deep, label)
+        blk = _parse_rec(w.view, off, w.end, w.whole, n_rec, has_p, w.deep, label)
         if blk is not None:
-            yield from _walk(
-                view,
-                blk.end,
-                end,
-                kinds[1:],
-                has_v[1:],
-                ext,
-                whole,
-                deep,
-                (*specs, BlockSpec(REC, True, n_rec, has_p)),
-                (*parsed, blk),
-                extra,
-                rot=rot,
-            )
+            spec = BlockSpec(REC, True, n_rec, has_p)
+            yield from _walk(after_rec, blk.end, kinds[1:], has_v[1:], (*specs, spec), (*parsed, blk))
             if not has_p:
                 return  # the fullest plain split that parses wins; P rows only when none does
 
@@ -416,6 +402,10 @@ def appendix_at(view: Any, off: int, end: int) -> bool:
     """An SCKP/SDFT magic starts at ``off`` (or the file ends inside one: a cut appendix)."""
     head = bytes(view[off : min(off + 4, end)])
     return bool(head) and any(m.startswith(head) for m in (SCKP_MAGIC, SDFT_MAGIC))
+
+
+_Plan = tuple[tuple[str, ...], tuple[bool, ...], int, tuple[int, int], bool]  # kinds, has_v, ext, extra, legacy
+_Parse = tuple[Layout, tuple[Any, ...], int]  # layout, parsed blocks, end offset
 
 
 def detect(
@@ -445,45 +435,62 @@ def detect(
     deep = _Deepest()
     if start == end or (not exact and appendix_at(view, start, end)):
         return Detection(Layout(()), [], start, Confidence.UNIQUE)
-
-    def ends_well(e: int) -> bool:
-        return e == end or (not exact and appendix_at(view, e, end))
-
-    accepted: list[tuple[Layout, tuple[Any, ...], int]] = []
-    partial: list[tuple[Layout, tuple[Any, ...], int]] = []
-    if fixed is not None:
-        plans: list[tuple[tuple[str, ...], tuple[bool, ...], int, tuple[int, int], bool]] = [
-            (fixed.kinds, tuple(b.has_v for b in fixed.blocks), fixed.ext, fixed.extra, fixed.legacy)
-        ]
-    else:
-        plans = [
-            (k, hv, ext, x, False) for x in extras for k in sequences for ext in ext_sizes for hv in _has_v_options(k)
-        ]
-        if legacy:  # no cell ext and no REC block existed then: [KV] and the iSWA pair
-            plans += [(k, hv, 0, (0, 0), True) for k in LEGACY_SEQUENCES for hv in _has_v_options(k)]
-    for kinds, hv, ext, x, old in plans:
+    accepted: list[_Parse] = []
+    partial: list[_Parse] = []
+    for kinds, hv, ext, x, old in _plans(fixed, sequences, ext_sizes, extras, legacy):
         if (ext or x != (0, 0)) and KV not in kinds:
             continue
-        for specs, blocks, e in _walk(view, start, end, kinds, hv, ext, whole, deep, extra=x, legacy=old, rot=rot):
+        w = _Walk(view, end, ext, whole, deep, x, old, rot)
+        for specs, blocks, e in _walk(w, start, kinds, hv):
             lay = Layout(specs, ext, x, old, rot)
             if fixed is not None and not _same_rec(fixed, lay):
                 continue
-            (accepted if ends_well(e) else partial).append((lay, blocks, e))
+            ends_well = e == end or (not exact and appendix_at(view, e, end))
+            (accepted if ends_well else partial).append((lay, blocks, e))
     if accepted:
-        accepted = _distinct(accepted)
-        strong = [a for a in accepted if not _weak(a[1])]
-        cut = deep.cut is not None and deep.cut.offset >= accepted[0][2]
-        if strong:
-            accepted = strong + [a for a in accepted if a not in strong]
-        elif cut:  # only a reading with R rows standing in for S rows fits: the file was cut
-            return Detection(None, [], start, Confidence.NONE, [a[0] for a in accepted], deep.cut)
-        lay, blocks, e = accepted[0]
-        conf = (
-            Confidence.MODEL
-            if fixed is not None
-            else (Confidence.UNIQUE if len(accepted) == 1 else Confidence.AMBIGUOUS)
-        )
-        return Detection(lay, list(blocks), e, conf, [a[0] for a in accepted[1:]], deep.best)
+        return _choose(accepted, deep, start, fixed is not None)
+    return _fallback(partial, deep, start, end, exact)
+
+
+def _plans(
+    fixed: Layout | None,
+    sequences: Iterable[tuple[str, ...]],
+    ext_sizes: Iterable[int],
+    extras: Iterable[tuple[int, int]],
+    legacy: bool,
+) -> list[_Plan]:
+    """The candidates to walk, in order of preference: the fixed layout alone, else every
+    sequence with every ext size, V choice and trial shape (and the legacy ones last)."""
+    if fixed is not None:
+        return [(fixed.kinds, tuple(b.has_v for b in fixed.blocks), fixed.ext, fixed.extra, fixed.legacy)]
+    ext_sizes = tuple(ext_sizes)
+    sequences = tuple(sequences)
+    plans: list[_Plan] = [
+        (k, hv, ext, x, False) for x in extras for k in sequences for ext in ext_sizes for hv in _has_v_options(k)
+    ]
+    if legacy:  # no cell ext and no REC block existed then: [KV] and the iSWA pair
+        plans += [(k, hv, 0, (0, 0), True) for k in LEGACY_SEQUENCES for hv in _has_v_options(k)]
+    return plans
+
+
+def _choose(accepted: list[_Parse], deep: _Deepest, start: int, modelled: bool) -> Detection:
+    """The detection among the parses that end well: strong readings first; one that only fits
+    with R rows standing in for S rows, where a deeper parse ran out of bytes, is a cut file."""
+    accepted = _distinct(accepted)
+    strong = [a for a in accepted if not _weak(a[1])]
+    cut = deep.cut is not None and deep.cut.offset >= accepted[0][2]
+    if strong:
+        accepted = strong + [a for a in accepted if a not in strong]
+    elif cut:  # only a reading with R rows standing in for S rows fits: the file was cut
+        return Detection(None, [], start, Confidence.NONE, [a[0] for a in accepted], deep.cut)
+    lay, blocks, e = accepted[0]
+    conf = Confidence.MODEL if modelled else (Confidence.UNIQUE if len(accepted) == 1 else Confidence.AMBIGUOUS)
+    return Detection(lay, list(blocks), e, conf, [a[0] for a in accepted[1:]], deep.best)
+
+
+def _fallback(partial: list[_Parse], deep: _Deepest, start: int, end: int, exact: bool) -> Detection:
+    """No parse ends well: the fullest one with trailing bytes (not in a blob), unless a deeper
+    candidate shows the body was cut; else no layout, with the deepest failure."""
     if partial and not exact:
         partial.sort(key=lambda a: -a[2])  # the fullest parse; the rest is trailing bytes
         lay, blocks, e = partial[0]

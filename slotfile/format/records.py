@@ -1,11 +1,12 @@
 """The parsed file as plain records: what the reader produces and every other module reads.
 
 Pure data, no parsing: :class:`SlotFile` and its parts (tokens, body, memory blocks, layer
-runs, appendices, checkpoints, problems), plus what the model says the state must look like
+runs, appendices, checkpoints), plus what the model says the state must look like
 (:class:`ModelExpect`), so that the reader, the model expectation (:mod:`slotfile.model.expect`) and
 the comparison (:mod:`slotfile.model.compare`) all import these records and none imports another
 for its types.  Bulk data stays a zero-copy view (:class:`slotfile.format.grammar.Run`) over the
-file's buffer.
+file's buffer.  :class:`Problem` and :class:`Severity` live in :mod:`slotfile.problems` (with the
+registry of problem codes) and are re-exported here.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import numpy as np
 from slotfile.format import grammar as g
 from slotfile.format.layout import Layout, MemoryKind
 from slotfile.format.types import ELEMENT_DTYPE, TYPES, type_name
+from slotfile.problems import Problem, ProblemCode, Severity
 
 __all__ = [
     "Appendix",
@@ -44,11 +46,6 @@ __all__ = [
 ]
 
 
-class Severity(StrEnum):
-    ERROR = "error"
-    WARNING = "warning"
-
-
 class FileFormat(StrEnum):
     GGSQ = "GGSQ"  # slot file (llama_state_seq_save_file)
     GGSN = "GGSN"  # session file (llama_state_save_file)
@@ -59,29 +56,6 @@ class TokenForm(StrEnum):
     PACKED = "packed"  # server_tokens::serialize
     PLAIN = "plain"  # the ids themselves
     EMPTY = "empty"
-
-
-@dataclass(slots=True)
-class Problem:
-    severity: Severity
-    code: str
-    section: str
-    offset: int
-    message: str
-    # produced by the model check (slotfile.model.check), not by the bytes alone; not in to_dict
-    from_model: bool = False
-
-    def line(self) -> str:
-        return f"{self.section} at offset {self.offset}: {self.message}"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "severity": self.severity,
-            "code": self.code,
-            "section": self.section,
-            "offset": self.offset,
-            "message": self.message,
-        }
 
 
 @dataclass(slots=True)
@@ -417,5 +391,8 @@ class SlotFile:
     def n_tokens(self) -> int:
         return int(self.tokens.tokens.size) if self.tokens is not None else 0
 
-    def problem(self, severity: Severity | str, code: str, section: str, offset: int, message: str) -> None:
-        self.problems.append(Problem(Severity(severity), code, section, offset, message))
+    def problem(
+        self, severity: Severity | str, code: ProblemCode | str, section: str, offset: int, message: str
+    ) -> None:
+        """Add a structure problem; a string code must be registered (slotfile.problems), else ValueError."""
+        self.problems.append(Problem(Severity(severity), ProblemCode(code), section, offset, message))

@@ -112,7 +112,6 @@ _TABLE: list[tuple[TypeId, str, int, int]] = [
     (TypeId.Q2_0, "q2_0", 64, 18),
 ]
 
-GGML_TYPE_COUNT = 43  # vendored ggml.h; ids at or above this come from newer builds or forks
 TYPES: dict[int, GGMLType] = {int(i): GGMLType(int(i), n, b, s) for i, n, b, s in _TABLE}
 BY_NAME: dict[str, GGMLType] = {t.name: t for t in TYPES.values()}
 

@@ -29,11 +29,11 @@ from slotfile.llama.loader import (
     LIB_ENV,
     Library,
     LoaderError,
-    _telling_line,
-    _Worker,
+    WorkerProcess,
     library_label,
     resolve_library,
     server_library,
+    telling_line,
 )
 from slotfile.llama.worker.program import default_checkpoint_positions
 
@@ -101,7 +101,7 @@ def _run_one(request: dict[str, Any], timeout: float, lib: Library, t0: float) -
     """One worker over ``lib``; a refusal for a version mismatch has ``data["_wrong_version"]``."""
     n_gpu_layers = int((request.get("settings") or {}).get("n_gpu_layers") or 0)
     try:
-        w = _Worker(
+        w = WorkerProcess(
             str(request["model"]),
             request.get("draft_model"),
             n_gpu_layers,
@@ -112,53 +112,67 @@ def _run_one(request: dict[str, Any], timeout: float, lib: Library, t0: float) -
     except OSError as e:
         return WorkerResult(False, f"could not start the llama.cpp worker: {e}", {}, True, "", time.monotonic() - t0)
     try:
-        hello, died = w.read(timeout)
-        why = w.library_problem(hello, died)
-        if why is not None:  # an unusable library: operational, one line
-            return WorkerResult(False, why, {}, True, w.log_since(0)[-LOG_TAIL:], time.monotonic() - t0)
-        facts: dict[str, Any] = {}
-        if hello is not None and hello.get("ok"):
-            facts = {
-                "library": hello.get("library"),
-                "library_dir": hello.get("library_dir"),
-                "state_seq_version": hello.get("state_seq_version"),
-                "label": library_label(hello),
-            }
-            want = request.get("state_version")
-            if want is not None and int(want) != int(hello["state_seq_version"]):
-                return WorkerResult(
-                    False, "wrong version", dict(facts, _wrong_version=True), False, "", time.monotonic() - t0
-                )
-        log = ""
-        if hello is not None and hello.get("ok"):
-            left = max(0.0, timeout - (time.monotonic() - t0))
-            resp, died, log = w.request(request, left) if left > 0 else (None, "", "")
-            if left <= 0:
-                w.kill()
-                w.timed_out = True
-        else:
-            resp = hello
-        log = (w.log_since(0) if resp is None or not resp.get("ok") else log)[-LOG_TAIL:]
-        dt = time.monotonic() - t0
-        if resp is None:
-            if w.timed_out:
-                return WorkerResult(
-                    False, f"llama.cpp worker ran past {timeout:.0f} s and was stopped", {}, True, log, dt
-                )
-            line = _telling_line(log)
-            return WorkerResult(
-                False,
-                f"llama.cpp worker crashed ({w.exit_status or died})" + (f": {line}" if line else ""),
-                {},
-                True,
-                log,
-                dt,
-            )
-        data = dict(resp)
-        data.update(facts)
-        ok = bool(data.pop("ok", False))
-        msg = str(data.pop("message", ""))
-        data.pop("id", None)
-        return WorkerResult(ok, msg, data, False, log, dt)
+        return _converse(w, request, timeout, t0)
     finally:
         w.close()  # SIGKILL: freeing the model and contexts would only cost time
+
+
+def _converse(w: WorkerProcess, request: dict[str, Any], timeout: float, t0: float) -> WorkerResult:
+    """The hello, the library and version checks, then the request itself."""
+    hello, died = w.read(timeout)
+    why = w.library_problem(hello, died)
+    if why is not None:  # an unusable library: operational, one line
+        return WorkerResult(False, why, {}, True, w.log_since(0)[-LOG_TAIL:], time.monotonic() - t0)
+    facts: dict[str, Any] = {}
+    log = ""
+    if hello is not None and hello.get("ok"):
+        facts = {
+            "library": hello.get("library"),
+            "library_dir": hello.get("library_dir"),
+            "state_seq_version": hello.get("state_seq_version"),
+            "label": library_label(hello),
+        }
+        want = request.get("state_version")
+        if want is not None and int(want) != int(hello["state_seq_version"]):
+            return WorkerResult(
+                False, "wrong version", dict(facts, _wrong_version=True), False, "", time.monotonic() - t0
+            )
+        left = max(0.0, timeout - (time.monotonic() - t0))
+        resp, died, log = w.request(request, left) if left > 0 else (None, "", "")
+        if left <= 0:
+            w.kill()
+            w.timed_out = True
+    else:
+        resp = hello
+    log = (w.log_since(0) if resp is None or not resp.get("ok") else log)[-LOG_TAIL:]
+    return _result(w, resp, died, log, facts, timeout, time.monotonic() - t0)
+
+
+def _result(
+    w: WorkerProcess,
+    resp: dict[str, Any] | None,
+    died: str,
+    log: str,
+    facts: dict[str, Any],
+    timeout: float,
+    dt: float,
+) -> WorkerResult:
+    """The worker's answer (or its death) as a result, with the library's facts in ``data``."""
+    if resp is None:
+        if w.timed_out:
+            return WorkerResult(False, f"llama.cpp worker ran past {timeout:.0f} s and was stopped", {}, True, log, dt)
+        line = telling_line(log)
+        return WorkerResult(
+            False,
+            f"llama.cpp worker crashed ({w.exit_status or died})" + (f": {line}" if line else ""),
+            {},
+            True,
+            log,
+            dt,
+        )
+    data = dict(resp)
+    data.update(facts)
+    ok = bool(data.pop("ok", False))
+    msg = str(data.pop("message", ""))
+    data.pop("id", None)
+    return WorkerResult(ok, msg, data, False, log, dt)

@@ -31,26 +31,19 @@ import numpy as np
 
 from slotfile.format.records import Body, FileFormat, ModelExpect, Problem, Severity, SlotFile, TokenForm, TokenPayload
 from slotfile.model.compare import compare, not_modelled_message
+from slotfile.problems import CheckLevel, ProblemCode
 
-__all__ = ["CANNOT_CHECK_CODES", "MISMATCH_CODES", "check_against_model", "null_token_allowed"]
+__all__ = ["check_against_model", "null_token_allowed"]
 
-# The classes of this module's problem codes, for callers that must tell a healthy file checked
-# against another model (a "mismatch": another arch, layout, vocabulary or context) from damaged
-# bytes (slotfile.diagnosis): they go by these codes, never by the messages.
-WRONG_ARCH = "wrong-arch"
-MODEL_MISMATCH = "model-mismatch"
-TOKEN_OUT_OF_VOCAB = "token-out-of-vocab"
-POSITION_BEYOND_CONTEXT = "position-beyond-context"
-NOT_MODELLED = "not-modelled"
-MISMATCH_CODES = frozenset({WRONG_ARCH, MODEL_MISMATCH, TOKEN_OUT_OF_VOCAB, POSITION_BEYOND_CONTEXT})
-CANNOT_CHECK_CODES = frozenset({NOT_MODELLED})  # the model's layout is not modelled: nothing compared
-
+# This module's problem codes and their classes are in slotfile.problems (level "model"):
+# callers that must tell a healthy file checked against another model (class "mismatch":
+# another arch, layout, vocabulary or context) from damaged bytes go by those, never by messages.
 LLAMA_TOKEN_NULL = -1
 MTMD_INPUT_CHUNK_TYPE_TEXT = 0
 
 
 def check_against_model(sf: SlotFile, exp: ModelExpect | None, draft_exp: ModelExpect | None) -> list[Problem]:
-    """Every model problem of ``sf`` (marked ``from_model``), in file order within each kind:
+    """Every model problem of ``sf`` (at level ``model``: ``from_model``), in file order within each kind:
     arch, layouts (body, checkpoints, draft), tokens, positions.  ``exp``/``draft_exp``: the
     target and draft model's expectation; a missing one skips what it would check."""
     out: list[Problem] = []
@@ -75,7 +68,7 @@ def check_against_model(sf: SlotFile, exp: ModelExpect | None, draft_exp: ModelE
         if sf.body is not None and exp.n_ctx_train:
             out += _position_problems(sf.body, exp.n_ctx_train)
     for p in out:
-        p.from_model = True
+        p.level = CheckLevel.MODEL
     return out
 
 
@@ -86,7 +79,7 @@ def _arch_problems(sf: SlotFile, exp: ModelExpect) -> list[Problem]:
     return [
         Problem(
             Severity.ERROR,
-            WRONG_ARCH,
+            ProblemCode.WRONG_ARCH,
             "arch",
             12 + 4 * (sf.n_token_count or 0),
             f"the session was written by a {sf.arch!r} model; --model is {exp.arch!r}",
@@ -96,9 +89,9 @@ def _arch_problems(sf: SlotFile, exp: ModelExpect) -> list[Problem]:
 
 def _layout_problems(exp: ModelExpect, body: Body, partial: bool, section: str) -> list[Problem]:
     if not exp.modelled:
-        return [Problem(Severity.WARNING, NOT_MODELLED, section, body.offset, not_modelled_message(exp))]
+        return [Problem(Severity.WARNING, ProblemCode.NOT_MODELLED, section, body.offset, not_modelled_message(exp))]
     return [
-        Problem(Severity.ERROR, MODEL_MISMATCH, m.section, m.offset, m.message)
+        Problem(Severity.ERROR, ProblemCode.MODEL_MISMATCH, m.section, m.offset, m.message)
         for m in compare(exp, body, partial=partial, prefix=section)
     ]
 
@@ -138,7 +131,8 @@ def _token_problems(tp: TokenPayload, n_vocab: int) -> list[Problem]:
         else f"id {t}, outside the model's vocabulary [0, {n_vocab})"
     )
     more = f" ({where.size} such tokens)" if where.size > 1 else ""
-    return [Problem(Severity.ERROR, TOKEN_OUT_OF_VOCAB, "tokens", tp.ids_offset + 4 * i, f"token {i} is {what}{more}")]
+    msg = f"token {i} is {what}{more}"
+    return [Problem(Severity.ERROR, ProblemCode.TOKEN_OUT_OF_VOCAB, "tokens", tp.ids_offset + 4 * i, msg)]
 
 
 def _position_problems(body: Body, n_ctx_train: int) -> list[Problem]:
@@ -149,7 +143,7 @@ def _position_problems(body: Body, n_ctx_train: int) -> list[Problem]:
             out.append(
                 Problem(
                     Severity.WARNING,
-                    POSITION_BEYOND_CONTEXT,
+                    ProblemCode.POSITION_BEYOND_CONTEXT,
                     f"body.{blk.role}",
                     blk.offset,
                     f"highest position {int(pos.max())} is beyond the model's training context "

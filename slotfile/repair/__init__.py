@@ -12,13 +12,13 @@ Nothing here reads a whole section into memory except small headers; the transpo
 for a flash-attention flip streams layer by layer (:class:`~.plan.Transposed` pieces).
 
 Modules: ``report`` (outcome, report), ``common`` (options, retry state, shared input
-helpers), ``tail`` (what follows the body), ``kept`` / ``rebuilt`` (appendix plans),
+helpers), ``tail`` (the appendix part: what follows the body), ``kept`` / ``rebuilt`` (appendix plans),
 ``settings`` (the settings a file was saved with), ``plan`` (transposed pieces, commit),
 ``truncate`` / ``strip_draft`` / ``resave`` (one per command), ``check`` (the output's
 check), ``runner`` (attempts and retries).
 """
 
-from slotfile.repair.common import Operational, Options, Planned, Refused, Retry
+from slotfile.repair.common import Operational, Planned, Refused, RepairOptions, Retry
 from slotfile.repair.report import SCHEMA, Outcome, Report
 from slotfile.repair.resave import resave
 from slotfile.repair.runner import OPERATIONS, run
@@ -26,7 +26,7 @@ from slotfile.repair.settings import probe_body
 from slotfile.repair.strip_draft import strip_draft
 from slotfile.repair.tail import (
     BlobRef,
-    Entry,
+    SckpEntry,
     SckpWalk,
     SdftFound,
     Tail,
@@ -38,18 +38,23 @@ from slotfile.repair.tail import (
 )
 from slotfile.repair.truncate import truncate_recover
 
+# The name the CLI used before the verify options got their own class; kept so that
+# ``from slotfile.repair import Options`` still works until its callers say RepairOptions.
+Options = RepairOptions
+
 __all__ = [
     "OPERATIONS",
     "SCHEMA",
     "BlobRef",
-    "Entry",
     "Operational",
     "Options",
     "Outcome",
     "Planned",
     "Refused",
+    "RepairOptions",
     "Report",
     "Retry",
+    "SckpEntry",
     "SckpWalk",
     "SdftFound",
     "Tail",

@@ -25,11 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from slotfile.repair.common import Options, Refused
+from slotfile.repair.common import Refused, RepairOptions
 from slotfile.repair.report import Outcome
 from slotfile.safewrite import CheckFailed, Plan, WriteRefused, commit, create_temp, unlink_quiet, write_plan
 from slotfile.slotdir.restore import Checker, Fate, Restore, need_cells
-from slotfile.slotdir.walk import DirScan, Entry
+from slotfile.slotdir.walk import DirEntry, DirScan
 
 SCHEMA = "slotfile.resave-dir/1"
 
@@ -86,7 +86,7 @@ def server_check(checker: Checker, rel: str) -> Callable[[str], tuple[bool, str]
 
 
 def convert_one(
-    entry: Entry, r: Restore, outdir: str, checker: Checker, *, force: bool, dry_run: bool, timeout: float
+    entry: DirEntry, r: Restore, outdir: str, checker: Checker, *, force: bool, dry_run: bool, timeout: float
 ) -> FileResult:
     """One file; never raises for an expected failure."""
     out = os.path.join(outdir, entry.rel)
@@ -155,7 +155,7 @@ def _resave_temp(src: str, r: Restore, checker: Checker, workdir: str, temps: li
 
     out = temp_path(workdir, Path(src).name.lstrip("."), ".resaved")
     temps.append(out)
-    opts = Options(
+    opts = RepairOptions(
         model=checker.model,
         flash_attn=r.fa_to if r.fa_to is not None else checker.server.fa_on,
         type_k=r.types_to[0] if r.types_to else None,

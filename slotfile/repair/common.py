@@ -23,7 +23,7 @@ class Operational(Exception):
 
 
 @dataclass(slots=True)
-class Options:
+class RepairOptions:
     model: str | None = None
     draft_model: str | None = None
     flash_attn: bool | None = None  # truncate-recover: fills an unknown setting; re-save: the new one

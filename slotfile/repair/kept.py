@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from slotfile.format import grammar as g
 from slotfile.repair.report import Report
-from slotfile.repair.tail import BlobRef, Entry, SckpWalk, Tail
+from slotfile.repair.tail import BlobRef, SckpEntry, SckpWalk, Tail
 from slotfile.safewrite import Plan
 
 BlobWriter = Callable[[Plan, BlobRef, str], None]
@@ -106,7 +106,7 @@ def _plan_sckp_header(t: _Tailor, w: SckpWalk) -> None:
     t.report.keep("sckp.header", w.offset, 12, count=len(good))
 
 
-def _plan_entry(t: _Tailor, e: Entry, k: int) -> bool:
+def _plan_entry(t: _Tailor, e: SckpEntry, k: int) -> bool:
     """One checkpoint, kept (as output checkpoint ``k``) or dropped; True when kept."""
     sec = f"sckp.checkpoint[{e.index}]"
     if not e.ok:

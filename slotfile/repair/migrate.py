@@ -33,7 +33,7 @@ from slotfile.format import grammar as g
 from slotfile.format.records import Body, CacheExpect, FileFormat, KVStream, MemoryKind, ModelExpect, SlotFile
 from slotfile.model.compare import rotation_message, stream_types
 from slotfile.model.expect import attn_rot_disabled, is_quantized, rotation_widths
-from slotfile.repair.common import Operational, Options, Planned, Refused, Retry, start
+from slotfile.repair.common import Operational, Planned, Refused, RepairOptions, Retry, start
 from slotfile.repair.migrate_versions import (
     STATES,
     Edit,
@@ -62,7 +62,7 @@ def target_version(fmt: FileFormat, to: int | None) -> int:
 
 def migrate(
     sf: SlotFile,
-    opts: Options,
+    opts: RepairOptions,
     workdir: str,
     *,
     dry_run: bool = False,
@@ -120,7 +120,7 @@ def migrate(
 # the model side: which widths each KV stream must carry
 
 
-def _with_model(sf: SlotFile, opts: Options) -> SlotFile:
+def _with_model(sf: SlotFile, opts: RepairOptions) -> SlotFile:
     """The input read against --model / --draft-model (their expectations decide the widths);
     a file that does not match the model is refused."""
     if opts.model is None and opts.draft_model is None:

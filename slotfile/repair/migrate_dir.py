@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from slotfile.repair.batch import FileResult
-from slotfile.repair.common import Options
+from slotfile.repair.common import RepairOptions
 from slotfile.repair.report import Outcome, Report
-from slotfile.slotdir.walk import DirScan, Entry
+from slotfile.slotdir.walk import DirEntry, DirScan
 
 __all__ = ["LibVerdict", "library_verdicts", "migrate_entry"]
 
@@ -52,7 +52,7 @@ def _changes(rep: Report) -> list[str]:
 
 
 def migrate_entry(
-    entry: Entry, outdir: str, opts: Options, *, force: bool, dry_run: bool, only_changed: bool
+    entry: DirEntry, outdir: str, opts: RepairOptions, *, force: bool, dry_run: bool, only_changed: bool
 ) -> FileResult:
     """One file of the walk; never raises for an expected failure."""
     from slotfile.repair.migrate_versions import file_version, to_state
@@ -107,7 +107,7 @@ def migrate_entry(
 
 
 def migrate_all(
-    scan: DirScan, outdir: str, opts: Options, *, force: bool, dry_run: bool, only_changed: bool, progress: Any
+    scan: DirScan, outdir: str, opts: RepairOptions, *, force: bool, dry_run: bool, only_changed: bool, progress: Any
 ) -> list[FileResult]:
     """Every slot file of the walk, with ``progress`` (a rich Progress or a disabled one) advanced."""
     from slotfile.cli.terminal import escape_text
@@ -174,7 +174,7 @@ def library_verdicts(
                 finally:
                     sf.close()
                 conv = os.path.join(tmp, Path(e.rel).name + ".migrated")
-                opts = Options(model=model, to_version=state, n_gpu_layers=n_gpu_layers, llama_lib=llama_lib)
+                opts = RepairOptions(model=model, to_version=state, n_gpu_layers=n_gpu_layers, llama_lib=llama_lib)
                 rep = run("migrate", e.path, Target(e.path, conv, False, None, True), opts)
                 try:
                     if rep.outcome != Outcome.REPAIRED:

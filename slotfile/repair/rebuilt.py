@@ -9,7 +9,7 @@ from typing import Any
 
 from slotfile.format import grammar as g
 from slotfile.repair.report import Report
-from slotfile.repair.tail import Entry, Tail
+from slotfile.repair.tail import SckpEntry, Tail
 from slotfile.safewrite import Plan
 
 
@@ -47,7 +47,7 @@ class Rebuilt:
         self.plan.literal(g.blob_length(0))
 
 
-def _orig(tail: Tail) -> dict[int, Entry]:
+def _orig(tail: Tail) -> dict[int, SckpEntry]:
     return {e.n_tokens: e for e in (tail.sckp.good if tail.sckp else [])}
 
 

@@ -14,9 +14,9 @@ from slotfile.format import grammar as g
 from slotfile.format.records import Body, SlotFile
 from slotfile.format.types import TRANSPOSABLE, TYPES, type_name
 from slotfile.repair.common import (
-    Options,
     Planned,
     Refused,
+    RepairOptions,
     Retry,
     body_ok,
     header_tokens_ok,
@@ -112,7 +112,7 @@ def _transpose_run(plan: TPlan, src: str, run: Any, pos: int, cells: int, to_v_t
 
 def resave(
     sf: SlotFile,
-    opts: Options,
+    opts: RepairOptions,
     workdir: str,
     *,
     dry_run: bool = False,
@@ -150,7 +150,7 @@ class _Job:
     def __init__(
         self,
         sf: SlotFile,
-        opts: Options,
+        opts: RepairOptions,
         out: Planned,
         settings: dict[str, Any],
         new_fa: bool | None,
@@ -163,7 +163,7 @@ class _Job:
         self.words_end = 12 + 4 * len(new_words)
 
     @classmethod
-    def of(cls, sf: SlotFile, opts: Options, out: Planned) -> _Job:
+    def of(cls, sf: SlotFile, opts: RepairOptions, out: Planned) -> _Job:
         assert sf.body is not None
         from slotfile.llama.loader import settings_for
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from slotfile.format.reader import open_slot_file
 from slotfile.repair.check import make_check
-from slotfile.repair.common import Operational, Options, Planned, Refused, Retry
+from slotfile.repair.common import Operational, Planned, Refused, RepairOptions, Retry
 from slotfile.repair.migrate import migrate
 from slotfile.repair.plan import commit_plan, has_transposed, plan_equals
 from slotfile.repair.report import Outcome, Report
@@ -34,7 +34,7 @@ class _Run:
     command: str
     input_path: str
     target: Target | None
-    opts: Options
+    opts: RepairOptions
     dry_run: bool
     report: Report
     retry: Retry = field(default_factory=Retry)
@@ -42,7 +42,7 @@ class _Run:
     temps: list[str] = field(default_factory=list)  # every scratch file any attempt made
 
 
-def run(command: str, input_path: str, target: Target | None, opts: Options, *, dry_run: bool = False) -> Report:
+def run(command: str, input_path: str, target: Target | None, opts: RepairOptions, *, dry_run: bool = False) -> Report:
     """Plan and (unless ``dry_run``) write one repair; never raises for an expected failure."""
     t0 = time.monotonic()
     report = Report(command, input_path, dry_run=dry_run, input_size=_size(input_path))

@@ -3,46 +3,51 @@ file was saved with, from whatever its bytes still show, and the dict the worker
 
 from __future__ import annotations
 
-import struct
 from typing import Any
+
+import numpy as np
 
 from slotfile.format import grammar as g
 from slotfile.format.reader import has_rot
 from slotfile.format.records import Body, SlotFile
 from slotfile.format.types import BY_NAME, KV_CACHE_TYPES, TRANSPOSABLE, TYPES, type_name
-from slotfile.repair.common import Options, Refused
+from slotfile.repair.common import Refused, RepairOptions
 from slotfile.repair.tail import Tail
 
 
 def probe_body(view: memoryview, start: int, end: int, *, rot: bool = False) -> dict[str, Any]:
     """Read the first KV stream header of a (possibly cut) body: n_stream, seq_id, cell ext,
     v_trans, K and V types.  Keys are missing where the bytes do not show them.  ``rot``: the
-    stream carries n_rot_k, n_rot_v after n_layer (state version 4)."""
+    stream carries n_rot_k, n_rot_v after n_layer (state version 4).  The fields are read with
+    the grammar's heads (:func:`slotfile.format.grammar.read_fixed`), one at a time, because a
+    cut body cannot be parsed whole."""
     out: dict[str, Any] = {}
-    n_stream = _u32(view, start, end)
+    n_stream = _count(view, start, end)
     if n_stream is None or not 1 <= n_stream <= g.MAX_STREAMS:
         return out
-    p = start + 4
+    p = start + g.COUNT.size
     for si in range(n_stream):
-        cc = _u32(view, p, end)
+        cc = _count(view, p, end)
         if cc is None:
             break
-        p += 4
+        p += g.COUNT.size
         if cc == 0:
             continue
-        _probe_stream(view, p, end, cc, si, n_stream, out, 8 if rot else 0)
+        _probe_stream(view, p, end, cc, si, n_stream, out, g.RotWords.sizeof() if rot else 0)
         out.setdefault("n_stream", n_stream)
         return out
     out["n_stream"] = n_stream
     return out
 
 
-def _u32(view: memoryview, p: int, end: int) -> int | None:
-    return struct.unpack_from("<I", view, p)[0] if p + 4 <= end else None
+def _count(view: memoryview, p: int, end: int) -> int | None:
+    got = g.read_fixed(g.COUNT, view, p, end)
+    return None if got is None else int(got[0])
 
 
-def _single_seq_cells(view: memoryview, p: int, stride: int, n: int) -> bool:
-    return all(struct.unpack_from("<I", view, p + k * stride + 4)[0] == 1 for k in range(min(n, 64)))
+def _cells(view: memoryview, p: int, ext: int, n: int) -> Any:
+    """The first ``n`` (at most 64) single-sequence KV cells at ``p``, in the grammar's dtype."""
+    return np.frombuffer(view, dtype=g.kv_cell_dtype(ext), count=min(n, 64), offset=p)
 
 
 def _probe_stream(
@@ -50,51 +55,52 @@ def _probe_stream(
 ) -> None:
     """The first stream with cells, at ``p`` (its cell table): try each cell ext size."""
     for ext in (0, 12, 8):
-        stride = 12 + ext
+        stride = g.kv_cell_dtype(ext).itemsize
         meta_end = p + cc * stride
         seq_id = si if n_stream > 1 else None
-        if meta_end + 8 > end:
+        if meta_end + g.KV_STREAM_HEAD.size > end:
             # the cut is inside the cell table: check the cells that are there
             avail = (end - p) // stride
-            if avail and _single_seq_cells(view, p, stride, avail):
+            if avail and bool(np.all(_cells(view, p, ext, avail)["n_seq_id"] == 1)):
                 out.setdefault("n_stream", n_stream)
-                first = struct.unpack_from("<i", view, p + stride - 4)[0]
+                first = int(_cells(view, p, ext, 1)["seq_id"][0])
                 out.setdefault("seq_id", seq_id if seq_id is not None else first)
             continue
-        if not _single_seq_cells(view, p, stride, cc):
+        if not bool(np.all(_cells(view, p, ext, cc)["n_seq_id"] == 1)):
             continue
-        v_trans, n_layer = struct.unpack_from("<II", view, meta_end)
+        v_trans, n_layer = g.KV_STREAM_HEAD.unpack_from(view, meta_end)
         if v_trans not in (0, 1) or not 0 < n_layer <= g.MAX_LAYERS:
             continue
         out["n_stream"] = n_stream
-        out["seq_id"] = seq_id if seq_id is not None else struct.unpack_from("<i", view, p + stride - 4)[0]
+        out["seq_id"] = seq_id if seq_id is not None else int(_cells(view, p, ext, 1)["seq_id"][0])
         out["ext"] = ext
         out["v_trans"] = v_trans
-        _probe_layers(view, meta_end + 8 + rot, end, cc, n_layer, out)
+        _probe_layers(view, meta_end + g.KV_STREAM_HEAD.size + rot, end, cc, n_layer, out)
         return
 
 
 def _probe_layers(view: memoryview, q: int, end: int, cc: int, n_layer: int, out: dict[str, Any]) -> None:
     """K type and row size of the first K layer; the V type after the last K layer."""
-    if q + 12 > end:
+    head = g.read_fixed(g.LAYER_HEAD, view, q, end)
+    if head is None:
         return
-    tk, row = struct.unpack_from("<iQ", view, q)
+    tk, row = head
     if not kv_type_ok(tk):
         return
     out["type_k"] = tk
     out["n_layer"] = n_layer
     out["k_row"] = row
     for _ in range(n_layer):
-        if q + 12 > end:
+        head = g.read_fixed(g.LAYER_HEAD, view, q, end)
+        if head is None:
             return
-        t_i, row_i = struct.unpack_from("<iQ", view, q)
+        t_i, row_i = head
         if t_i != tk:
             return
-        q += 12 + cc * row_i
-    if q + 12 <= end:
-        tv = struct.unpack_from("<i", view, q)[0]
-        if kv_type_ok(tv):
-            out["type_v"] = tv
+        q += g.LAYER_HEAD.size + cc * row_i
+    head = g.read_fixed(g.LAYER_HEAD, view, q, end)  # a V layer's type (either V layout starts with it)
+    if head is not None and kv_type_ok(head[0]):
+        out["type_v"] = head[0]
 
 
 def kv_type_ok(type_id: int) -> bool:
@@ -208,7 +214,7 @@ def _streams(s: dict[str, Any], found: dict[str, Any]) -> None:
 
 
 def settings_for_rebuild(
-    sf: SlotFile, view: memoryview, tail: Tail, opts: Options, notes: list[str]
+    sf: SlotFile, view: memoryview, tail: Tail, opts: RepairOptions, notes: list[str]
 ) -> tuple[dict[str, Any], list[str]]:
     """The settings the damaged file was saved with, from whatever still shows them; the
     options fill in (or override) the rest."""

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from slotfile.format import grammar as g
 from slotfile.format.records import Checkpoint, SlotFile
-from slotfile.repair.common import Options, Planned, Refused, Retry, body_ok, header_tokens_ok, start
+from slotfile.repair.common import Planned, Refused, RepairOptions, Retry, body_ok, header_tokens_ok, start
 from slotfile.repair.report import Report
 from slotfile.safewrite import Plan
 
 
 def strip_draft(
     sf: SlotFile,
-    opts: Options,
+    opts: RepairOptions,
     workdir: str,
     *,
     dry_run: bool = False,

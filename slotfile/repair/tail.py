@@ -1,5 +1,9 @@
 """Tail analysis: what follows the body (or a damaged body), entry by entry, validated.
 
+"Tail" in :mod:`slotfile.repair` always means this appendix part of a slot file: the SCKP
+checkpoints and the SDFT draft state after the body, and whatever trailing bytes follow them.
+(It is not the worker's ``tail``, the last tokens decoded one per call for the deep check.)
+
 The framing comes from :mod:`slotfile.format.appendix`; this module adds what a repair needs on
 top: every blob checked the way the reader checks it, SCKP entries walked whatever the count
 says, a damaged magic tolerated when the entries behind it validate, and an intact SDFT
@@ -15,6 +19,8 @@ from construct import ConstructError
 from slotfile.format import appendix as ap
 from slotfile.format import grammar as g
 from slotfile.format.layout import Failure
+from slotfile.format.read_appendix import parse_seq_blob
+from slotfile.format.read_checks import check_block
 from slotfile.format.records import BlobInfo, FileFormat, SlotFile
 from slotfile.repair.common import Retry, view_of
 
@@ -39,7 +45,7 @@ class BlobRef:
 
 
 @dataclass(slots=True)
-class Entry:
+class SckpEntry:
     index: int
     offset: int
     end: int
@@ -52,11 +58,6 @@ class Entry:
     ok: bool = True
     reason: str = ""
 
-    @property
-    def head_end(self) -> int:
-        """End of n_tokens, pos_min, pos_max."""
-        return self.offset + 16
-
 
 @dataclass(slots=True)
 class SckpWalk:
@@ -65,14 +66,14 @@ class SckpWalk:
     magic_ok: bool = True
     version: int | None = None
     count: int | None = None
-    entries: list[Entry] = field(default_factory=list)
+    entries: list[SckpEntry] = field(default_factory=list)
     stop: int = 0
     stop_reason: str = ""  # empty: stopped at EOF or at an SDFT magic
     at_sdft: bool = False
     cut_n_tokens: int | None = None  # n_tokens of the entry the walk broke off in, if readable
 
     @property
-    def good(self) -> list[Entry]:
+    def good(self) -> list[SckpEntry]:
         return [e for e in self.entries if e.ok]
 
     def known_n_tokens(self, n_max: int) -> list[int]:
@@ -108,15 +109,13 @@ class Tail:
 
 def check_blob(sf: SlotFile, view: memoryview, ref: BlobRef, section: str, partial: tuple[str, ...] | None) -> None:
     """Validate a seq blob the way the reader does (same code), recording ok / reason."""
-    from slotfile.format import reader as r
-
     scratch = SlotFile(path=sf.path, size=len(view), format=FileFormat.GGSQ, version=sf.version, buffer=sf.buffer)
     info = BlobInfo(section.rsplit(".", 1)[-1], ref.offset, ref.length, g.Run(ref.data_offset, ref.length, b""))
     try:
-        r._parse_seq_blob(scratch, view, info, section, partial)
+        parse_seq_blob(scratch, view, info, section, partial)
         if info.body is not None:
             for blk in info.body.blocks:
-                r._check_block(scratch, blk, f"{section}.{blk.role}")
+                check_block(scratch, blk, f"{section}.{blk.role}")
     except (ConstructError, ValueError, OverflowError, IndexError, AttributeError) as e:
         scratch.problem("error", "internal", section, ref.offset, f"{type(e).__name__}: {e}")
     errs = scratch.errors
@@ -179,11 +178,11 @@ def _walk_entries(sf: SlotFile, view: memoryview, w: SckpWalk, start: int, tgt_p
     raise AssertionError("an entry walk always ends with a Stop")
 
 
-def _entry(sf: SlotFile, view: memoryview, it: ap.EntryFrame, tgt_partial: tuple[str, ...] | None) -> Entry:
+def _entry(sf: SlotFile, view: memoryview, it: ap.EntryFrame, tgt_partial: tuple[str, ...] | None) -> SckpEntry:
     """One checkpoint, its blobs checked: an invalid data_tgt or head makes it go, an invalid
     data_dft only that blob."""
     sec = f"sckp.checkpoint[{it.index}]"
-    e = Entry(
+    e = SckpEntry(
         it.index, it.offset, it.end, it.n_tokens, it.pos_min, it.pos_max, _ref(it.tgt), _ref(it.dft), _ref(it.spec)
     )
     if e.tgt.length == 0:

@@ -14,9 +14,9 @@ from slotfile.format.reader import has_rot, open_slot_file
 from slotfile.format.records import Body, SlotFile
 from slotfile.repair.common import (
     Operational,
-    Options,
     Planned,
     Refused,
+    RepairOptions,
     Retry,
     body_ok,
     header_tokens_ok,
@@ -35,7 +35,7 @@ from slotfile.safewrite import Plan, create_temp
 
 def truncate_recover(
     sf: SlotFile,
-    opts: Options,
+    opts: RepairOptions,
     workdir: str,
     *,
     dry_run: bool = False,
@@ -70,7 +70,7 @@ def truncate_recover(
     return _rebuild(out, sf, view, tail, settings, sources, at, opts, retry, workdir, what)
 
 
-def _damage(sf: SlotFile, opts: Options, retry: Retry) -> str:
+def _damage(sf: SlotFile, opts: RepairOptions, retry: Retry) -> str:
     """What is wrong with the body; refused when it cannot be rebuilt."""
     n = sf.n_tokens
     body_err = next((p for p in sf.errors if p.section == "body" or p.section.startswith("body.")), None)
@@ -94,7 +94,7 @@ def _damage(sf: SlotFile, opts: Options, retry: Retry) -> str:
     return what
 
 
-def _positions(opts: Options, w: SckpWalk | None, n: int) -> tuple[list[int] | None, str]:
+def _positions(opts: RepairOptions, w: SckpWalk | None, n: int) -> tuple[list[int] | None, str]:
     """Where to take checkpoints in the rebuild, and who said so (None: the worker decides)."""
     if opts.checkpoint_at:
         return sorted({a for a in opts.checkpoint_at if 0 < a <= n}), "--checkpoint-at"
@@ -154,7 +154,13 @@ def _dry_rebuild(
 
 
 def _run_prefill(
-    out: Planned, sf: SlotFile, settings: dict[str, Any], at: list[int] | None, opts: Options, workdir: str, what: str
+    out: Planned,
+    sf: SlotFile,
+    settings: dict[str, Any],
+    at: list[int] | None,
+    opts: RepairOptions,
+    workdir: str,
+    what: str,
 ) -> tuple[dict[str, Any], str, str]:
     """The worker prefills the tokens and saves: (its answer, the saved file, the blob file)."""
     base, fd = create_temp(workdir, Path(sf.path).name, ".rebuild")
@@ -198,7 +204,7 @@ def _rebuild(
     settings: dict[str, Any],
     sources: list[str],
     at: list[int] | None,
-    opts: Options,
+    opts: RepairOptions,
     retry: Retry,
     workdir: str,
     what: str,
@@ -295,7 +301,7 @@ def _same_blocks(old: Body, new: Body) -> None:
         )
 
 
-def _keep_body(sf: SlotFile, body: Body, view: memoryview, out: Planned, opts: Options, retry: Retry) -> Planned:
+def _keep_body(sf: SlotFile, body: Body, view: memoryview, out: Planned, opts: RepairOptions, retry: Retry) -> Planned:
     """Keep header, tokens and ``body`` verbatim; salvage what follows it."""
     report = out.report
     plan = Plan()
@@ -313,7 +319,7 @@ def _keep_body(sf: SlotFile, body: Body, view: memoryview, out: Planned, opts: O
 
 
 def _body_by_loader(
-    sf: SlotFile, view: memoryview, settings: dict[str, Any], opts: Options, report: Report
+    sf: SlotFile, view: memoryview, settings: dict[str, Any], opts: RepairOptions, report: Report
 ) -> Body | None:
     """Test-load the input itself; when llama.cpp restores it and the bytes up to where it
     stopped parse clean, that is the body."""

@@ -24,14 +24,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from slotfile.slotdir.walk import DirScan, Entry, FileSummary
+from slotfile.slotdir.walk import DirEntry, DirScan, FileSummary
 
 SCHEMA = "slotfile.prune/1"
 
 
 @dataclass(slots=True)
 class Removal:
-    entry: Entry
+    entry: DirEntry
     why: str
     done: bool = False
     error: str | None = None
@@ -129,7 +129,7 @@ class _Changed(Exception):
     """The file is not what was planned any more: left alone."""
 
 
-def _remove(root: str, e: Entry, settle: float) -> None:
+def _remove(root: str, e: DirEntry, settle: float) -> None:
     parts = e.rel.split(os.sep)
     flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
     fd = os.open(root, flags)

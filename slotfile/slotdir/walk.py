@@ -6,7 +6,10 @@ opens it with ``"wb"``, tools/server/server-context.cpp ``SERVER_TASK_TYPE_SLOT_
 file being written has no telling name: it is recognised by a modification time within the
 last ``settle`` seconds.  Temp files of slotfile's own safe writes (``.NAME.slotfile-PID-HEX.*``)
 and the usual partial-download names (``*.tmp``, ``*.part``, ``*.partial``) are temp files.
-Both are counted apart and never listed, checked, converted or removed.
+Temp files are counted apart and never listed, checked, converted or removed.  A file being
+written is waited for, up to ``settle_wait`` seconds (:func:`wait_for_settle`), and then handled
+like any other; one still changing after that bound is named by the commands, which exit 4:
+a run never reports success over a file it left out.
 
 Symlinks are never followed: a symlinked file or directory under DIR is counted as skipped.
 """
@@ -17,19 +20,22 @@ import os
 import re
 import stat
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 SLOT_SUFFIXES = (".slot", ".bin")
-MAGICS = (b"qsgg", b"nsgg")
+MAGICS = (b"qsgg", b"nsgg")  # GGSQ / GGSN as little-endian u32 (llama.cpp's LLAMA_STATE_*_MAGIC)
 SETTLE_SECONDS = 5.0  # a file modified this recently may still be being written
+SETTLE_WAIT_SECONDS = 30.0  # how long a command waits, by default, for such files to settle
+SETTLE_WAIT_MAX = 86400.0  # --settle-wait above a day is taken for a typo
 _SLOTFILE_TEMP = re.compile(r"^\..+\.slotfile-\d+-[0-9a-f]{12}\.[\w-]+$")
 _TEMP_SUFFIXES = (".tmp", ".part", ".partial")
 
 
 @dataclass(slots=True)
-class Entry:
+class DirEntry:
     """One regular file under DIR (never a symlink)."""
 
     path: str
@@ -43,19 +49,65 @@ class DirScan:
     """What a walk of DIR found, by kind."""
 
     root: str
-    slots: list[Entry] = field(default_factory=list)
-    temps: list[Entry] = field(default_factory=list)  # temp names
-    busy: list[Entry] = field(default_factory=list)  # modified within ``settle`` seconds
+    slots: list[DirEntry] = field(default_factory=list)
+    temps: list[DirEntry] = field(default_factory=list)  # temp names
+    # modified within ``settle`` seconds, and still so once ``settle_wait`` ran out
+    busy: list[DirEntry] = field(default_factory=list)
     symlinks: list[str] = field(default_factory=list)  # skipped, never followed
     errors: list[str] = field(default_factory=list)  # per path: could not be read (operational)
+    settle: float = SETTLE_SECONDS
+    settle_wait: float = 0.0
+    waited: float = 0.0  # seconds spent waiting for files being written
+    settled: int = 0  # files that were being written at the walk and settled while waited for
+
+    def busy_lines(self) -> list[str]:
+        """One line per file left out because it was still being written: the file, how long
+        ago it changed, and what would let the command handle it."""
+        now = time.time()
+        return [
+            f"{e.path}: still being written (modified {max(0.0, now - e.mtime):.1f} s ago, within --settle "
+            f"{self.settle:g} s) after waiting {self.waited:.1f} s (--settle-wait {self.settle_wait:g}): "
+            "not handled; run again once it is complete, or raise --settle-wait"
+            for e in self.busy
+        ]
+
+
+@dataclass(frozen=True, slots=True)
+class Tally:
+    """What became of the files a directory command found: ``handled`` (listed, checked,
+    converted, planned), ``skipped`` (set aside by rule: temp names, symlinks, files a command
+    declines), ``failed`` (unreadable, vanished, still being written after the wait, a failed
+    action).  Exit 0 needs ``failed == 0``."""
+
+    handled: int
+    skipped: int
+    failed: int
+
+    def to_dict(self) -> dict[str, int]:
+        return {"handled": self.handled, "skipped": self.skipped, "failed": self.failed}
+
+    def line(self) -> str:
+        return f"{self.handled} handled, {self.skipped} skipped, {self.failed} failed"
+
+
+def settle_problem(settle: float, settle_wait: float) -> str | None:
+    """The usage error of ``--settle`` / ``--settle-wait`` values, or None when both are usable."""
+    import math
+
+    if not math.isfinite(settle) or settle < 0:
+        return f"--settle takes seconds >= 0, not {settle!r}"
+    if not math.isfinite(settle_wait) or not 0 <= settle_wait <= SETTLE_WAIT_MAX:
+        return f"--settle-wait takes seconds from 0 to {SETTLE_WAIT_MAX:g}, not {settle_wait!r}"
+    return None
 
 
 def is_temp_name(name: str) -> bool:
     return bool(_SLOTFILE_TEMP.match(name)) or name.endswith(_TEMP_SUFFIXES)
 
 
-def _has_magic(path: str) -> bool | None:
-    """True/False; None when the file cannot be read."""
+def has_slot_magic(path: str | os.PathLike[str]) -> bool | None:
+    """Whether the file starts with a slot (GGSQ) or session (GGSN) magic; None when it cannot
+    be read.  Never follows a symlink (O_NOFOLLOW)."""
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
     except OSError:
@@ -68,11 +120,20 @@ def _has_magic(path: str) -> bool | None:
         os.close(fd)
 
 
-def scan_dir(root: str | os.PathLike[str], settle: float = SETTLE_SECONDS, now: float | None = None) -> DirScan:
+def scan_dir(
+    root: str | os.PathLike[str],
+    settle: float = SETTLE_SECONDS,
+    now: float | None = None,
+    settle_wait: float = 0.0,
+    on_wait: Callable[[list[DirEntry], float], None] | None = None,
+) -> DirScan:
     """Walk ``root`` (recursively, sorted, symlinks not followed).  A directory that vanishes
-    or cannot be listed mid-walk is an error line; the walk goes on."""
+    or cannot be listed mid-walk is an error line; the walk goes on.  Files modified within
+    ``settle`` seconds of ``now`` are waited for, up to ``settle_wait`` seconds
+    (:func:`wait_for_settle`; ``on_wait(files, bound)`` is told before the wait starts); those
+    that settle join ``slots`` in walk order, the rest stay in ``busy``."""
     top = os.fspath(root)
-    out = DirScan(top)
+    out = DirScan(top, settle=settle, settle_wait=settle_wait)
     now = time.time() if now is None else now
 
     def onerror(e: OSError) -> None:
@@ -85,7 +146,69 @@ def scan_dir(root: str | os.PathLike[str], settle: float = SETTLE_SECONDS, now: 
         dirs[:] = sorted(x for x in dirs if not os.path.islink(os.path.join(d, x)))
         for n in sorted(names):
             _classify(out, top, d, n, settle, now)
+    if out.busy and settle_wait > 0:
+        if on_wait is not None:
+            on_wait(list(out.busy), settle_wait)
+        wait_for_settle(out, settle_wait)
     return out
+
+
+def wait_for_settle(
+    scan: DirScan,
+    bound: float,
+    clock: Callable[[], float] = time.time,
+    sleep: Callable[[float], None] = time.sleep,
+) -> None:
+    """Wait, at most ``bound`` seconds, for the ``busy`` files of ``scan`` to go ``scan.settle``
+    seconds without a change.  Each is looked at again (lstat, no follow) when it would be
+    due: one that settled moves to ``slots`` with its new size and time; one that vanished or
+    turned into something else is an error line (the server may rename or remove it, and the
+    command must say so rather than count it); the rest stay in ``busy``."""
+    t0 = clock()
+    deadline = t0 + bound
+    pending = scan.busy
+    while pending:
+        t = clock()
+        still: list[DirEntry] = []
+        for e in pending:
+            fresh = _restat(scan, e)
+            if fresh is None:
+                continue
+            if t - fresh.mtime >= scan.settle:
+                scan.slots.append(fresh)
+                scan.settled += 1
+            else:
+                still.append(fresh)
+        pending = still
+        if not pending or t >= deadline:
+            break
+        due = min(e.mtime for e in pending) + scan.settle  # the first that could settle
+        sleep(min(max(due - t, 0.05), deadline - t))
+    scan.busy = pending
+    scan.waited = clock() - t0
+    scan.slots.sort(key=lambda e: _walk_order(e.rel))
+
+
+def _restat(scan: DirScan, e: DirEntry) -> DirEntry | None:
+    try:
+        st = os.lstat(e.path)
+    except FileNotFoundError:
+        scan.errors.append(f"{e.path}: vanished while it was being written")
+        return None
+    except OSError as why:
+        scan.errors.append(f"{e.path}: {why.strerror or why}")
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        scan.errors.append(f"{e.path}: no longer a regular file")
+        return None
+    return DirEntry(e.path, e.rel, st.st_size, st.st_mtime)
+
+
+def _walk_order(rel: str) -> tuple[tuple[int, str], ...]:
+    """The place of a file in :func:`scan_dir`'s walk (os.walk top-down, names sorted): at each
+    level a folder's files come before its subfolders."""
+    parts = rel.split(os.sep)
+    return (*((1, p) for p in parts[:-1]), (0, parts[-1]))
 
 
 def _classify(out: DirScan, top: str, d: str, name: str, settle: float, now: float) -> None:
@@ -100,12 +223,12 @@ def _classify(out: DirScan, top: str, d: str, name: str, settle: float, now: flo
         return
     if not stat.S_ISREG(st.st_mode):
         return
-    entry = Entry(p, os.path.relpath(p, top), st.st_size, st.st_mtime)
+    entry = DirEntry(p, os.path.relpath(p, top), st.st_size, st.st_mtime)
     if is_temp_name(name):
         out.temps.append(entry)
         return
     if Path(name).suffix.lower() not in SLOT_SUFFIXES:
-        magic = _has_magic(p)
+        magic = has_slot_magic(p)
         if magic is None:
             out.errors.append(f"{p}: cannot be read")
             return
@@ -176,7 +299,7 @@ class FileSummary:
         }
 
 
-def summarize(entry: Entry) -> FileSummary:
+def summarize(entry: DirEntry) -> FileSummary:
     """Open one file read-only and describe it; never raises (an unreadable file sets ``error``)."""
     from slotfile.format.reader import open_slot_file
 

@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import shutil
+import threading
 import time
 from pathlib import Path
 
@@ -42,9 +43,10 @@ SAVES = ("llama_f16_fa", "llama_f16_nofa", "llama_2stream", "llama_unified_2seq"
 def test_ls_lists_and_totals(tmp_path):
     d = _saves(tmp_path, ("llama_f16_fa", "llama_2stream", "gemma3_iswa_nofa"))
     (d / ".x.slot.slotfile-7-0123456789ab.tmp").write_bytes(b"qsgg")
-    shutil.copyfile(SLOTS / "llama_q8_0_fa.slot", d / "fresh.slot")  # just written: left apart
-    r = run("ls", d, "--json", "--sort", "size")
-    assert r.exit_code == 0, r.stderr
+    shutil.copyfile(SLOTS / "llama_q8_0_fa.slot", d / "fresh.slot")  # just written, and not waited for
+    r = run("ls", d, "--json", "--sort", "size", "--settle-wait", "0")
+    assert r.exit_code == 4, r.stderr  # a file left out is never a success
+    assert f"{d / 'fresh.slot'}: still being written" in r.stderr
     doc = json.loads(r.stdout)
     assert doc["schema"] == "slotfile.ls/1"
     assert [f["rel"] for f in doc["files"]] == ["llama_f16_fa.slot", "old/llama_2stream.slot", "gemma3_iswa_nofa.slot"]
@@ -53,8 +55,65 @@ def test_ls_lists_and_totals(tmp_path):
     assert doc["files"][2]["flash_attn"] is False and doc["files"][2]["memory_class"] == "iswa"
     assert doc["totals"]["files"] == 3 and doc["totals"]["tokens"] == 162
     assert doc["temp"] == {"files": 1, "bytes": 4} and doc["busy"]["files"] == 1
-    text = run("ls", d, "--sort", "age")
-    assert text.exit_code == 0 and "3 slot file(s)" in text.stdout and "1 being written" in text.stdout
+    assert doc["still_being_written"] == [str(d / "fresh.slot")]
+    assert doc["tally"] == {"handled": 3, "skipped": 1, "failed": 1}
+    text = run("ls", d, "--sort", "age", "--settle-wait", "0")
+    assert text.exit_code == 4 and "3 slot file(s)" in text.stdout and "1 still being written" in text.stdout
+    assert "3 handled, 1 skipped, 1 failed" in text.stdout
+
+
+def test_ls_waits_for_a_file_being_written_then_lists_it(tmp_path):
+    d = _saves(tmp_path, ("llama_f16_fa",))
+    shutil.copyfile(SLOTS / "llama_q8_0_fa.slot", d / "fresh.slot")  # copied a moment ago
+    t = time.monotonic()
+    r = run("ls", d, "--json", "--settle", "1", "--settle-wait", "20")
+    assert r.exit_code == 0, r.stderr
+    assert time.monotonic() - t < 10 and "waiting up to 20 s for fresh.slot: still being written" in r.stderr
+    doc = json.loads(r.stdout)
+    assert [f["rel"] for f in doc["files"]] == ["fresh.slot", "llama_f16_fa.slot"]
+    assert doc["busy"]["files"] == 0 and doc["tally"] == {"handled": 2, "skipped": 0, "failed": 0}
+
+
+def test_a_file_still_changing_after_the_wait_is_named_and_exits_4(tmp_path):
+    d = _saves(tmp_path, ("llama_f16_fa",))
+    live = d / "live.slot"
+    live.write_bytes(b"qsgg")
+    stop = threading.Event()
+
+    def writer() -> None:  # a server writing a large state in pieces
+        with open(live, "ab") as f:
+            while not stop.wait(0.1):
+                f.write(b"\0" * 4096)
+                f.flush()
+
+    th = threading.Thread(target=writer)
+    th.start()
+    try:
+        r = run("ls", d, "--settle", "1", "--settle-wait", "1.5")
+        p = run("prune", d, "--older-than", "1d", "--settle", "1", "--settle-wait", "0.5", "--json")
+    finally:
+        stop.set()
+        th.join()
+    assert r.exit_code == 4 and f"{live}: still being written" in r.stderr and "--settle-wait 1.5" in r.stderr
+    assert "1 handled, 0 skipped, 1 failed" in r.stdout
+    assert p.exit_code == 4 and f"{live}: still being written" in p.stderr
+    doc = json.loads(p.stdout)
+    assert doc["still_being_written"] == [str(live)] and doc["tally"] == {"handled": 1, "skipped": 0, "failed": 1}
+    assert [x["rel"] for x in doc["remove"]] == ["llama_f16_fa.slot"]  # the plan goes on for the files it could judge
+
+
+@pytest.mark.parametrize("value", ["-1", "nan", "inf", "100000", "soon"])
+def test_settle_wait_out_of_range_is_a_usage_error(tmp_path, value):
+    d = _saves(tmp_path, ("llama_f16_fa",))
+    for cmd in (
+        ("ls", d),
+        ("prune", d, "--keep", "1"),
+        ("re-save", d, "-o", tmp_path / "o", "--server-args", f"llama-server -m {LLAMA}"),
+    ):
+        r = run(*cmd, "--settle-wait", value)
+        assert r.exit_code == 2 and "--settle-wait" in r.stderr, (cmd, r.stdout, r.stderr)
+        if value != "soon":  # not a number: typer's own usage message; out of range: slotfile's one line
+            assert r.stderr.count("\n") == 1, r.stderr
 
 
 def test_ls_exit_codes(tmp_path):
@@ -160,15 +219,17 @@ def test_prune_plans_then_deletes_exactly_the_plan(tmp_path):
         p = d / f"s{i}.slot"
         shutil.copyfile(SLOTS / "llama_f16_fa.slot", p)
         os.utime(p, (now - i * DAY, now - i * DAY))
-    (d / "live.slot").write_bytes(b"qsgg")  # being written right now
-    plan = run("prune", d, "--older-than", "3.5d", "--max-total", str(3 * size), "--json")
-    assert plan.exit_code == 0, plan.stderr
+    (d / "live.slot").write_bytes(b"qsgg")  # being written right now (and not waited for)
+    plan = run("prune", d, "--older-than", "3.5d", "--max-total", str(3 * size), "--json", "--settle-wait", "0")
+    assert plan.exit_code == 4 and "live.slot: still being written" in plan.stderr, plan.stderr
     doc = json.loads(plan.stdout)
     planned = [r["rel"] for r in doc["remove"]]
     assert planned == ["s6.slot", "s5.slot", "s4.slot", "s3.slot"]  # age first, then the quota (live.slot counts)
     assert all(not r["removed"] for r in doc["remove"]) and len(list(d.iterdir())) == 7
-    done = run("prune", d, "--older-than", "3.5d", "--max-total", str(3 * size), "--delete")
-    assert done.exit_code == 0 and "4 file(s) removed" in done.stdout
+    done = run("prune", d, "--older-than", "3.5d", "--max-total", str(3 * size), "--delete", "--settle-wait", "0")
+    assert (
+        done.exit_code == 4 and "4 file(s) removed" in done.stdout and "6 handled, 0 skipped, 1 failed" in done.stdout
+    )
     assert sorted(p.name for p in d.iterdir()) == ["live.slot", "s1.slot", "s2.slot"]
 
 
@@ -178,5 +239,5 @@ def test_prune_usage_and_quota_errors(tmp_path):
     assert run("prune", d, "--max-total", "lots").exit_code == 2
     assert run("prune", d, "--older-than", "7 days").exit_code == 2
     (d / "busy.slot").write_bytes(b"x" * 100)  # fresh: counts, never removed
-    r = run("prune", d, "--max-total", "50")
+    r = run("prune", d, "--max-total", "50", "--settle-wait", "0")
     assert r.exit_code == 4 and "do not free enough" in r.stdout

@@ -1,19 +1,17 @@
 """What a person reads from ``slotfile verify``: the listing at 80 and 120 columns and in a
 pipe, the wrong inputs named for what they are, the next step; plus the shell completion
-script and the pre-commit hook (run as its entry says)."""
+script.  The pre-commit hook: tests/cli/test_precommit.py."""
 
 from __future__ import annotations
 
 import gzip
 import json
 import os
-import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 from ..conftest import MODELS, SLOTS, slotfile_cli
 
@@ -33,6 +31,9 @@ def mixed(tmp_path: Path) -> Path:
     (d / "model.bin").write_bytes((MODELS / "llama.gguf").read_bytes()[:4096])
     (d / "response.slot").write_text('{"id_slot": 0, "filename": "slot0.bin", "n_saved": 54}\n')
     (d / "packed.slot").write_bytes(gzip.compress(data))
+    for p in d.rglob("*"):  # written an hour ago: the walker sets files still being written aside
+        t = p.stat().st_mtime - 3600
+        os.utime(p, (t, t))
     return d
 
 
@@ -166,42 +167,3 @@ def test_completion_answers_as_the_script_asks():
     env.update(COMP_WORDS="slotfile strip", COMP_CWORD="1")
     r = subprocess.run([sys.executable, "-m", "slotfile"], env=env, capture_output=True, text=True, timeout=60)
     assert r.stdout.split() == ["strip-draft"], r.stdout + r.stderr
-
-
-# ---------------------------------------------------------------------------------------
-# pre-commit
-# ---------------------------------------------------------------------------------------
-
-
-def _hook() -> dict:
-    hooks = yaml.safe_load((ROOT / ".pre-commit-hooks.yaml").read_text())
-    (hook,) = [h for h in hooks if h["id"] == "slotfile-verify"]
-    return hook
-
-
-def test_pre_commit_hook_definition():
-    hook = _hook()
-    assert hook["language"] == "python" and hook["pass_filenames"] is True
-    assert shlex.split(hook["entry"])[:2] == ["slotfile", "verify"]
-    import re
-
-    files = re.compile(hook["files"])
-    assert files.search("slots/slot0.bin") and files.search("a/b.slot") and not files.search("model.gguf")
-
-
-def test_pre_commit_hook_entry_runs(tmp_path: Path):
-    """The entry as pre-commit runs it: the command, then the changed file names."""
-    argv = shlex.split(_hook()["entry"])
-    assert argv[0] == "slotfile"
-    bad = tmp_path / "cut.slot"
-    bad.write_bytes(GOOD.read_bytes()[:9000])
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-
-    def hook(*files: Path) -> subprocess.CompletedProcess[str]:
-        cmd = [sys.executable, "-m", "slotfile", *argv[1:], *map(str, files)]
-        return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
-
-    ok = hook(GOOD)
-    assert ok.returncode == 0 and ok.stdout.startswith("1 file(s): 1 pass, 0 fail"), ok.stdout + ok.stderr
-    fail = hook(GOOD, bad)
-    assert fail.returncode == 4 and f"{bad}: fail: structure: body at offset 7856" in fail.stdout

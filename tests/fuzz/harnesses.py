@@ -182,8 +182,7 @@ class _CellConsole:
 
 def _render(sf: SlotFile, layers: bool, full: bool) -> None:
     """``inspect_cmd.render``: through rich into a StringIO (``full``), or into
-    :class:`_CellConsole` (every cell checked, rich's table layout skipped).  The module's own
-    console is put back afterwards (the harnesses also run inside the test suite)."""
+    :class:`_CellConsole` (every cell checked, rich's table layout skipped), passed to render."""
     global _CONSOLE
     from rich.console import Console
 
@@ -192,14 +191,10 @@ def _render(sf: SlotFile, layers: bool, full: bool) -> None:
     if full and _CONSOLE is None:
         _CONSOLE = Console(file=io.StringIO(), width=120, highlight=False, markup=False, soft_wrap=False)
     console = _CONSOLE if full else _CellConsole()
-    saved, inspect_cmd.out = inspect_cmd.out, console
-    try:
-        if full:
-            console.file.seek(0)
-            console.file.truncate()
-        inspect_cmd.render(sf, None, layers)
-    finally:
-        inspect_cmd.out = saved
+    if full:
+        console.file.seek(0)
+        console.file.truncate()
+    inspect_cmd.render(sf, None, layers, console=console)
     if full and "\x1b" in console.file.getvalue():
         raise ContractError("an escape sequence from the file reached the terminal")
 

@@ -2,10 +2,15 @@
 
 * :mod:`slotfile.llama.worker.settings`: the context settings record both sides share
   (:class:`LoadSettings`, its dict form, the n_ctx rounding, cache type names to ids).
-* :mod:`slotfile.llama.worker.program`: the program run in the child (``python -m slotfile.llama.worker``);
-  it imports llama.cpp, the settings module and the standard library, nothing else of slotfile.
-* The parent side lives in :mod:`slotfile.llama.loader` (the pool of long-lived workers, crash
-  handling, settings from a file) and :mod:`slotfile.llama.requests` (one request, one worker).
+* :mod:`slotfile.llama.worker.program`: the program run in the child (``python -m slotfile.llama.worker``):
+  the requests and ``main``; :mod:`~slotfile.llama.worker.runtime` (bindings, protocol, log,
+  model, contexts, versions) and :mod:`~slotfile.llama.worker.calls` (the llama.cpp state
+  calls) are its parts.  It imports llama.cpp, these modules, the settings module, the magics
+  and the standard library, nothing else of slotfile before a request needs it.
+* The parent side lives in :mod:`slotfile.llama.loader` (re-exporting :mod:`~slotfile.llama.library`,
+  :mod:`~slotfile.llama.settings` and :mod:`~slotfile.llama.pool`: the library, the settings from
+  a file, the pool of long-lived workers and crash handling) and :mod:`slotfile.llama.requests`
+  (one request, one worker).
 
 Nothing here imports llama_cpp: that happens in the child's ``main`` only.
 """

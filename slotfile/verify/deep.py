@@ -1,0 +1,259 @@
+"""Level 4, deep (``--deep``): the stored tokens prefilled again in a fresh context with the
+same settings; the recomputed K/V (R/S) compared with the file's, layer by layer
+(:mod:`slotfile.verify.judge`), and the next-token logits after restoring the file compared
+with those after the recompute.
+
+On Gemma 3 270M (bench/deep_noise.py, deep_noise.json) prefills with n_ubatch 512 or 32, 1 or
+2 threads are bit-identical; the stored-vs-recomputed difference comes from the tokens the
+server generated one per call and grows with depth, hence a floor from stepwise decoding.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from slotfile.format.reader import open_slot_file
+from slotfile.format.records import Body, SlotFile
+from slotfile.llama.loader import DeepResult, LoaderPool, LoadSettings
+from slotfile.model.expect import attn_rot_disabled
+from slotfile.verify.judge import (
+    LOGITS_MIN_FLOOR,
+    MARGIN_LIMIT,
+    MIN_FLOOR,
+    STEPWISE_TOKENS,
+    Caches,
+    DeepInputs,
+    compare_bodies,
+    head_size,
+    layer_pairs,
+    rotation_width,
+)
+from slotfile.verify.options import VerifyOptions
+from slotfile.verify.records import Level, SkipKind, Status
+from slotfile.verify.stats import FLOAT_TYPES, cell_stats, tolerance_class
+
+
+def _deep_preconditions(sf: SlotFile, n_vocab: int) -> str | None:
+    """Why the stored tokens cannot reproduce the state (None: they should)."""
+    if sf.format != "GGSQ":
+        return "session files (GGSN) hold every sequence; the deep check covers slot files"
+    if sf.body is None or sf.body.layout is None or not sf.body.blocks:
+        return "the body does not parse" if sf.body is None or sf.body.layout is None else "the file holds no state"
+    tp = sf.tokens
+    if tp is None or not tp.tokens.size:
+        return "the file stores no tokens"
+    if tp.media or np.any(tp.tokens < 0):
+        return "the prompt has media chunks (image/audio embeddings cannot be recomputed from token ids)"
+    if n_vocab and np.any(tp.tokens >= n_vocab):
+        return "token ids outside the model's vocabulary (see the model level)"
+    n = int(tp.tokens.size)
+    first = sf.body.blocks[0]
+    if first.kind == "KV":
+        act = first.active_streams()
+        if len(act) != 1 or not np.array_equal(act[0].positions, np.arange(n)):
+            return (
+                f"the cache does not hold positions 0..{n - 1} of the {n} stored tokens (context shift, "
+                "a partial prompt or cache reuse): nothing to recompute it from"
+            )
+    else:
+        pos = first.positions()
+        if pos.size != 1 or int(pos[0]) != n - 1:
+            return f"the recurrent state is not at position {n - 1} of the {n} stored tokens"
+    return None
+
+
+def rotation_check(file_body: Body, rec_body: Body, caches: Caches) -> dict[str, Any] | None:
+    """For quantized caches that llama.cpp rotates (head size a multiple of 64): which rotation
+    setting the stored values were computed with.  The stored rows are compared with the
+    recompute as it is and with the recompute's Hadamard rotation undone (the transform is its
+    own inverse); the setting whose median head angle is smaller is the file's.  None when no
+    layer is rotatable."""
+    direct: list[float] = []
+    other: list[float] = []
+    for fb, rb in zip(file_body.blocks, rec_body.blocks, strict=False):
+        if fb.kind != "KV":
+            continue
+        cache = caches.get(fb.role)
+        for _sec, fr, rr, _pos in layer_pairs(fb, rb):
+            if fr is None or rr is None or fr.type_id in FLOAT_TYPES or fr.type_id != rr.type_id:
+                continue
+            head = head_size(cache, fr.part)
+            w = rotation_width(cache, fr.part, fr.type_id)
+            if not w or fr.row_size != rr.row_size:
+                continue
+            direct.append(cell_stats(fr, rr, head).summary().median_angle)
+            other.append(cell_stats(fr, rr, head, rotate=w).summary().median_angle)
+    if not direct:
+        return None
+    here_off = attn_rot_disabled()  # the workers inherit this environment
+    d, o = float(np.median(direct)), float(np.median(other))
+    same = d <= o
+    stored_off = here_off if same else not here_off
+    return {
+        "stored": "disabled (LLAMA_ATTN_ROT_DISABLE)" if stored_off else "rotated (as this llama.cpp does)",
+        "recompute": "disabled (LLAMA_ATTN_ROT_DISABLE)" if here_off else "rotated",
+        "matches": same,
+        "median_angle_as_recomputed": round(d, 3),
+        "median_angle_other_setting": round(o, 3),
+        "layers": len(direct),
+    }
+
+
+def level_deep(
+    sf: SlotFile,
+    path: str,
+    pool: LoaderPool | None,
+    load: Level,
+    opts: VerifyOptions,
+    settings: LoadSettings | None,
+    caches: Caches,
+) -> Level:
+    """Recompute the stored tokens the way the server did (n_batch/n_ubatch: ``opts``, default
+    the server's 2048/512), and the last :data:`STEPWISE_TOKENS` of them once more one per
+    call, as the server decodes generated tokens: that second state's difference from the
+    first, per layer, is the noise floor each stored layer is judged against
+    (:func:`slotfile.verify.judge.judge_run`).  ``caches``: the model's caches by role."""
+    lv = Level()
+    why = _skip_reason(sf, pool, load, opts)
+    if why is not None:
+        return lv.skip(*why)
+    assert pool is not None  # _skip_reason: a loader
+    tokens = [int(t) for t in sf.tokens.tokens]  # type: ignore[union-attr]
+    body: Body = sf.body  # type: ignore[assignment]  # _deep_preconditions: a parsed body
+    with _scratch_files(2) as (rec_out, floor_out):
+        # the worker request calls the stepwise tokens "tail" (slotfile.llama)
+        res = pool.deep(
+            path,
+            tokens,
+            tokens[-1],
+            rec_out,
+            settings,
+            timeout=opts.timeout,
+            batch=opts.n_batch,
+            n_ubatch=opts.n_ubatch,
+            tail=STEPWISE_TOKENS,
+            out_floor=floor_out,
+        )
+        if res.ok:
+            _judge_deep(lv, body, tokens, res, rec_out, caches)
+        else:
+            lv.error(
+                "crashed" if res.crashed else "deep-failed",
+                "body",
+                body.offset,
+                ("llama.cpp crashed: " if res.crashed else "recompute failed: ") + res.message,
+            )
+    return lv.finish()
+
+
+def _skip_reason(
+    sf: SlotFile, pool: LoaderPool | None, load: Level, opts: VerifyOptions
+) -> tuple[str, SkipKind] | None:
+    """Why the deep level does not run for this file (None: it runs)."""
+    if not opts.deep:
+        return "no --deep", SkipKind.NOT_REQUESTED
+    if pool is None:
+        return "no --model", SkipKind.NOT_REQUESTED
+    if load.status == Status.SKIPPED:
+        return "the file could not be test-loaded here", SkipKind.CANNOT_CHECK
+    if load.status != Status.PASS:
+        return "the file does not load", SkipKind.BLOCKED
+    why = _deep_preconditions(sf, int(pool.info.get("n_vocab") or 0))
+    return (why, SkipKind.CANNOT_CHECK) if why else None
+
+
+@contextlib.contextmanager
+def _scratch_files(n: int) -> Iterator[list[str]]:
+    """``n`` empty temporary files for the worker to save states into, removed afterwards."""
+    outs: list[str] = []
+    try:
+        for _ in range(n):
+            fd, out = tempfile.mkstemp(prefix="slotfile-deep-", suffix=".slot")
+            os.close(fd)
+            outs.append(out)
+        yield outs
+    finally:
+        for o in outs:
+            try:
+                os.unlink(o)
+            except OSError:
+                pass
+
+
+def _judge_deep(lv: Level, body: Body, tokens: list[int], res: DeepResult, rec_path: str, caches: Caches) -> None:
+    """The file's state against the recomputed one (rotation, then every layer against the
+    noise floor) and the next-token logits: problems into ``lv``, the figures into its details."""
+    rec = open_slot_file(rec_path)
+    flo = open_slot_file(res.floor) if res.floor else None
+    try:
+        inputs = DeepInputs(flo.body if flo else None, caches, len(tokens), res.tail)
+        rot = rotation_check(body, rec.body, caches) if rec.body is not None else None
+        rows: list[dict[str, Any]] = []
+        if rot is not None and not rot["matches"]:
+            lv.error("deep-rotation", "body", body.offset, _rotation_message(rot))
+        else:
+            rows = compare_bodies(lv, body, rec.body, inputs)  # type: ignore[arg-type]
+    finally:
+        rec.close()
+        if flo is not None:
+            flo.close()
+    lg = res.logits or {}
+    lfloor, lratio = _check_logits(lv, body, lg)
+    worst = max(rows, key=lambda r: r["ratio"], default=None)
+    lv.details = {
+        "layers": rows,
+        "logits": dict(lg, floor=lfloor, ratio=round(lratio, 3)),
+        "probe_token": tokens[-1],
+        "n_batch": res.n_batch,
+        "n_ubatch": res.n_ubatch,
+        "tail": res.tail,  # the stepwise tokens (schema slotfile.verify/1)
+        "limit": MARGIN_LIMIT,
+        "margin": worst["ratio"] if worst else 0.0,
+        "worst": {k: worst[k] for k in ("section", "part", "layer", "ratio", "by", "worst_pos")} if worst else None,
+        "rotation": rot,
+        "min_floor": MIN_FLOOR,
+    }
+
+
+def _rotation_message(rot: dict[str, Any]) -> str:
+    fix = (
+        "load it with LLAMA_ATTN_ROT_DISABLE=1"
+        if rot["stored"].startswith("disabled")
+        else "load it without LLAMA_ATTN_ROT_DISABLE"
+    )
+    return (
+        f"the stored K/V were computed with rotation {rot['stored']}; this llama.cpp's recompute is "
+        f"{rot['recompute']} (median head angle {rot['median_angle_as_recomputed']:.3g} degrees as "
+        f"recomputed, {rot['median_angle_other_setting']:.3g} with the rotation undone): restored here, "
+        f"attention reads the cache in the wrong basis; {fix}"
+    )
+
+
+def _check_logits(lv: Level, body: Body, lg: dict[str, Any]) -> tuple[float, float]:
+    """Next-token logits after restoring the file against those after recomputing, judged
+    against their floor (at least LOGITS_MIN_FLOOR of the body's coarsest type): (floor, ratio)."""
+    tol_class = max(
+        (tolerance_class(r.type_id) for b in body.blocks for r in b.runs()),
+        key=lambda c: LOGITS_MIN_FLOOR[c],
+        default="float",
+    )
+    lfloor = max(float(lg.get("floor_rel", 0.0)), LOGITS_MIN_FLOOR[tol_class])
+    lratio = float(lg.get("rel", 0.0)) / lfloor
+    if not lg.get("all_finite", True):
+        lv.error("deep-logits", "body", body.offset, "non-finite next-token logits after restoring the file")
+    elif lratio > MARGIN_LIMIT and not any(p["code"] == "deep-rotation" for p in lv.problems):
+        lv.error(
+            "deep-logits",
+            "body",
+            body.offset,
+            f"next-token logits after restoring differ from those after recomputing the tokens by "
+            f"{lratio:.3g} noise floors ({100 * lg['rel']:.3g}%; floor {100 * lfloor:.3g}%, limit "
+            f"{MARGIN_LIMIT:g}; top token {lg['top5_restored'][0]} vs {lg['top5_recomputed'][0]})",
+        )
+    return lfloor, lratio

@@ -1,0 +1,192 @@
+"""The engine of ``slotfile verify``: one :class:`Verifier` per run holds the models and the
+loader workers every file shares, and runs the four levels on each file, ``jobs`` at a time.
+
+A level that cannot judge a file is skipped with the reason: a file that is not a slot file
+blocks every level after structure; a file that does not load blocks the deep level.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from slotfile.diagnosis import Cause, facts_of
+from slotfile.format.records import SlotFile
+from slotfile.llama.loader import LIB_ENV, Library, LoaderError, LoaderPool, server_library, settings_for
+from slotfile.verify.deep import level_deep
+from slotfile.verify.judge import caches_of
+from slotfile.verify.load import level_load
+from slotfile.verify.model import level_model, model_side, read
+from slotfile.verify.options import VerifyOptions
+from slotfile.verify.records import LEVELS, FileReport, SkipKind, VerifyError
+from slotfile.verify.structure import level_structure, scan_into
+
+
+class Verifier:
+    """Models and loader workers shared by every file of a run."""
+
+    def __init__(self, opts: VerifyOptions, pool: LoaderPool | None = None) -> None:
+        """``pool``: workers the caller started early (``LoaderPool.start``) so that they load
+        the model while this process imports and parses; a failure to start surfaces at the
+        first load, as a VerifyError from :meth:`run`."""
+        self.opts = opts
+        self.pool: LoaderPool | None = pool
+        self.side = model_side(opts.model)
+        self.dside = model_side(opts.draft_model)
+        self.caches = caches_of(self.side.expect if self.side is not None else None)
+        if opts.model is not None and self.pool is None:
+            try:
+                self.pool = LoaderPool(
+                    opts.model, opts.draft_model, opts.n_gpu_layers, opts.jobs, llama_lib=opts.llama_lib
+                )
+            except LoaderError as e:
+                raise VerifyError(str(e)) from e
+        self._server: tuple[LoaderPool | None, str] | None = None  # the llama-server's library, once looked for
+        self._server_lock = threading.Lock()
+        self.used: dict[int, int] = {}  # id(pool) -> files test-loaded with it
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
+        if self._server is not None and self._server[0] is not None:
+            self._server[0].close()
+            self._server = None
+
+    def loaders(self) -> list[dict[str, Any]]:
+        """Every loader this run used (the first: the one it started with), as --json shows them."""
+        pools = [p for p in (self.pool, self._server[0] if self._server else None) if p is not None]
+        try:
+            return [dict(p.describe(), files=self.used.get(id(p), 0)) for p in pools]
+        except LoaderError as e:
+            raise VerifyError(str(e)) from e
+
+    def pool_for(self, sf: SlotFile) -> tuple[LoaderPool | None, str | None]:
+        """The loader for ``sf``: the run's own, or, when its version is not the file's and no
+        library was named (--llama-lib, $SLOTFILE_LLAMA_LIB), the library beside the
+        llama-server on PATH if that one's version is the file's.  Also what the search found."""
+        pool = self.pool
+        if pool is None or pool.loads_version_of(sf.format, sf.version):
+            return pool, None
+        if pool.library.source in ("--llama-lib", LIB_ENV):
+            return pool, None
+        server, note = self._server_pool()
+        if server is not None and server.loads_version_of(sf.format, sf.version):
+            return server, None
+        return pool, note
+
+    def _server_pool(self) -> tuple[LoaderPool | None, str]:
+        with self._server_lock:
+            if self._server is None:
+                self._server = self._start_server_pool()
+            return self._server
+
+    def _start_server_pool(self) -> tuple[LoaderPool | None, str]:
+        assert self.opts.model is not None and self.pool is not None
+        folder, where = server_library()
+        if folder is None:
+            return None, where
+        if folder == self.pool.info.get("library_dir"):
+            return None, f"{where} is this very library"
+        try:
+            pool = LoaderPool(
+                self.opts.model,
+                self.opts.draft_model,
+                self.opts.n_gpu_layers,
+                self.opts.jobs,
+                llama_lib=Library(folder, "llama-server on PATH"),
+            )
+        except LoaderError as e:
+            return None, f"{where} does not load: {e}"
+        return pool, f"{where} writes state version {pool.state_seq_version}, session version {pool.session_version}"
+
+    def __enter__(self) -> Verifier:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def verify(self, path: Path) -> FileReport:
+        """Every level on one file; a file that cannot be read gets its report's ``error``."""
+        t0 = time.monotonic()
+        rep = FileReport(str(path))
+        try:
+            if path.is_dir():
+                raise IsADirectoryError(21, "is a directory")
+            sf = read(path, self.side, self.dside)
+        except OSError as e:
+            rep.error = f"{path}: {e.strerror or e}"
+            return rep
+        rep.size, rep.n_tokens, rep.format, rep.version = sf.size, sf.n_tokens, sf.format, sf.version
+        rep.facts = facts_of(sf, self.opts.model)
+        lv = rep.levels
+        t = time.monotonic()
+        lv["structure"] = level_structure(sf)
+        if self.opts.scan:
+            scan_into(lv["structure"], sf, max(2, self.opts.jobs))
+        lv["structure"].seconds = time.monotonic() - t
+        if any(p["class"] == Cause.NOT_SLOT_FILE for p in lv["structure"].problems):
+            for name in LEVELS[1:]:  # nothing for a model or a loader to judge
+                lv[name].skip("not a slot file", SkipKind.BLOCKED)
+        else:
+            self._model_load_deep(rep, sf, path)
+        rep.seconds = time.monotonic() - t0
+        return rep
+
+    def _model_load_deep(self, rep: FileReport, sf: SlotFile, path: Path) -> None:
+        """Levels 2 to 4 of a slot file, each timed into its level."""
+        lv = rep.levels
+        t = time.monotonic()
+        lv["model"] = level_model(sf, self.side, self.dside)
+        lv["model"].seconds = time.monotonic() - t
+        settings = None
+        res = None
+        t = time.monotonic()
+        pool, tried = self.pool_for(sf)
+        if pool is not None:
+            settings = settings_for(sf, self.opts.n_gpu_layers)
+            if self.opts.settings_hook is not None:
+                settings = self.opts.settings_hook(sf, settings)
+            res = pool.load(str(path), settings, timeout=self.opts.timeout, sf=sf)
+            with self._server_lock:
+                self.used[id(pool)] = self.used.get(id(pool), 0) + 1
+        lv["load"] = level_load(sf, res, pool, self.opts.draft_model is not None, tried)
+        lv["load"].seconds = time.monotonic() - t
+        if settings is not None:
+            lv["load"].details["settings"] = settings.to_dict()
+        t = time.monotonic()
+        lv["deep"] = level_deep(sf, str(path), pool, lv["load"], self.opts, settings, self.caches)
+        lv["deep"].seconds = time.monotonic() - t
+
+    def run(self, paths: list[Path], on_done: Callable[[FileReport], None] | None = None) -> list[FileReport]:
+        """Every file, ``jobs`` at a time; results in the order of ``paths``.  Raises
+        VerifyError when the loader cannot start (model unloadable)."""
+        try:
+            return self._run(paths, on_done)
+        except LoaderError as e:
+            raise VerifyError(str(e)) from e
+
+    def _run(self, paths: list[Path], on_done: Callable[[FileReport], None] | None) -> list[FileReport]:
+        if self.opts.jobs <= 1 or len(paths) <= 1:
+            out = []
+            for p in paths:
+                r = self.verify(p)
+                out.append(r)
+                if on_done:
+                    on_done(r)
+            return out
+        results: list[FileReport | None] = [None] * len(paths)
+        from concurrent.futures import ThreadPoolExecutor, as_completed  # --jobs > 1 only
+
+        with ThreadPoolExecutor(max_workers=self.opts.jobs) as ex:
+            futs = {ex.submit(self.verify, p): i for i, p in enumerate(paths)}
+
+            for f in as_completed(futs):
+                r = f.result()
+                results[futs[f]] = r
+                if on_done:
+                    on_done(r)
+        return [r for r in results if r is not None]

@@ -1,0 +1,184 @@
+"""What ``slotfile verify`` reports: a :class:`Level` per check and a :class:`FileReport` per file.
+
+A level's problems are dicts (the JSON schema ``slotfile.verify/1`` writes them as they are);
+``class`` is :func:`slotfile.diagnosis.problem_class` of the code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from slotfile.diagnosis import Cause, Facts, NextStep, ProblemRef, file_cause, next_step, problem_class
+from slotfile.format.records import Severity
+
+SCHEMA = "slotfile.verify/1"
+LEVELS = ("structure", "model", "load", "deep")
+
+
+class Status(StrEnum):
+    """A level's outcome."""
+
+    PASS = "pass"
+    FAIL = "fail"
+    SKIPPED = "skipped"
+
+
+class SkipKind(StrEnum):
+    """Why a level was skipped: not asked for (no --model, no --deep), cannot be checked here (a
+    state version the installed loader does not load, tokens that cannot be recomputed), or an
+    earlier level failed.  None of them is a failure."""
+
+    NOT_REQUESTED = "not-requested"
+    CANNOT_CHECK = "cannot-check"
+    BLOCKED = "blocked"
+
+
+class Verdict(StrEnum):
+    """A file's outcome: every level that ran passed, one failed, or the file could not be read."""
+
+    PASS = "pass"
+    FAIL = "fail"
+    ERROR = "error"
+
+
+@dataclass
+class Level:
+    status: Status = Status.SKIPPED
+    problems: list[dict[str, Any]] = field(default_factory=list)
+    reason: str = ""  # why it was skipped
+    skip_kind: SkipKind | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    def add(self, severity: Severity, code: str, section: str, offset: int | None, message: str) -> None:
+        self.problems.append(
+            {
+                "severity": severity,
+                "code": code,
+                "section": section,
+                "offset": offset,
+                "message": message,
+                "class": problem_class(code, severity),
+            }
+        )
+
+    def error(self, code: str, section: str, offset: int | None, message: str) -> None:
+        self.add(Severity.ERROR, code, section, offset, message)
+
+    def warn(self, code: str, section: str, offset: int | None, message: str) -> None:
+        self.add(Severity.WARNING, code, section, offset, message)
+
+    def finish(self) -> Level:
+        self.status = Status.FAIL if any(p["severity"] == Severity.ERROR for p in self.problems) else Status.PASS
+        return self
+
+    def skip(self, reason: str, kind: SkipKind = SkipKind.NOT_REQUESTED) -> Level:
+        self.status, self.reason, self.skip_kind = Status.SKIPPED, reason, kind
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"status": self.status, "problems": self.problems}
+        if self.reason:
+            d["reason"] = self.reason
+        if self.skip_kind is not None:
+            d["skip_kind"] = self.skip_kind
+        if self.details:
+            d["details"] = self.details
+        d["seconds"] = round(self.seconds, 4)
+        return d
+
+
+@dataclass
+class FileReport:
+    path: str
+    size: int | None = None
+    n_tokens: int | None = None
+    format: str | None = None
+    version: int | None = None
+    levels: dict[str, Level] = field(default_factory=lambda: {k: Level() for k in LEVELS})
+    error: str | None = None  # operational: the file could not be read at all
+    seconds: float = 0.0
+    facts: Facts | None = None  # what the next step depends on (set once the file is read)
+
+    @property
+    def verdict(self) -> Verdict:
+        if self.error is not None:
+            return Verdict.ERROR
+        return Verdict.FAIL if any(lv.status == Status.FAIL for lv in self.levels.values()) else Verdict.PASS
+
+    @property
+    def level_reached(self) -> int:
+        """The highest level n such that levels 1..n all ran and passed (0: structure failed)."""
+        n = 0
+        for i, name in enumerate(LEVELS, start=1):
+            if self.levels[name].status != Status.PASS:
+                break
+            n = i
+        return n
+
+    @property
+    def first_problem(self) -> str | None:
+        if self.error is not None:
+            return self.error
+        for name in LEVELS:
+            for p in self.levels[name].problems:
+                if p["severity"] == Severity.ERROR:
+                    return f"{name}: {_where(p)}{p['message']}"
+        return None
+
+    def problem_refs(self) -> list[ProblemRef]:
+        return [
+            ProblemRef(name, p["severity"], p["code"], p["section"] or "", p["message"])
+            for name in LEVELS
+            for p in self.levels[name].problems
+        ]
+
+    @property
+    def cause(self) -> Cause | None:
+        """Why the file fails (damaged, mismatch, not-a-slot-file, unsupported); None when it
+        passes or could not be read."""
+        return None if self.error is not None else file_cause(self.problem_refs())
+
+    @property
+    def next_step(self) -> NextStep | None:
+        if self.error is not None or self.facts is None:
+            return None
+        return next_step(self.cause, self.problem_refs(), self.facts)
+
+    @property
+    def unchecked(self) -> list[str]:
+        """Levels that could not be checked here (skipped, not failed), with the reason."""
+        return [f"{name}: {lv.reason}" for name, lv in self.levels.items() if lv.skip_kind == SkipKind.CANNOT_CHECK]
+
+    def to_dict(self) -> dict[str, Any]:
+        step = self.next_step
+        return {
+            "path": self.path,
+            "size": self.size,
+            "n_tokens": self.n_tokens,
+            "format": self.format,
+            "version": self.version,
+            "levels": {k: v.to_dict() for k, v in self.levels.items()},
+            "level_reached": self.level_reached,
+            "verdict": self.verdict,
+            "first_problem": self.first_problem,
+            "cause": self.cause,
+            "next_step": step.text if step else None,
+            "repair_command": step.command if step else None,
+            "unchecked": self.unchecked,
+            "error": self.error,
+            "seconds": round(self.seconds, 4),
+        }
+
+
+def _where(p: dict[str, Any]) -> str:
+    sec, off = p.get("section"), p.get("offset")
+    if sec and off is not None:
+        return f"{sec} at offset {off}: "
+    return f"{sec}: " if sec else ""
+
+
+class VerifyError(Exception):
+    """Operational: the model is missing or the loader cannot start."""

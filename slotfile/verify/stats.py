@@ -1,0 +1,166 @@
+"""The numpy statistics of the deep level: a file's rows against recomputed rows, per cell.
+
+Rows are dequantized to float64 a chunk of :data:`CHUNK_CELLS` cells at a time (bounded
+memory on big files; gguf-py's ``gguf.quants`` for the quantized types).  Per cell, each head
+vector of the stored row is compared with the recomputed one: the angle between them and the
+log of their norm ratio (:class:`CellStats`); :class:`RowStats` is the worst cell of each.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from slotfile.format.records import LayerRun
+from slotfile.format.types import TypeId
+
+FLOAT_TYPES = (TypeId.F32, TypeId.F16, TypeId.BF16)
+EIGHT_BIT = (TypeId.Q8_0, TypeId.Q8_1)
+CHUNK_CELLS = 4096  # cells dequantized at a time (bounded memory on big files)
+
+
+def tolerance_class(type_id: int) -> str:
+    """The tolerance a cache type gets: float, 8-bit or low-bit (the minimum floors)."""
+    if type_id in FLOAT_TYPES:
+        return "float"
+    if type_id in EIGHT_BIT:
+        return "8-bit"
+    return "low-bit"
+
+
+def dequant_rows(run: LayerRun, c0: int, c1: int) -> np.ndarray:
+    """Cells c0..c1 of a run as float64 (cells, elements)."""
+    t = run.type_id
+    if run.n_cells == 0 or run.row_size == 0:
+        return np.zeros((c1 - c0, 0))
+    if run.transposed:
+        a = run.array()[:, c0:c1]
+        a = (a.astype(np.uint32) << 16).view(np.float32) if t == TypeId.BF16 else a
+        return np.asarray(a, dtype=np.float64).T
+    if t in (TypeId.F32, TypeId.F16):
+        return np.asarray(run.array()[c0:c1], dtype=np.float64)
+    if t == TypeId.BF16:
+        return (run.array()[c0:c1].astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    import gguf.quants as gq
+    from gguf import GGMLQuantizationType
+
+    raw = run.data.array(np.uint8).reshape(run.n_cells, run.row_size)[c0:c1]
+    return gq.dequantize(np.ascontiguousarray(raw), GGMLQuantizationType(t)).astype(np.float64).reshape(c1 - c0, -1)
+
+
+LNORM_CAP = 10.0  # |ln(norm ratio)| given for a head whose norm is zero on one side only
+TINY = 1e-20
+
+
+@dataclass
+class CellStats:
+    """Per-cell statistics of a file run against a recomputed run.
+
+    ``angle``: per cell, the largest angle in degrees between a stored and a recomputed head
+    vector; ``lnorm``: the largest ``|ln(||stored head|| / ||recomputed head||)|``; ``rel``:
+    ``||stored row - recomputed row|| / max norm`` (reported as ``worst_cell_rel``; not judged:
+    one relative norm cannot tell a rounding difference from a wrong head)."""
+
+    angle: np.ndarray
+    lnorm: np.ndarray
+    rel: np.ndarray
+    max_abs: float = 0.0
+    layer_rel: float = 0.0
+    first_bad: int = -1  # first cell with a non-finite stored value
+
+    def summary(self, cells: np.ndarray | None = None) -> RowStats:
+        """The worst cell of each statistic and the median angle, over ``cells`` (default all)."""
+        idx = np.arange(self.angle.size) if cells is None else np.asarray(cells)
+        st = RowStats(max_abs=self.max_abs, layer_rel=self.layer_rel, finite=self.first_bad < 0)
+        st.first_bad = self.first_bad
+        if not idx.size:
+            return st
+        for name, arr in (("angle", self.angle), ("lnorm", self.lnorm), ("rel", self.rel)):
+            i = int(idx[int(np.argmax(arr[idx]))])
+            setattr(st, name, float(arr[i]))
+            setattr(st, f"{name}_cell", i)
+        st.median_angle = float(np.median(self.angle[idx]))
+        return st
+
+
+@dataclass
+class RowStats:
+    """The worst cell of each :class:`CellStats` statistic (and its cell), the median angle."""
+
+    angle: float = 0.0
+    angle_cell: int = -1
+    lnorm: float = 0.0
+    lnorm_cell: int = -1
+    rel: float = 0.0
+    rel_cell: int = -1
+    median_angle: float = 0.0
+    max_abs: float = 0.0
+    layer_rel: float = 0.0
+    finite: bool = True
+    first_bad: int = -1
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: (round(v, 6) if isinstance(v, float) else v) for k, v in self.__dict__.items()}
+
+
+def hadamard(n: int) -> np.ndarray:
+    """The orthonormal Walsh-Hadamard matrix llama.cpp rotates quantized K/V with
+    (``ggml_gen_hadamard``, src/llama-kv-cache.cpp; symmetric, its own inverse)."""
+    h = np.array([[1.0]])
+    while h.shape[0] < n:
+        h = np.block([[h, h], [h, -h]])
+    return h / np.sqrt(n)
+
+
+def _head_stats(x: np.ndarray, y: np.ndarray, head: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per cell: the largest head angle (degrees) and the largest |ln norm ratio|."""
+    c = x.shape[0]
+    hs = head if head > 0 and x.shape[1] % head == 0 else x.shape[1]
+    xh, yh = x.reshape(c, -1, hs), y.reshape(c, -1, hs)
+    nx, ny = np.linalg.norm(xh, axis=2), np.linalg.norm(yh, axis=2)
+    zx, zy = nx <= TINY, ny <= TINY
+    cos = np.einsum("chk,chk->ch", xh, yh) / np.maximum(nx * ny, TINY * TINY)
+    ang = np.degrees(np.arccos(np.clip(cos, -1.0, 1.0)))
+    ang = np.where(zx & zy, 0.0, np.where(zx | zy, 90.0, ang))
+    ln = np.abs(np.log(np.maximum(nx, TINY) / np.maximum(ny, TINY)))
+    ln = np.where(zx & zy, 0.0, np.where(zx | zy, LNORM_CAP, np.minimum(ln, LNORM_CAP)))
+    return np.max(ang, axis=1), np.max(ln, axis=1)
+
+
+def cell_stats(a: LayerRun, b: LayerRun, head: int = 0, rotate: int = 0) -> CellStats:
+    """File run ``a`` against recomputed run ``b`` (same cells, same type), in chunks of cells.
+    ``head``: elements per head (0: the whole row is one head); ``rotate``: apply llama.cpp's
+    Hadamard rotation of this width to ``b`` first (comparing against the other rotation
+    setting: the rotation is its own inverse)."""
+    n = a.n_cells
+    st = CellStats(np.zeros(n), np.zeros(n), np.zeros(n))
+    ss_d = ss_b = 0.0
+    h_mat = hadamard(rotate) if rotate else None
+    for c0 in range(0, n, CHUNK_CELLS):
+        c1 = min(n, c0 + CHUNK_CELLS)
+        x, y = dequant_rows(a, c0, c1), dequant_rows(b, c0, c1)
+        if not x.size:
+            continue
+        if h_mat is not None and y.shape[1] % rotate == 0:
+            y = (y.reshape(c1 - c0, -1, rotate) @ h_mat).reshape(c1 - c0, -1)
+        ok = np.isfinite(x).all(axis=1)
+        if not ok.all():
+            if st.first_bad < 0:
+                st.first_bad = c0 + int(np.flatnonzero(~ok)[0])
+            x = np.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0)
+        d = x - y
+        st.max_abs = max(st.max_abs, float(np.max(np.abs(d))))
+        ss_d += float(np.sum(d * d))
+        ss_b += float(np.sum(y * y))
+        den = np.maximum(np.maximum(np.linalg.norm(x, axis=1), np.linalg.norm(y, axis=1)), 1e-30)
+        st.rel[c0:c1] = np.linalg.norm(d, axis=1) / den
+        st.angle[c0:c1], st.lnorm[c0:c1] = _head_stats(x, y, head)
+    st.layer_rel = (ss_d**0.5) / (ss_b**0.5) if ss_b > 0 else (0.0 if ss_d == 0 else float("inf"))
+    return st
+
+
+def compare_rows(a: LayerRun, b: LayerRun, head: int = 0, rotate: int = 0) -> RowStats:
+    """:func:`cell_stats` summarised over every cell."""
+    return cell_stats(a, b, head, rotate).summary()
