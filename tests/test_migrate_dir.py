@@ -13,7 +13,7 @@ import pytest
 from slotfile.format.reader import open_slot_file
 
 from .conftest import FIXTURES, SLOTS, slotfile_cli
-from .test_migrate_v2 import V2, llama_v2_lib  # noqa: F401  (the session fixture)
+from .test_migrate_v2 import V2
 from .test_v4 import V4
 
 LLAMA = FIXTURES / "models" / "llama.gguf"
@@ -83,7 +83,7 @@ def test_migrate_dir_usage(tmp_path: Path):
 
 @pytest.mark.llama
 @pytest.mark.slow
-def test_ls_llama_lib_says_what_breaks(tmp_path: Path, llama_v2_lib: Path):  # noqa: F811
+def test_ls_llama_lib_says_what_breaks(tmp_path: Path, llama_v2_lib: Path):
     root = _tree(tmp_path)
     r = slotfile_cli("ls", root, "--llama-lib", llama_v2_lib, "-m", LLAMA, "--json")
     doc = json.loads(r.stdout)

@@ -33,26 +33,6 @@ IDS = [p.name for p, _, _ in V2_FILES]
 QWEN = FIXTURES / "models" / "extra-qwen2vl.gguf"
 
 
-V2_ENV = "SLOTFILE_TEST_LLAMA_V2"  # .ci/run sets it to the folder scripts/build-llama-v2.sh printed
-
-
-@pytest.fixture(scope="session")
-def llama_v2_lib() -> Path:
-    """The v2 llama.cpp library folder: $SLOTFILE_TEST_LLAMA_V2, else the build script's cache.
-    Skips locally when it was never built; fails when the variable names a folder without it."""
-    import os
-
-    from slotfile.llama.builds import cached_library
-
-    env = os.environ.get(V2_ENV)
-    d = Path(env) if env else cached_library(2)
-    if d is None:
-        pytest.skip(f"no v2 llama.cpp library: run scripts/build-llama-v2.sh (or set {V2_ENV} to its folder)")
-    if not (d / "libllama.so").is_file():
-        pytest.fail(f"{V2_ENV}={d}: no libllama.so there")
-    return d
-
-
 def _migrate(
     src: Path, out: Path, to: int, model: Path | None = None, draft: Path | None = None, lib: Path | None = None
 ) -> Any:

@@ -70,8 +70,9 @@ def run_migrate_dir(args: MigrateDirArgs) -> int:
     )
     dry_run, force, only_changed, json_out = args.dry_run, args.force, args.only_changed, args.json_out
     from slotfile.cli.restore_cmd import _print_resave_dir
+    from slotfile.cli.terminal import escape_text
     from slotfile.repair.common import RepairOptions
-    from slotfile.repair.migrate_dir import migrate_all
+    from slotfile.repair.migrate_dir import migrate_entry
     from slotfile.slotdir.walk import scan_dir
 
     if outdir is None:
@@ -105,10 +106,13 @@ def run_migrate_dir(args: MigrateDirArgs) -> int:
         timeout=args.timeout,
         llama_lib=str(llama_lib) if llama_lib else None,
     )
+    results = []
     with progress_bar(disable=len(scan.slots) < 2) as progress:
-        results = migrate_all(
-            scan, str(outdir), opts, force=force, dry_run=dry_run, only_changed=only_changed, progress=progress
-        )
+        task = progress.add_task("migrating", total=len(scan.slots))
+        for entry in scan.slots:
+            one = migrate_entry(entry, str(outdir), opts, force=force, dry_run=dry_run, only_changed=only_changed)
+            results.append(one)
+            progress.update(task, advance=1, description=escape_text(entry.rel, 40))
     errors = list(scan.errors)
     busy = scan.busy_lines()
     for line in errors + busy:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from slotfile.format import grammar as g
 from slotfile.format.records import Body, CacheExpect, FileFormat, KVStream, MemoryKind, ModelExpect, SlotFile
+from slotfile.format.versions import first_with_rotation
 from slotfile.model.compare import rotation_message, stream_types
 from slotfile.model.expect import attn_rot_disabled, is_quantized, rotation_widths
 from slotfile.repair.common import Operational, Planned, Refused, RepairOptions, Retry, start
@@ -49,7 +50,7 @@ from slotfile.safewrite import Plan
 
 # memory classes holding a DeepSeek/GLM lightning indexer, whose K is rotated even in f16
 INDEXER_CLASSES = ("dsa", "dsa-iswa", "dsv4")
-ROT_STATE = 4  # the first state version with the rotation words
+ROT_STATE = first_with_rotation("GGSQ")  # the first state version with the rotation words (4)
 
 __all__ = ["Edit", "migrate", "target_version"]
 

@@ -106,20 +106,6 @@ def migrate_entry(
     return res
 
 
-def migrate_all(
-    scan: DirScan, outdir: str, opts: RepairOptions, *, force: bool, dry_run: bool, only_changed: bool, progress: Any
-) -> list[FileResult]:
-    """Every slot file of the walk, with ``progress`` (a rich Progress or a disabled one) advanced."""
-    from slotfile.cli.terminal import escape_text
-
-    results = []
-    task = progress.add_task("migrating", total=len(scan.slots))
-    for e in scan.slots:
-        results.append(migrate_entry(e, outdir, opts, force=force, dry_run=dry_run, only_changed=only_changed))
-        progress.update(task, advance=1, description=escape_text(e.rel, 40))
-    return results
-
-
 # ---------------------------------------------------------------------------------------
 # ls --llama-lib: which files a given llama.cpp loads
 

@@ -35,6 +35,8 @@ import numpy as np
 
 from slotfile.format import grammar as g
 from slotfile.format.records import Body, FileFormat, MemoryKind, SlotFile
+from slotfile.format.versions import known, session_of
+from slotfile.format.versions import state_of as session_state
 from slotfile.repair.common import Refused
 from slotfile.repair.report import Report
 
@@ -50,8 +52,7 @@ __all__ = [
     "v2_refusal",
 ]
 
-STATES = (2, 3, 4)  # the state versions migrate converts between
-SESSION_OFFSET = 7  # GGSN version = state version + 7 (9, 10, 11)
+STATES = known("GGSQ")  # the state versions migrate converts between: every one slotfile reads (2, 3, 4)
 # memory classes whose llama.cpp source first appears in version 3 (slotfile.format.layout names)
 V3_CLASSES = {
     "hybrid-idx": "llama_memory_hybrid_idx",
@@ -78,11 +79,17 @@ def state_of(fmt: FileFormat, version: int | None) -> int | None:
     """The state version a file's header version stands for (a session's 9/10/11 are 2/3/4)."""
     if version is None:
         return None
-    return version - SESSION_OFFSET if fmt == FileFormat.GGSN else version
+    return session_state(version) if fmt == FileFormat.GGSN else version
 
 
 def file_version(fmt: FileFormat, state: int) -> int:
-    return state + SESSION_OFFSET if fmt == FileFormat.GGSN else state
+    """The header version of ``fmt`` for the llama.cpp line that writes ``state`` (GGSN: 2 -> 9)."""
+    if fmt != FileFormat.GGSN:
+        return state
+    v = session_of(state)
+    if v is None:
+        raise Refused(f"no session version is known for state version {state}")
+    return v
 
 
 def to_state(fmt: FileFormat, to: int | None) -> int:
@@ -91,8 +98,8 @@ def to_state(fmt: FileFormat, to: int | None) -> int:
         raise Refused("--to is required (2, 3 or 4)")
     if to in STATES:
         return to
-    if fmt == FileFormat.GGSN and to - SESSION_OFFSET in STATES:
-        return to - SESSION_OFFSET
+    if fmt == FileFormat.GGSN and session_state(to) in STATES:
+        return int(session_state(to) or 0)
     allowed = "2, 3 or 4 (or the session versions 9, 10, 11)" if fmt == FileFormat.GGSN else "2, 3 or 4"
     raise Refused(f"--to {to}: migrate converts to state version {allowed}")
 
