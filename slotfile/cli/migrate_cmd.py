@@ -3,7 +3,8 @@ across a whole directory (:mod:`slotfile.repair.migrate_dir`).
 
 ``migrate DIR`` JSON, schema ``slotfile.migrate-dir/1``: ``{"schema", "root", "output", "to",
 "dry_run", "only_changed", "files": [{"file", "fate", "action", "reason", "output", "changes"}],
-"errors", "summary": {action: count, "seconds"}, "exit_code"}`` (the rows of ``re-save DIR``;
+"errors", "still_being_written", "summary": {action: count, "seconds"}, "tally": {"handled", "skipped",
+"failed"}, "exit_code"}`` (the rows of ``re-save DIR``;
 ``fate`` is ``"GGSQ 2 -> 4"``).  Exit 0 when every file was converted or copied (or would be), 4
 when one was refused or failed its check, 8 operational, 2 usage.
 
