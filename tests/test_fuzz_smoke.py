@@ -100,10 +100,11 @@ def test_the_seeds_cover_every_version_and_appendix() -> None:
 
 def test_harness_flags_a_contract_violation() -> None:
     """The harness is not blind: a problem offset outside the file is caught."""
+    from slotfile.problems import ProblemCode, Severity
     from tests.fuzz import harnesses
 
     sf = parse_buffer(b"not a slot file at all")
-    sf.problem("error", "x", "file", sf.size + 1, "made up")
+    sf.problem(Severity.ERROR, ProblemCode.INVALID, "file", sf.size + 1, "made up")
     with pytest.raises(ContractError):
         harnesses.walk(sf)
 

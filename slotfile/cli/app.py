@@ -437,9 +437,20 @@ def ls(
     models: list[Path] | None = typer.Option(
         None, "--models", help="Candidate GGUFs or folders: a model column (slotfile identify)."
     ),
+    llama_lib: Path | None = typer.Option(
+        None,
+        "--llama-lib",
+        help="A llama.cpp build (folder of libllama.so): per file, does it load as is, after migrate, or not at all "
+        "(needs --model or --server-args with -m).",
+    ),
 ) -> None:
     """One row per slot file (size, tokens, version, memory, streams, K/V types, flash attention, checkpoints,
-    draft, age) and totals."""
+    draft, age) and totals.  With --llama-lib: per file, whether that llama.cpp loads it as is, after
+    migrate, or not at all."""
+    if llama_lib is not None:
+        from slotfile.cli.migrate_cmd import LsLibraryArgs, run_ls_library
+
+        raise typer.Exit(run_ls_library(LsLibraryArgs(directory, llama_lib, model, json_out, settle, server_args)))
     from slotfile.cli.ls_cmd import LsArgs, run_ls
 
     raise typer.Exit(
@@ -516,12 +527,17 @@ def completion(shell: str = typer.Argument(..., help="bash, zsh or fish.")) -> N
         "slotfile migrate slot0.bin -o slot0.v4.bin --to 4             # float caches: no model needed",
         "slotfile migrate slot0.bin -o slot0.v4.bin --to 4 -m model.gguf",
         "slotfile migrate slot0.v4.bin -o slot0.bin --to 3 -m model.gguf",
+        "slotfile migrate slots/ -o slots.v4/ --to 4 -m model.gguf --llama-lib /opt/llama.cpp/build/bin",
     ),
 )
 def migrate(
-    file: Path = typer.Argument(..., help="Slot (GGSQ 3/4) or session (GGSN 10/11) file (opened read-only)."),
+    file: Path = typer.Argument(
+        ..., help="Slot (GGSQ 2/3/4) or session (GGSN 9/10/11) file, or a directory of them (read-only)."
+    ),
     output: Path | None = _OUT,
-    to: int = typer.Option(..., "--to", help="Target state version: 3 or 4 (a session file: 10 or 11, or 3/4)."),
+    to: int = typer.Option(
+        ..., "--to", help="Target state version: 2, 3 or 4 (a session file: 9, 10 or 11, or 2/3/4)."
+    ),
     model: Path | None = typer.Option(
         None,
         "--model",
@@ -538,10 +554,30 @@ def migrate(
     json_out: bool = _JSON,
     timeout: float = _TIMEOUT,
     llama_lib: Path | None = _LLAMA_LIB,
+    only_changed: bool = typer.Option(
+        False, "--only-changed", help="DIR: leave out files already at the target version (default: copy them)."
+    ),
 ) -> None:
-    """Convert between state versions 3 and 4 (llama.cpp before / from 2026-10-05): add or
-    remove the K/V rotation words.  With --llama-lib DIR (a build of the target version) the
-    output is test-loaded through it before it lands."""
+    """Convert between state versions 2, 3 and 4 (llama.cpp to 2026-08 / to 2026-10-05 / from then),
+    both ways, wherever lossless.  With --llama-lib DIR (a build of the target version) the output is
+    test-loaded through it before it lands.  A directory is migrated into -o OUTDIR (same tree)."""
+    if file.is_dir():
+        from slotfile.cli.migrate_cmd import MigrateDirArgs, run_migrate_dir
+
+        dir_args = MigrateDirArgs(
+            file,
+            output,
+            to,
+            model=model,
+            draft_model=draft_model,
+            llama_lib=llama_lib,
+            dry_run=dry_run,
+            force=force,
+            only_changed=only_changed,
+            json_out=json_out,
+            timeout=timeout,
+        )
+        raise typer.Exit(run_migrate_dir(dir_args))
     from slotfile.cli.repair_cmd import RepairArgs, run_repair
 
     args = RepairArgs(
@@ -560,6 +596,36 @@ def migrate(
         llama_lib=llama_lib,
     )
     raise typer.Exit(run_repair(args))
+
+
+@app.command(
+    "diff",
+    context_settings=HELP,
+    epilog=_examples(
+        "slotfile diff slot0.bin slot0.repaired.bin",
+        "slotfile diff slot0.bin slot0.v4.bin     # after migrate --to 4: exit 0",
+        "slotfile diff a.bin b.bin --model model.gguf --json",
+    ),
+)
+def diff(
+    file_a: Path = typer.Argument(
+        ..., metavar="A", help="First slot (GGSQ) or session (GGSN) file (opened read-only)."
+    ),
+    file_b: Path = typer.Argument(..., metavar="B", help="Second file."),
+    model: Path | None = typer.Option(
+        None,
+        "--model",
+        "-m",
+        help="GGUF model: text around a token difference, head sizes for the angles, model layer numbers.",
+    ),
+    json_out: bool = typer.Option(False, "--json", help="JSON on stdout (schema slotfile.diff/1)."),
+) -> None:
+    """Where two files differ, in file order: headers and settings, tokens, every layer over the
+    cells both hold (head angle, relative difference, worst cell), checkpoints, draft state.
+    Exit 0 identical (or identical but for the rotation words), 1 different, 8 cannot read."""
+    from slotfile.cli.diff_cmd import DiffArgs, run_diff
+
+    raise typer.Exit(run_diff(DiffArgs(file_a, file_b, model, json_out)))
 
 
 @app.command(
