@@ -443,6 +443,23 @@ def test_verify_finds_the_manifest_and_names_every_file(store: Path) -> None:
     }
     by = {Path(f["path"]).name: f["manifest"]["status"] for f in doc["files"]}
     assert by["renamed.slot"] == "extra" and by["llama_f16_nofa.slot"] == "changed"
+    junit = store.parent / "verify.xml"
+    r = slotfile_cli("verify", store, "--settle", "0", "-q", "--junit", junit)
+    assert r.exit_code == 4
+    assert "manifest: missing: llama_f16_fa.slot: sealed, not on disk" in r.stdout
+    import xml.etree.ElementTree as ET
+
+    suites = {s.get("name"): s for s in ET.parse(junit).getroot()}
+    fails = {
+        tc.get("name"): tc.find("failure").get("type")
+        for tc in suites["slotfile.manifest"]
+        if tc.find("failure") is not None
+    }  # type: ignore[union-attr]
+    assert fails == {
+        "llama_f16_fa.slot": "manifest-missing",
+        "renamed.slot": "manifest-extra",
+        "llama_f16_nofa.slot": "manifest-changed",
+    }
     # one file, explicit manifest: only that file is looked at
     r = slotfile_cli("verify", store / "llama_q8_0_fa.slot", "--manifest", store / DEFAULT_NAME, "--json")
     assert r.exit_code == 0, r.stderr

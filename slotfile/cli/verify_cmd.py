@@ -253,6 +253,10 @@ def _emit(
     if req.junit is not None:
         try:
             write_junit(req.junit, reports, errors, opts, elapsed)
+            if check is not None:
+                from slotfile.seal.verify_hook import junit_add
+
+                junit_add(req.junit, check)
         except OSError as e:
             fail(f"{req.junit}: {e.strerror or e}")
             rc = OPERATIONAL

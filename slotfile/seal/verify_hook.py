@@ -214,3 +214,33 @@ def model_cell(d: dict[str, Any] | None) -> str:
     if d["verdict"] in ("likely", "ambiguous"):
         return f"{d['verdict']}: {d['name']}"
     return "none fits" if d["verdict"] == "none" else "-"
+
+
+def junit_add(path: Path, res: CheckResult) -> None:
+    """Append a ``slotfile.manifest`` testsuite to verify's JUnit file: one testcase per file
+    of the manifest check, a ``<failure type="manifest-...">`` for each that is not as sealed."""
+    import xml.etree.ElementTree as ET  # only for --junit
+
+    tree = ET.parse(path)
+    root = tree.getroot()
+    bad = res.failed
+    suite = ET.SubElement(
+        root,
+        "testsuite",
+        name="slotfile.manifest",
+        tests=str(len(res.files)),
+        failures=str(len(bad)),
+        errors="0",
+        skipped="0",
+        time=f"{res.seconds:.3f}",
+    )
+    for fc in res.files:
+        tc = ET.SubElement(suite, "testcase", classname="slotfile.manifest", name=fc.path, time="0")
+        if not fc.ok:
+            msg = f"{fc.status}: {'; '.join(fc.messages)}"
+            ET.SubElement(tc, "failure", message=msg, type=str(fc.to_dict()["code"])).text = msg
+    for attr in ("tests", "failures"):
+        root.set(attr, str(int(root.get(attr, "0")) + int(suite.get(attr, "0"))))
+    ET.indent(root)
+    data = ET.tostring(root, encoding="unicode", xml_declaration=False)
+    path.write_text('<?xml version="1.0" encoding="UTF-8"?>\n' + data + "\n", encoding="utf-8")
