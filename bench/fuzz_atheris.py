@@ -53,7 +53,7 @@ CONTRACT_S = 1.0
 ALLOC_EVERY = 64
 ALLOC_BASE = 4 << 20  # 4 MiB: rich tables, JSON text, construct containers of small inputs
 ALLOC_PER_BYTE = 16  # the parsed structures and rendered text of an input of N bytes
-HARNESS_NAMES = ("slot", "appendix", "gguf")  # the campaign (tests.fuzz.harnesses.CAMPAIGN)
+HARNESS_NAMES = ("slot", "appendix", "gguf", "manifest")  # the campaign (tests.fuzz.harnesses.CAMPAIGN)
 MAX_LEN = {"gguf": 65536}  # the others: tests/fuzz/seeds.MAX_LEN
 
 

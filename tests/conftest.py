@@ -59,29 +59,32 @@ def extra_manifest() -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------
-# the llama.cpp library that writes state version 4 (scripts/build-llama-v4.sh)
+# the llama.cpp libraries that write state versions 2 and 4 (scripts/build-llama-v2.sh, -v4.sh)
 # ---------------------------------------------------------------------------------------
 
 V4_ENV = "SLOTFILE_TEST_LLAMA_V4"  # .ci/run sets it to the folder the build script printed
 V4_SCRIPT = ROOT / "scripts" / "build-llama-v4.sh"
+V2_ENV = "SLOTFILE_TEST_LLAMA_V2"  # likewise for scripts/build-llama-v2.sh
+V2_SCRIPT = ROOT / "scripts" / "build-llama-v2.sh"
+_LIBS = {4: (V4_ENV, V4_SCRIPT), 2: (V2_ENV, V2_SCRIPT)}
 
 
-def _v4_cache() -> Path:
+def _lib_cache(version: int) -> Path:
     """The build script's cache folder for its pinned source (keyed by the sdist's sha256)."""
-    sha = re.search(r'^SHA256="([0-9a-f]{64})"', V4_SCRIPT.read_text(), re.M)
+    sha = re.search(r'^SHA256="([0-9a-f]{64})"', _LIBS[version][1].read_text(), re.M)
     cache = os.environ.get("SLOTFILE_CACHE_DIR") or str(
         Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "slotfile"
     )
-    return Path(cache) / "llama-v4" / (sha.group(1) if sha else "?")
+    return Path(cache) / f"llama-v{version}" / (sha.group(1) if sha else "?")
 
 
-def llama_v4_dir() -> Path | None:
-    """The built v4 library folder: $SLOTFILE_TEST_LLAMA_V4, else the build script's cache
-    folder for the pinned source (when a build finished there), else None."""
-    env = os.environ.get(V4_ENV)
+def llama_lib_dir(version: int) -> Path | None:
+    """The built library folder of state ``version``: $SLOTFILE_TEST_LLAMA_V<N>, else the build
+    script's cache folder for the pinned source (when a build finished there), else None."""
+    env = os.environ.get(_LIBS[version][0])
     if env:
         return Path(env)
-    d = _v4_cache()
+    d = _lib_cache(version)
     return d / "bin" if (d / ".complete").is_file() and (d / "bin" / "libllama.so").is_file() else None
 
 
@@ -99,36 +102,47 @@ def _say(config: pytest.Config, line: str) -> None:
         reporter.write_line(line)
 
 
-def build_llama_v4(config: pytest.Config) -> Path:
-    """Build the v4 library with scripts/build-llama-v4.sh (the cached build .ci/run uses; the
+def build_llama(config: pytest.Config, version: int) -> Path:
+    """Build the library of state ``version`` with its script (the cached build .ci/run uses; the
     script takes a lock, so a concurrent run waits for this one's build and reuses it)."""
-    cache = _v4_cache()
+    env_name, script = _LIBS[version]
+    cache = _lib_cache(version)
     _say(
         config,
-        f"slotfile tests: building the llama.cpp library that writes state version 4 ({V4_SCRIPT.name}, "
-        f"once per machine, about 3 min on 2 cores, cached in {cache}): the version-4 tests load through it "
-        f"(or set {V4_ENV} to one already built)",
+        f"slotfile tests: building the llama.cpp library that writes state version {version} ({script.name}, "
+        f"once per machine, about 3 min on 2 free cores, cached in {cache}): the version-{version} tests load "
+        f"through it (or set {env_name} to one already built)",
     )
     cache.mkdir(parents=True, exist_ok=True)
     log = cache.parent / f"build-{os.getpid()}.log"
     env = {**os.environ, "PYTHON": sys.executable}
     with open(log, "w") as err:
-        r = subprocess.run(["bash", str(V4_SCRIPT)], stdout=subprocess.PIPE, stderr=err, text=True, env=env)
+        r = subprocess.run(["bash", str(script)], stdout=subprocess.PIPE, stderr=err, text=True, env=env)
     lines = r.stdout.strip().splitlines()
     if r.returncode != 0 or not lines or not (Path(lines[-1]) / "libllama.so").is_file():
         tail = "".join(log.read_text(errors="replace").splitlines(keepends=True)[-15:])
-        pytest.fail(f"{V4_SCRIPT.name} failed (exit {r.returncode}; log {log}):\n{tail}", pytrace=False)
-    _say(config, f"slotfile tests: version-4 library ready: {lines[-1]}")
+        pytest.fail(f"{script.name} failed (exit {r.returncode}; log {log}):\n{tail}", pytrace=False)
+    _say(config, f"slotfile tests: version-{version} library ready: {lines[-1]}")
     return Path(lines[-1])
+
+
+def _llama_lib(request: pytest.FixtureRequest, version: int) -> Path:
+    d = llama_lib_dir(version)
+    if d is None:
+        d = build_llama(request.config, version)
+    if not (d / "libllama.so").is_file():
+        pytest.fail(f"{_LIBS[version][0]}={d}: no libllama.so there")
+    return d
 
 
 @pytest.fixture(scope="session")
 def llama_v4_lib(request: pytest.FixtureRequest) -> Path:
     """The v4 llama.cpp library folder, built on first use when neither $SLOTFILE_TEST_LLAMA_V4
     nor the cache has one; fails when $SLOTFILE_TEST_LLAMA_V4 names a folder without libllama.so."""
-    d = llama_v4_dir()
-    if d is None:
-        d = build_llama_v4(request.config)
-    if not (d / "libllama.so").is_file():
-        pytest.fail(f"{V4_ENV}={d}: no libllama.so there")
-    return d
+    return _llama_lib(request, 4)
+
+
+@pytest.fixture(scope="session")
+def llama_v2_lib(request: pytest.FixtureRequest) -> Path:
+    """The v2 llama.cpp library folder (llama-cpp-python 0.3.35's llama.cpp), the same way."""
+    return _llama_lib(request, 2)

@@ -24,7 +24,16 @@ ROOT = Path(__file__).resolve().parent.parent
 REGRESSIONS = ROOT / "tests" / "fuzz" / "regressions"
 TIME_BOUND_S = 1.0
 ALLOC_BASE, ALLOC_PER_BYTE = 4 << 20, 16  # as bench/fuzz_atheris.py
-MUTATIONS = {"parse": 200, "dump_json": 100, "inspect": 30, "repair": 15, "gguf": 300, "appendix": 300, "slot": 40}
+MUTATIONS = {
+    "parse": 200,
+    "dump_json": 100,
+    "inspect": 30,
+    "repair": 15,
+    "gguf": 300,
+    "appendix": 300,
+    "slot": 40,
+    "manifest": 300,
+}
 QUICK_SEEDS, QUICK_MUTATIONS = 3, 20
 
 _CORPORA = corpora()

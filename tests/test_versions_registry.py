@@ -81,10 +81,14 @@ def test_grammar_rotation_versions_agree():
     assert V.first_with_rotation("GGSN") == g.ROT_SESSION_VERSION
 
 
-def test_migrate_pairs_agree():
-    from slotfile.repair import migrate
+def test_migrate_versions_agree():
+    """migrate converts between every state version the registry knows (issue 23: 2, 3 and 4)."""
+    from slotfile.repair import migrate, migrate_versions
 
-    assert {FileFormat.GGSQ: V.migrate_pair("GGSQ"), FileFormat.GGSN: V.migrate_pair("GGSN")} == migrate.PAIRS
+    assert V.known("GGSQ") == migrate_versions.STATES
+    for fmt in (FileFormat.GGSQ, FileFormat.GGSN):
+        assert tuple(migrate_versions.file_version(fmt, s) for s in migrate_versions.STATES) == V.known(fmt)
+    assert V.first_with_rotation("GGSQ") == migrate.ROT_STATE
 
 
 def test_layout_ext_sizes_cover_the_registry():

@@ -177,6 +177,12 @@ def verify(
         "--settle",
         help="DIR: a file modified within this many seconds is waited for; one still being written is set aside.",
     ),
+    manifest: Path | None = typer.Option(
+        None, "--manifest", help="Check against this manifest (slotfile seal); default: DIR/slotfile-manifest.json."
+    ),
+    models: list[Path] | None = typer.Option(
+        None, "--models", help="Candidate GGUFs or folders: each file verified with the model identify picks."
+    ),
 ) -> None:
     """Structure, model metadata, a real test-load and (--deep) a recompute, each reported per file."""
     if server_args is not None:
@@ -214,6 +220,8 @@ def verify(
         n_batch=n_batch,
         n_ubatch=n_ubatch,
         settle=settle,
+        manifest=manifest,
+        models=tuple(models or ()),
     )
     raise typer.Exit(run_verify(request))
 
@@ -452,12 +460,28 @@ def ls(
     model: Path | None = _model("GGUF model (default: the server's -m)."),
     settle: float = _SETTLE,
     settle_wait: float = _SETTLE_WAIT,
+    models: list[Path] | None = typer.Option(
+        None, "--models", help="Candidate GGUFs or folders: a model column (slotfile identify)."
+    ),
+    llama_lib: Path | None = typer.Option(
+        None,
+        "--llama-lib",
+        help="A llama.cpp build (folder of libllama.so): per file, does it load as is, after migrate, or not at all "
+        "(needs --model or --server-args with -m).",
+    ),
 ) -> None:
     """One row per slot file (size, tokens, version, memory, streams, K/V types, flash attention, checkpoints,
-    draft, age) and totals."""
+    draft, age) and totals.  With --llama-lib: per file, whether that llama.cpp loads it as is, after
+    migrate, or not at all."""
+    if llama_lib is not None:
+        from slotfile.cli.migrate_cmd import LsLibraryArgs, run_ls_library
+
+        raise typer.Exit(run_ls_library(LsLibraryArgs(directory, llama_lib, model, json_out, settle, server_args)))
     from slotfile.cli.ls_cmd import LsArgs, run_ls
 
-    raise typer.Exit(run_ls(LsArgs(directory, json_out, sort, server_args, model, settle, settle_wait)))
+    raise typer.Exit(
+        run_ls(LsArgs(directory, json_out, sort, server_args, model, settle, settle_wait, tuple(models or ())))
+    )
 
 
 @app.command(
@@ -529,13 +553,18 @@ def completion(shell: str = typer.Argument(..., help="bash, zsh or fish.")) -> N
         "slotfile migrate slot0.bin -o slot0.v4.bin --to 4             # float caches: no model needed",
         "slotfile migrate slot0.bin -o slot0.v4.bin --to 4 -m model.gguf",
         "slotfile migrate slot0.v4.bin -o slot0.bin --to 3 -m model.gguf",
+        "slotfile migrate slots/ -o slots.v4/ --to 4 -m model.gguf --llama-lib /opt/llama.cpp/build/bin",
     ),
 )
 @_writes_one_file
 def migrate(
-    file: Path = typer.Argument(..., help="Slot (GGSQ 3/4) or session (GGSN 10/11) file (opened read-only)."),
+    file: Path = typer.Argument(
+        ..., help="Slot (GGSQ 2/3/4) or session (GGSN 9/10/11) file, or a directory of them (read-only)."
+    ),
     output: Path | None = _OUT,
-    to: int = typer.Option(..., "--to", help="Target state version: 3 or 4 (a session file: 10 or 11, or 3/4)."),
+    to: int = typer.Option(
+        ..., "--to", help="Target state version: 2, 3 or 4 (a session file: 9, 10 or 11, or 2/3/4)."
+    ),
     model: Path | None = _model(
         "GGUF model: the rotation widths of a quantized cache; checks and test-loads the result."
     ),
@@ -543,10 +572,30 @@ def migrate(
         None, "--draft-model", help="Draft GGUF: the widths of a quantized draft cache."
     ),
     write: _Write = _WRITE,
+    only_changed: bool = typer.Option(
+        False, "--only-changed", help="DIR: leave out files already at the target version (default: copy them)."
+    ),
 ) -> None:
-    """Convert between state versions 3 and 4 (llama.cpp before / from 2026-10-05): add or
-    remove the K/V rotation words.  With --llama-lib DIR (a build of the target version) the
-    output is test-loaded through it before it lands."""
+    """Convert between state versions 2, 3 and 4 (llama.cpp to 2026-08 / to 2026-10-05 / from then),
+    both ways, wherever lossless.  With --llama-lib DIR (a build of the target version) the output is
+    test-loaded through it before it lands.  A directory is migrated into -o OUTDIR (same tree)."""
+    if file.is_dir():
+        from slotfile.cli.migrate_cmd import MigrateDirArgs, run_migrate_dir
+
+        dir_args = MigrateDirArgs(
+            file,
+            output,
+            to,
+            model=model,
+            draft_model=draft_model,
+            llama_lib=write.llama_lib,
+            dry_run=write.dry_run,
+            force=write.force,
+            only_changed=only_changed,
+            json_out=write.json_out,
+            timeout=write.timeout,
+        )
+        raise typer.Exit(run_migrate_dir(dir_args))
     _repair("migrate", file, output, write, model=model, draft_model=draft_model, to_version=to)
 
 
@@ -575,6 +624,87 @@ def diff(
     from slotfile.cli.diff_cmd import DiffArgs, run_diff
 
     raise typer.Exit(run_diff(DiffArgs(file_a, file_b, model, json_out)))
+
+
+@app.command(
+    "seal",
+    context_settings=HELP,
+    epilog=_examples(
+        "slotfile seal slots/                                  # writes slots/slotfile-manifest.json",
+        "slotfile seal slots/ -m model.gguf                    # verified, with the model's fingerprint",
+        "slotfile seal slots/ --update                         # re-seal new and changed files",
+        "slotfile verify slots/                                # checks every file against the manifest",
+    ),
+)
+def seal_command(
+    paths: list[Path] = typer.Argument(..., help="Slot files and directories (searched recursively) to seal."),
+    output: Path | None = typer.Option(
+        None, "--output", "-o", help="The manifest (default: slotfile-manifest.json in the directory given)."
+    ),
+    model: Path | None = _model("GGUF model: verify (model check, test-load) and record its fingerprint."),
+    draft_model: Path | None = typer.Option(None, "--draft-model", help="Draft GGUF (with --model)."),
+    deep: bool = typer.Option(False, "--deep", help="Also recompute each file before sealing it (with --model)."),
+    force: bool = typer.Option(
+        False, "--force", help="Seal files that fail too (their verdict is recorded); replace a manifest."
+    ),
+    update: bool = typer.Option(False, "--update", help="Re-seal new and changed files into the existing manifest."),
+    jobs: int = typer.Option(
+        1, "--jobs", "-j", help="Files verified at once with --model (loader workers); hashing uses up to 4 threads."
+    ),
+    timeout: float = typer.Option(300.0, "--timeout", help="Seconds for each llama.cpp load."),
+    llama_lib: Path | None = _LLAMA_LIB,
+    json_out: bool = _json("JSON on stdout (schema slotfile.seal/1)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Only refusals and the summary line."),
+) -> None:
+    """Write a checksum manifest (schema slotfile.manifest/1) of a slot store: per file its size,
+    mtime, checksum, format, tokens digest, memory class and cache types; with --model the model's
+    fingerprint and the verify levels that passed.  `verify DIR` then checks it."""
+    from slotfile.cli.seal_cmd import SealArgs, run_seal
+
+    args = SealArgs(
+        tuple(paths),
+        output=output,
+        model=model,
+        draft_model=draft_model,
+        deep=deep,
+        force=force,
+        update=update,
+        jobs=jobs,
+        timeout=timeout,
+        llama_lib=llama_lib,
+        json_out=json_out,
+        quiet=quiet,
+    )
+    raise typer.Exit(run_seal(args))
+
+
+@app.command(
+    "identify",
+    context_settings=HELP,
+    epilog=_examples(
+        "slotfile identify slot0.bin --models /models/",
+        "slotfile identify slots/ --models a.gguf b.gguf --json",
+        "slotfile identify slot0.bin --models /models/ --no-proof   # metadata fit only",
+    ),
+)
+def identify_command(
+    files: list[Path] = typer.Argument(..., help="Slot files and directories."),
+    models: list[Path] = typer.Option(..., "--models", help="Candidate GGUF files or folders of them (repeatable)."),
+    proof: bool = typer.Option(
+        True, "--proof/--no-proof", help="Recompute the first K/V rows under each fitting model."
+    ),
+    timeout: float = typer.Option(300.0, "--timeout", help="Seconds for each llama.cpp load or recompute."),
+    llama_lib: Path | None = _LLAMA_LIB,
+    json_out: bool = _json("JSON on stdout (schema slotfile.identify/1)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Only each file's answer, no ranking."),
+) -> None:
+    """Which model wrote each slot file: candidates ranked by metadata fit (memory class, layers,
+    heads, row sizes, types, token ids, positions), then proven by recomputing the first layers'
+    K and V rows of the first stored tokens (bit-identical, or within the cache type's noise)."""
+    from slotfile.cli.identify_cmd import IdentifyArgs, run_identify
+
+    args = IdentifyArgs(tuple(files), tuple(models), proof, timeout, llama_lib, json_out, quiet)
+    raise typer.Exit(run_identify(args))
 
 
 def main() -> None:

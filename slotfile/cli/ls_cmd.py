@@ -6,7 +6,10 @@ JSON (``--json``), schema ``slotfile.ls/1``::
      "files": [{"path", "rel", "size", "age_s", "format", "version", "n_tokens", "memory_class",
                 "n_stream", "active_streams", "kv_cells", "type_k", "type_v", "flash_attn",
                 "checkpoints", "draft", "damaged", "first_problem", "error",
-                "restore"?: {"fate", "reason", "changes", "proven": false, "load": null}}],
+                "restore"?: {"fate", "reason", "changes", "proven": false, "load": null},
+                "sealed"?: "sealed" | "changed" | "unsealed",    # DIR holds slotfile-manifest.json
+                "model"?: {"model", "name", "verdict", "proof"} | null}],   # --models
+     "sealed_missing"?: [rel],
      "totals": {"files", "bytes", "tokens", "damaged", "unreadable"},
      "temp": {"files", "bytes"}, "busy": {"files", "bytes"}, "symlinks_skipped": int,
      "errors": [str], "still_being_written": [str], "tally": {"handled", "skipped", "failed"},
@@ -58,6 +61,7 @@ class LsArgs:
     model: Path | None = None
     settle: float = SETTLE_SECONDS
     settle_wait: float = SETTLE_WAIT_SECONDS
+    models: tuple[Path, ...] = ()  # candidate GGUFs: the model column (slotfile.seal.identify)
 
 
 def run_ls(args: LsArgs) -> int:
@@ -100,7 +104,20 @@ def run_ls(args: LsArgs) -> int:
         for s in rows:
             if s.error is None:
                 fates[s.path] = predict(s, None, server, side, None).to_dict()
+    from slotfile.seal.verify_hook import ls_states
+
+    sealed, gone, bad_manifest = ls_states(root, [s.path for s in rows])  # a manifest there: the sealed column
     elapsed = time.monotonic() - t0 - scan.waited  # the rate of the work, not of the wait
+    picked: dict[str, Any] | None = None
+    if args.models:  # the model column: identify (slotfile.seal); not in files/s
+        from slotfile.seal.identify import IdentifyError
+        from slotfile.seal.verify_hook import ls_models
+
+        try:
+            picked = ls_models([s.path for s in rows if s.error is None], list(args.models))
+        except IdentifyError as why:
+            fail(str(why), "ls")
+            return OPERATIONAL
     rows = _sorted(rows, args.sort, now)
     for e in scan.errors + scan.busy_lines():
         fail(e, "ls")
@@ -108,11 +125,21 @@ def run_ls(args: LsArgs) -> int:
         if s.error:
             fail(s.error, "ls")
     rc = _exit(scan, rows)
+    if bad_manifest is not None:
+        fail(bad_manifest, "ls")
+        rc = OPERATIONAL
     if args.json_out:
         doc = document(scan, rows, fates, server, now, elapsed, rc)
+        for f in doc["files"]:
+            if sealed is not None:
+                f["sealed"] = sealed.get(f["path"])
+            if picked is not None:
+                f["model"] = picked.get(f["path"])
+        if sealed is not None:
+            doc["sealed_missing"] = gone
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
     else:
-        render(scan, rows, fates, now, elapsed)
+        render(scan, rows, fates, now, elapsed, sealed, gone, picked)
     return rc
 
 
@@ -179,7 +206,16 @@ def _fa(s: FileSummary) -> str:
     return {True: "on", False: "off", None: "-"}[s.flash_attn]
 
 
-def render(scan: DirScan, rows: list[FileSummary], fates: dict[str, Any], now: float, elapsed: float) -> None:
+def render(
+    scan: DirScan,
+    rows: list[FileSummary],
+    fates: dict[str, Any],
+    now: float,
+    elapsed: float,
+    sealed: dict[str, str] | None = None,
+    gone: list[str] | None = None,
+    picked: dict[str, Any] | None = None,
+) -> None:
     from rich.table import Table
 
     out = out_console()
@@ -187,6 +223,10 @@ def render(scan: DirScan, rows: list[FileSummary], fates: dict[str, Any], now: f
     cols = ["file", "size", "tokens", "ver", "memory", "streams", "K/V", "fa", "ckpt", "draft", "age"]
     if fates:
         cols.append("restore")
+    if sealed is not None:
+        cols.append("sealed")
+    if picked is not None:
+        cols.append("model")
     for c in cols:
         table.add_column(c, justify="right" if c in ("size", "tokens", "ckpt", "age") else "left", overflow="fold")
     for s in rows:
@@ -211,6 +251,12 @@ def render(scan: DirScan, rows: list[FileSummary], fates: dict[str, Any], now: f
         if fates:
             f = fates.get(s.path)
             row.append(escape_text(f"{f['fate']}: {f['reason']}") if f else "-")
+        if sealed is not None:
+            row.append(sealed.get(s.path, "-"))
+        if picked is not None:
+            from slotfile.seal.verify_hook import model_cell
+
+            row.append(escape_text(model_cell(picked.get(s.path))))
         table.add_row(*row)
     if rows:
         wide_console(out).print(table)
@@ -229,6 +275,10 @@ def render(scan: DirScan, rows: list[FileSummary], fates: dict[str, Any], now: f
         line += f", {len(scan.symlinks)} symlink(s) not followed"
     if fates:
         line += " [restore: from the structure only; verify --server-args proves it with a load]"
+    if sealed is not None:
+        n_ok = sum(1 for v in sealed.values() if v == "sealed")
+        line += f"; manifest: {n_ok} sealed as they are, {len(sealed) - n_ok} changed or unsealed"
+        line += f", {len(gone or [])} sealed file(s) gone (verify DIR checks the bytes)"
     line += f"; {tally(scan, rows).line()}"
     line += f"; {len(rows) / elapsed:.0f} files/s" if elapsed > 0 and rows else ""
     out.print(line, soft_wrap=True)

@@ -7,7 +7,8 @@ JSON (``--json``), schema ``slotfile.prune/1``::
      "remove": [{"path", "rel", "size", "age_s", "why", "removed", "error"}],
      "total_before": int, "total_after": int, "untouchable_bytes": int,
      "quota_met": bool, "note": str, "errors": [str], "still_being_written": [str],
-     "tally": {"handled", "skipped", "failed"}, "exit_code": 0 | 4 | 8}
+     "tally": {"handled", "skipped", "failed"}, "exit_code": 0 | 4 | 8,
+     "manifest"?: {"path", "dropped": [rel]}}     # --delete in a sealed DIR (slotfile seal)
 
 Exit codes: 0 the plan meets every rule (and, with --delete, every removal succeeded);
 4 --max-total cannot be met with the files that may be removed, or a file was still being
@@ -92,8 +93,15 @@ def run_prune(args: PruneArgs) -> int:
                 errors.append(s.error)
             summaries[entry.path] = s
     plan = plan_prune(scan, summaries, now=now, max_total=size, older_than=age, keep=keep, damaged=damaged)
+    manifest: dict[str, Any] | None = None
+    not_updated: str | None = None
     if args.delete:
         carry_out(plan, str(root), settle)
+        from slotfile.seal.verify_hook import prune_manifest
+
+        mpath, dropped, not_updated = prune_manifest(root, [r.entry.path for r in plan.remove if r.done])
+        if mpath is not None:  # DIR is sealed: the removed files leave its manifest too
+            manifest = {"path": mpath, "dropped": dropped}
     busy = scan.busy_lines()
     for line in errors + busy:
         fail(line, "prune")
@@ -101,6 +109,9 @@ def run_prune(args: PruneArgs) -> int:
     for r in failed:
         fail(f"{r.entry.path}: not removed: {r.error}", "prune")
     rc = OPERATIONAL if errors or failed else (OK if plan.quota_met and not busy else PROBLEMS)
+    if not_updated is not None:
+        fail(not_updated, "prune")
+        rc = OPERATIONAL
     unread = len(errors) - len(scan.errors)  # files --damaged could not read
     tally = Tally(
         len(scan.slots) - unread - len(failed),
@@ -111,10 +122,17 @@ def run_prune(args: PruneArgs) -> int:
         doc = _document(args, plan, size, age, errors, now, rc)
         doc["still_being_written"] = [e.path for e in scan.busy]
         doc["tally"] = tally.to_dict()
+        if manifest is not None:
+            doc["manifest"] = manifest
         doc["exit_code"] = doc.pop("exit_code")  # stays last
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
     else:
         _render(plan, args.delete, scan, tally, now)
+        if manifest is not None:
+            out_console().print(
+                escape_text(f"manifest {manifest['path']}: {len(manifest['dropped'])} entry(ies) dropped"),
+                soft_wrap=True,
+            )
     return rc
 
 

@@ -51,6 +51,7 @@ from slotfile.slotdir.walk import SETTLE_SECONDS
 
 if TYPE_CHECKING:
     from slotfile.llama.loader import LoaderPool
+    from slotfile.seal.check import CheckResult
     from slotfile.verify import FileReport, Verifier, VerifyOptions
 
 
@@ -73,6 +74,8 @@ class VerifyRequest:
     n_batch: int = 0  # the deep recompute's; 0: the server's default
     n_ubatch: int = 0
     settle: float = SETTLE_SECONDS  # a directory's files modified more recently are set aside
+    manifest: Path | None = None  # check against this manifest (default: the directory's own, slotfile.seal)
+    models: tuple[Path, ...] = ()  # candidate models: each file's picked by identify (slotfile.seal)
 
     def usage_error(self) -> str | None:
         if self.deep and self.model is None:
@@ -81,6 +84,10 @@ class VerifyRequest:
             return "--draft-model needs --model"
         if self.jobs < 1:
             return "--jobs must be at least 1"
+        if self.models and self.model is not None:
+            return "give --model or --models, not both"
+        if self.models and self.draft_model is not None:
+            return "--draft-model goes with --model, not --models"
         return None
 
     def options(self) -> VerifyOptions:
@@ -142,6 +149,11 @@ def _run_verify(req: VerifyRequest, pool: LoaderPool | None) -> int:
     for n in notes:
         fail(n)
     opts = req.options()
+    check = _manifest_check(req)
+    if isinstance(check, int):
+        return check
+    if req.models:
+        return _run_with_models(req, files, errors, check, t0)
     try:
         verifier = Verifier(opts, pool)
     except VerifyError as e:
@@ -166,11 +178,61 @@ def _run_verify(req: VerifyRequest, pool: LoaderPool | None) -> int:
     for r in reports:
         if r.error:
             fail(r.error)
-    return _emit(req, reports, errors, loaders, elapsed)
+    return _emit(req, reports, errors, loaders, elapsed, check)
+
+
+def _manifest_check(req: VerifyRequest) -> CheckResult | int | None:
+    """The manifest check (--manifest, or the directory's own slotfile-manifest.json); an exit
+    code when the manifest or the model cannot be used (slotfile.seal.verify_hook)."""
+    from slotfile.seal.verify_hook import manifest_for
+
+    path = manifest_for(list(req.paths), req.manifest)
+    if path is None:
+        return None
+    from slotfile.cli.common import fail
+    from slotfile.seal.manifest import ManifestError
+    from slotfile.seal.verify_hook import run_check
+
+    try:
+        return run_check(
+            path,
+            list(req.paths),
+            str(req.model) if req.model else None,
+            str(req.draft_model) if req.draft_model else None,
+        )
+    except ManifestError as e:
+        fail(str(e))
+        return OPERATIONAL
+
+
+def _run_with_models(
+    req: VerifyRequest, files: list[Path], errors: list[str], check: CheckResult | None, t0: float
+) -> int:
+    """--models: each file verified with the model identify picks for it (slotfile.seal.verify_hook)."""
+    from slotfile.cli.common import fail
+    from slotfile.seal.identify import IdentifyError
+    from slotfile.seal.verify_hook import verify_with_models
+    from slotfile.verify import VerifyError
+
+    try:
+        reports, idents = verify_with_models(files, list(req.models), req.options())
+    except (IdentifyError, VerifyError) as e:
+        fail(str(e))
+        return OPERATIONAL
+    for r in reports:
+        if r.error:
+            fail(r.error)
+    return _emit(req, reports, errors, [], time.monotonic() - t0, check, idents)
 
 
 def _emit(
-    req: VerifyRequest, reports: list[FileReport], errors: list[str], loaders: list[dict[str, Any]], elapsed: float
+    req: VerifyRequest,
+    reports: list[FileReport],
+    errors: list[str],
+    loaders: list[dict[str, Any]],
+    elapsed: float,
+    check: CheckResult | None = None,
+    idents: dict[str, dict[str, Any]] | None = None,
 ) -> int:
     """The JUnit file, then the JSON document or the listing; the exit code."""
     from slotfile.cli.common import fail
@@ -179,9 +241,22 @@ def _emit(
     opts = req.options()
     rc = _exit_code(errors, reports)
     doc = document(reports, errors, opts, loaders, elapsed, rc)
+    if check is not None or idents is not None:
+        from slotfile.seal.verify_hook import annotate, exit_code
+
+        if check is not None:
+            rc = exit_code(rc, check)
+            annotate(doc, check)
+        for f in doc["files"] if idents is not None else []:
+            f["identify"] = idents.get(f["path"])  # type: ignore[union-attr]
+        doc["exit_code"] = rc
     if req.junit is not None:
         try:
             write_junit(req.junit, reports, errors, opts, elapsed)
+            if check is not None:
+                from slotfile.seal.verify_hook import junit_add
+
+                junit_add(req.junit, check)
         except OSError as e:
             fail(f"{req.junit}: {e.strerror or e}")
             rc = OPERATIONAL
@@ -194,6 +269,13 @@ def _emit(
         paths = req.paths
         base = paths[0] if len(paths) == 1 and paths[0].is_dir() else None
         render(reports, loaders, elapsed, structure_only=opts.model is None, quiet=req.quiet, base=base)
+    if check is not None and not req.json_out:
+        from slotfile.cli.common import out
+        from slotfile.cli.terminal import escape_text
+        from slotfile.seal.verify_hook import lines
+
+        for line in lines(check, req.quiet):
+            out.print(escape_text(line), soft_wrap=True)
     return rc
 
 

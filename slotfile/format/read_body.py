@@ -90,10 +90,13 @@ def parse_session_prefix(sf: SlotFile, view: memoryview, off: int) -> int | None
         start = s.tell()
         try:
             g.GgsnV9Extra.parse_stream(s)
-        except ConstructError as e:
-            f = failure_of(e, s)
-            sf.problem("error", f.code, "outputs", f.offset, f"v9 outputs/logits/embeddings: {f.message}")
-            return None
+        except ConstructError:
+            # llama.cpp stopped writing outputs/logits/embeddings into the session without bumping
+            # GGSN 9: the version-9 llama.cpp of 2026-08 (llama-cpp-python 0.3.35,
+            # llama_context::state_write_data) writes the arch and then the memory, as version 10
+            # does. Such a file's first body word (n_stream) never parses as a v9 outputs section
+            # (its logits size would be a cell's pos | n_seq_id << 32), so read the body right here.
+            return start
         sf.sections.append(Section("outputs", start, s.tell() - start, "v9 output ids, logits, embeddings"))
     return s.tell()
 

@@ -72,7 +72,8 @@ class Version:
     # every KV stream's data section holds u32 n_rot_k, n_rot_v after n_layer
     # (llama_kv_cache::state_write_data of llama.cpp 2026-10-06, §12.1)
     rotation_words: bool
-    # GGSN only: output ids, logits and embeddings between the arch name and the memory (§7)
+    # GGSN only: output ids, logits and embeddings between the arch name and the memory (§7); the
+    # version-9 llama.cpp of 2026-08 no longer writes them (read_body tries both)
     session_outputs: bool = False
 
     @property
@@ -81,12 +82,12 @@ class Version:
 
 
 _V2 = (
-    "llama.cpp builds of mid-2024 to 2025 (KV blocks without n_stream until mid-2025; no cell ext, "
-    "no io_magic blob prefix)"
+    "llama.cpp builds of mid-2024 to 2026-08 (KV blocks without n_stream until mid-2025; the 2026 builds "
+    "write an 8-byte M-RoPE cell ext (x, y) and the io_magic blob prefix)"
 )
 _V3 = "llama.cpp of 2026 up to about October (llama-cpp-python 0.3.36 vendors this)"
 _V4 = "llama.cpp from 2026-10-05 on (every KV stream records its K/V rotation widths n_rot_k, n_rot_v)"
-_L2 = "llama-cpp-python releases of 2025 (before 0.3.36)"
+_L2 = "llama-cpp-python releases up to 0.3.35 (llama.cpp 4df29be4f of 2026-08-16; scripts/build-llama-v2.sh)"
 _L3 = "llama-cpp-python 0.3.36 (vendors llama.cpp of 2026-10-01)"
 _L4 = "llama-cpp-python releases after 0.3.36 that vendor llama.cpp from October 2026 on"
 
@@ -99,8 +100,8 @@ _ALL: tuple[Version, ...] = (
         9,
         2,
         9,
-        "llama.cpp builds of 2025 (session body with output ids, logits, embeddings; KV blocks without n_stream "
-        "until mid-2025)",
+        "llama.cpp builds of 2025 to 2026-08 (the older ones put output ids, logits, embeddings before the memory; "
+        "KV blocks without n_stream until mid-2025)",
         _L2,
         NStream.SOMETIMES,
         (0, 8),

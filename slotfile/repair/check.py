@@ -84,6 +84,15 @@ def _test_load(
                         if t.version_of(alt) == sf.version:
                             return t.load(alt)
                         tried = f" ({where} loads version {t.version_of(alt)})"
+                # the build scripts' cache (scripts/build-llama-v2.sh, -v4.sh): a "found" library
+                from slotfile.llama.builds import cached_library
+
+                state = sf.version - 7 if sf.format == "GGSN" else sf.version
+                built = cached_library(state)
+                if built is not None and str(built) != pool.info.get("library_dir"):
+                    with t.pool_over(Library(str(built), "slotfile's build cache")) as alt:
+                        if t.version_of(alt) == sf.version:
+                            return t.load(alt)
             t.skip(pool, have, tried)
             return None
     except LoaderError as e:

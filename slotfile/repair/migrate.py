@@ -1,68 +1,64 @@
-"""migrate: convert a slot file between state versions 3 and 4 (a session file between 10 and 11).
+"""migrate: convert a slot file between state versions 2, 3 and 4 (a session file between 9, 10 and 11).
 
 Version 4 (llama.cpp of 2026-10-05 on) differs from version 3 by two u32 words, ``n_rot_k`` and
 ``n_rot_v``, after ``n_layer`` in the data section of every KV stream that has cells: in the body,
 in every checkpoint's ``data_tgt`` / ``data_dft`` blob and in the SDFT draft blob (their version is
-the file's); recurrent blocks have none (slot-format.md §12.1).  Both versions rotate quantized K/V
-with the same width rule; version 3 only does not record it.  So:
+the file's); recurrent blocks have none (slot-format.md §12.1).  Versions 2, 3 and 4 rotate quantized
+K/V with the same width rule; versions 2 and 3 only do not record it.  So:
 
-* 3 -> 4 inserts the widths a version-4 llama.cpp computes for the model and the stream's own
+* to 4 inserts the widths a version-4 llama.cpp computes for the model and the stream's own
   cache types (:func:`slotfile.model.expect.rotation_widths`); without ``--model`` only when no KV cache
   is quantized (then both are 0);
-* 4 -> 3 removes them, and refuses when they differ from what a version-3 llama.cpp computes for
+* from 4 removes them, and refuses when they differ from what a version-2/3 llama.cpp computes for
   the model, since that build would silently read the rows in another rotation.
 
+Version 2 differs from 3 in the M-RoPE cell ext (8 bytes without the cell's token, 12 with it), in
+having no PLE and no hybrid-idx / DSA-iSWA caches (:mod:`slotfile.repair.migrate_versions`).  A
+conversion 2 <-> 4 does both steps on the same input, so v2 -> v4 -> v2 gives the v2 file back byte
+for byte.
+
 ``LLAMA_ATTN_ROT_DISABLE`` turns the rotation off in llama.cpp; a version-4 file written with it
-set stores 0 where a quantized cache would be rotated, and a version-3 file cannot say it was.
+set stores 0 where a quantized cache would be rotated, and a version-2/3 file cannot say it was.
 slotfile reads the variable the way llama.cpp does: run ``migrate`` with it set exactly when the
-llama.cpp that wrote (3 -> 4) or will load (4 -> 3) the file runs with it set.
+llama.cpp that wrote (to 4) or will load (from 4) the file runs with it set.
 
 The output is the input's bytes, copied range by range, with the version word, the rotation
-words and the u64 length of every blob that holds a KV stream rebuilt by the grammar.
+words, the cell tables whose ext changes size and the u64 length of every blob that holds a
+changed state rebuilt by the grammar.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from slotfile.format import grammar as g
 from slotfile.format.records import Body, CacheExpect, FileFormat, KVStream, MemoryKind, ModelExpect, SlotFile
+from slotfile.format.versions import first_with_rotation
 from slotfile.model.compare import rotation_message, stream_types
 from slotfile.model.expect import attn_rot_disabled, is_quantized, rotation_widths
 from slotfile.repair.common import Operational, Planned, Refused, RepairOptions, Retry, start
+from slotfile.repair.migrate_versions import (
+    STATES,
+    Edit,
+    ext_edits,
+    file_version,
+    legacy_refusal,
+    state_of,
+    to_state,
+    v2_refusal,
+)
 from slotfile.repair.report import Report
 from slotfile.safewrite import Plan
 
-# the versions migrate converts between, per format: (without rotation words, with them)
-PAIRS = {FileFormat.GGSQ: (3, 4), FileFormat.GGSN: (10, 11)}
 # memory classes holding a DeepSeek/GLM lightning indexer, whose K is rotated even in f16
 INDEXER_CLASSES = ("dsa", "dsa-iswa", "dsv4")
+ROT_STATE = first_with_rotation("GGSQ")  # the first state version with the rotation words (4)
 
-
-@dataclass(frozen=True, slots=True)
-class Edit:
-    """Replace ``drop`` bytes at ``offset`` of the input with ``insert``."""
-
-    offset: int
-    drop: int
-    insert: bytes
-
-    @property
-    def delta(self) -> int:
-        return len(self.insert) - self.drop
+__all__ = ["Edit", "migrate", "target_version"]
 
 
 def target_version(fmt: FileFormat, to: int | None) -> int:
-    """``--to``: a state version (3 or 4); a session file takes 3/4 as 10/11 or 10/11 itself."""
-    old, new = PAIRS.get(fmt, (3, 4))
-    if to is None:
-        raise Refused("--to is required (3 or 4)")
-    if fmt == FileFormat.GGSN and to in (3, 4):
-        return {3: old, 4: new}[to]
-    if to not in (old, new):
-        allowed = "3 or 4 (or the session versions 10 or 11)" if fmt == FileFormat.GGSN else "3 or 4"
-        raise Refused(f"--to {to}: migrate converts to version {allowed}")
-    return to
+    """``--to`` as the header version of ``fmt``: a state version (2, 3 or 4); a session file takes
+    2/3/4 as 9/10/11 or 9/10/11 itself."""
+    return file_version(fmt, to_state(fmt, to))
 
 
 def migrate(
@@ -77,14 +73,14 @@ def migrate(
 ) -> Planned:
     out = start("migrate", sf, dry_run, temps, sink)
     report = out.report
-    pair = PAIRS.get(sf.format)
-    if pair is None:
+    if sf.format not in (FileFormat.GGSQ, FileFormat.GGSN):
         raise Refused("not a slot (GGSQ) or session (GGSN) file")
-    if sf.version not in pair:
-        raise Refused(
-            f"{sf.format} version {sf.version}: migrate converts between versions {pair[0]} and {pair[1]} only"
-        )
-    to = target_version(sf.format, opts.to_version)
+    src = state_of(sf.format, sf.version)
+    if src not in STATES:
+        known = ", ".join(str(file_version(sf.format, v)) for v in STATES)
+        raise Refused(f"{sf.format} version {sf.version}: migrate converts between versions {known} only")
+    dst = to_state(sf.format, opts.to_version)
+    to = file_version(sf.format, dst)
     bad = sf.errors
     if bad:
         raise Refused(f"{bad[0].line()}; migrate converts readable files only (run truncate-recover first)")
@@ -98,14 +94,26 @@ def migrate(
     checked = _with_model(sf, opts)
     try:
         _model_refusal(checked)
-        edits = _edits(checked, to > sf.version, report)
+        legacy_refusal(checked)
+        if dst == 2:
+            v2_refusal(checked)
+        mrope = checked.expect is not None and checked.expect.cell_ext == 12
+        edits = ext_edits(checked, src, dst, report, mrope_known=mrope)
+        if (src == ROT_STATE) != (dst == ROT_STATE):
+            edits += _edits(checked, dst == ROT_STATE, report, dst)
+        edits += _blob_lengths(checked, edits, report)
     finally:
         if checked is not sf:
             checked.close()
     out.plan = _plan(sf, edits, to, report)
     out.test_draft = bool(opts.draft_model)
     out.model_check = True
-    report.notes.append(_exactness(sf, to))
+    report.notes.append(_exactness(sf, src, dst))
+    if opts.model is None:
+        report.notes.append(
+            "not test-loaded: that needs --model (through --llama-lib DIR, or a library of the target version "
+            "found beside llama-server on PATH, in SLOTFILE_LLAMA_V<N> or in slotfile's build cache)"
+        )
     return out
 
 
@@ -210,7 +218,9 @@ def _rot_at(st: KVStream) -> int:
     return st.cells.offset + st.cells.size + 8  # v_trans, n_layer follow the cell table
 
 
-def _edits(sf: SlotFile, upgrade: bool, report: Report) -> list[Edit]:
+def _edits(sf: SlotFile, upgrade: bool, report: Report, dst: int) -> list[Edit]:
+    """The rotation words: inserted (to 4) or removed (from 4, refused where they disagree
+    with what the older llama.cpp computes)."""
     edits: list[Edit] = []
     for sec, st, want in _all_streams(sf):
         at = _rot_at(st)
@@ -221,25 +231,24 @@ def _edits(sf: SlotFile, upgrade: bool, report: Report) -> list[Edit]:
         got = (int(st.n_rot_k or 0), int(st.n_rot_v or 0))
         for i in range(2):
             if got[i] != want[i]:
-                raise Refused(f"{sec} at offset {at + 4 * i}: {_downgrade_refusal(i, got[i], want[i], st)}")
+                raise Refused(f"{sec} at offset {at + 4 * i}: {_downgrade_refusal(i, got[i], want[i], st, dst)}")
         edits.append(Edit(at, 8, b""))
         report.change(sec, "n_rot_k, n_rot_v", list(got), None, offset=at)
-    edits += _blob_lengths(sf, edits, report)
     return edits
 
 
-def _downgrade_refusal(i: int, got: int, want: int, st: KVStream) -> str:
+def _downgrade_refusal(i: int, got: int, want: int, st: KVStream, dst: int) -> str:
     types = stream_types(st) or (None, None)
     what = "K" if i == 0 else "V"
     if got == 0 and want:
         return (
             f"the stored {what} rotation is 0 where this model and cache type give {want}: the writer ran "
-            "with LLAMA_ATTN_ROT_DISABLE set, so the rows are not rotated, and a version-3 file cannot say "
-            "so; a version-3 llama.cpp run without that variable would load it silently with wrong "
+            "with LLAMA_ATTN_ROT_DISABLE set, so the rows are not rotated, and a version-{dst} file cannot say "
+            f"so; a version-{dst} llama.cpp run without that variable would load it silently with wrong "
             "attention. If the llama.cpp that will load it runs with LLAMA_ATTN_ROT_DISABLE=1, run "
             "migrate with that variable set too"
         )
-    return rotation_message(i, got, want, types[i]) + "; a version-3 llama.cpp would read these rows wrongly"
+    return rotation_message(i, got, want, types[i]) + f"; a version-{dst} llama.cpp would read these rows wrongly"
 
 
 def _blob_lengths(sf: SlotFile, edits: list[Edit], report: Report) -> list[Edit]:
@@ -278,15 +287,17 @@ def _plan(sf: SlotFile, edits: list[Edit], to: int, report: Report) -> Plan:
     return plan
 
 
-def _exactness(sf: SlotFile, to: int) -> str:
+def _exactness(sf: SlotFile, src: int, dst: int) -> str:
     quantized = any(is_quantized(r.type_id) for _, r in sf.value_runs() if r.part in ("K", "V"))
+    if (src == ROT_STATE) == (dst == ROT_STATE):  # 2 <-> 3: the ext only, checked cell by cell
+        return "exact: the states are copied byte for byte; only the version and cell ext words differ"
     if not quantized:
         return "exact: no KV cache is quantized, so nothing is rotated in either version"
     env = " (LLAMA_ATTN_ROT_DISABLE is set here: widths of 0)" if attn_rot_disabled() else ""
-    if to > (sf.version or 0):
+    if dst == ROT_STATE:
         return (
-            f"quantized KV cache: exact unless the version-3 writer ran with a different LLAMA_ATTN_ROT_DISABLE "
-            f"setting than this migrate{env} (a version-3 file does not record it); `slotfile verify --deep` "
+            f"quantized KV cache: exact unless the version-{src} writer ran with a different LLAMA_ATTN_ROT_DISABLE "
+            f"setting than this migrate{env} (a version-{src} file does not record it); `slotfile verify --deep` "
             "on the output tells"
         )
-    return f"quantized KV cache: the stored rotation widths are the ones a version-3 llama.cpp uses{env}"
+    return f"quantized KV cache: the stored rotation widths are the ones a version-{dst} llama.cpp uses{env}"

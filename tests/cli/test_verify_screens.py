@@ -159,11 +159,11 @@ def test_completion_answers_as_the_script_asks():
         os.environ,
         PYTHONPATH=str(ROOT),
         _SLOTFILE_COMPLETE="complete_bash",
-        COMP_WORDS="slotfile verify --mo",
+        COMP_WORDS="slotfile verify --dra",
         COMP_CWORD="2",
     )
     r = subprocess.run([sys.executable, "-m", "slotfile"], env=env, capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0 and r.stdout.split() == ["--model"], r.stdout + r.stderr
+    assert r.returncode == 0 and r.stdout.split() == ["--draft-model"], r.stdout + r.stderr
     env.update(COMP_WORDS="slotfile strip", COMP_CWORD="1")
     r = subprocess.run([sys.executable, "-m", "slotfile"], env=env, capture_output=True, text=True, timeout=60)
     assert r.stdout.split() == ["strip-draft"], r.stdout + r.stderr

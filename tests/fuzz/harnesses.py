@@ -399,7 +399,14 @@ def _touch_frame(view: memoryview, item: Any, end: int) -> None:
 
 # The campaign's harnesses: together they reach every entry point (bench/fuzz_atheris.py runs
 # these by default).
-CAMPAIGN: dict[str, Callable[[bytes], None]] = {"slot": slot, "appendix": appendix, "gguf": gguf}
+def manifest(data: bytes) -> None:
+    """A slotfile.manifest/1 manifest (slotfile seal): tests/fuzz/manifest_harness.py."""
+    from tests.fuzz.manifest_harness import manifest as run
+
+    run(data)
+
+
+CAMPAIGN: dict[str, Callable[[bytes], None]] = {"slot": slot, "appendix": appendix, "gguf": gguf, "manifest": manifest}
 # One slot-file entry point each, and all of it per input (both inspect forms through rich,
 # every repair plan): to reproduce, minimise or dig into a finding of ``slot``.
 FOCUSED: dict[str, Callable[[bytes], None]] = {

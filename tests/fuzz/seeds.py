@@ -182,4 +182,11 @@ def corpora() -> dict[str, dict[str, bytes]]:
         "slot": slots,
         "gguf": gguf_seeds(),
         "appendix": appendix_seeds(slots),
+        "manifest": _manifest_seeds(),
     }
+
+
+def _manifest_seeds() -> dict[str, bytes]:
+    from tests.fuzz.manifest_harness import manifest_seeds
+
+    return manifest_seeds()

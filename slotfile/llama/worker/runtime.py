@@ -252,7 +252,10 @@ def import_bindings() -> Any:
     pkg.__file__ = spec.origin
     pkg.__package__ = "llama_cpp"
     sys.modules["llama_cpp"] = pkg
+    from slotfile.llama.worker import abi  # an older libllama (--llama-lib): its ABI differences
+
     try:
+        abi.tolerate_missing_symbols()
         import llama_cpp.llama_cpp as bindings
     except ImportError:  # not the layout this expects: the whole package, the usual way
         for name in [m for m in sys.modules if m == "llama_cpp" or m.startswith("llama_cpp.")]:
@@ -260,6 +263,7 @@ def import_bindings() -> Any:
         import llama_cpp
 
         return llama_cpp
+    abi.adapt_model_params(bindings)
     return bindings
 
 
