@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -15,6 +16,8 @@ from slotfile.model.bridge import ModelError, ModelInfo, load_model_info
 
 if TYPE_CHECKING:
     from rich.console import Console
+
+    from slotfile.slotdir.walk import DirScan, Tally
 
 
 def out_console() -> Console:
@@ -113,3 +116,42 @@ def exit_code(files: list[SlotFile | None]) -> int:
     if any(f.errors for f in files if f is not None):
         return PROBLEMS
     return OK
+
+
+@dataclass(slots=True)
+class BatchSummary:
+    """The end of a directory batch (``re-save DIR``, ``migrate DIR``): its exit code, the
+    count of each action and the tally; the errors and the files still being written have
+    been named on stderr."""
+
+    rc: int
+    busy: list[str]
+    counts: dict[str, int]
+    tally: Tally
+
+
+def batch_summary(
+    command: str, results: Sequence[Any], errors: list[str], scan: DirScan, passed_over: tuple[str, ...] = ("skipped",)
+) -> BatchSummary:
+    """Name ``errors`` and the busy files, then sum up ``results`` (objects with an ``action``:
+    copied | converted | would-copy | would-convert | ``passed_over`` | failed | error)."""
+    from slotfile.slotdir.walk import Tally
+
+    busy = scan.busy_lines()
+    for line in errors + busy:
+        fail(line, command)
+    if errors or any(x.action == "error" for x in results):
+        rc = OPERATIONAL
+    elif busy or any(x.action in ("skipped", "failed") for x in results):
+        rc = PROBLEMS
+    else:
+        rc = OK
+    counts: dict[str, int] = {}
+    for x in results:
+        counts[x.action] = counts.get(x.action, 0) + 1
+    tally = Tally(
+        sum(1 for x in results if x.action in ("copied", "converted", "would-copy", "would-convert")),
+        sum(counts.get(a, 0) for a in passed_over) + len(scan.temps) + len(scan.symlinks),
+        counts.get("failed", 0) + counts.get("error", 0) + len(busy) + len(errors),
+    )
+    return BatchSummary(rc, busy, counts, tally)

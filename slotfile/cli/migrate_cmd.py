@@ -22,9 +22,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from slotfile.cli.common import fail, progress_bar, say_waiting
+from slotfile.cli.common import batch_summary, fail, progress_bar, say_waiting
 from slotfile.exitcodes import OK, OPERATIONAL, PROBLEMS, USAGE
-from slotfile.slotdir.walk import SETTLE_SECONDS, SETTLE_WAIT_SECONDS, Tally
+from slotfile.slotdir.walk import SETTLE_SECONDS, SETTLE_WAIT_SECONDS
 
 SCHEMA = "slotfile.migrate-dir/1"
 
@@ -115,24 +115,9 @@ def run_migrate_dir(args: MigrateDirArgs) -> int:
             results.append(one)
             progress.update(task, advance=1, description=escape_text(entry.rel, 40))
     errors = list(scan.errors)
-    busy = scan.busy_lines()
-    for line in errors + busy:
-        fail(line, "migrate")
-    if errors or any(x.action == "error" for x in results):
-        rc = OPERATIONAL
-    elif busy or any(x.action in ("skipped", "failed") for x in results):
-        rc = PROBLEMS
-    else:
-        rc = OK
+    summary = batch_summary("migrate", results, errors, scan, passed_over=("skipped", "left-out"))
+    rc, busy, counts, tally = summary.rc, summary.busy, summary.counts, summary.tally
     elapsed = time.monotonic() - t0
-    counts: dict[str, int] = {}
-    for x in results:
-        counts[x.action] = counts.get(x.action, 0) + 1
-    tally = Tally(
-        sum(1 for x in results if x.action in ("copied", "converted", "would-copy", "would-convert")),
-        counts.get("skipped", 0) + counts.get("left-out", 0) + len(scan.temps) + len(scan.symlinks),
-        counts.get("failed", 0) + counts.get("error", 0) + len(busy) + len(errors),
-    )
     if json_out:
         doc = {
             "schema": SCHEMA,

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from slotfile.cli.common import fail, out_console, progress_bar, say_waiting
+from slotfile.cli.common import batch_summary, fail, out_console, progress_bar, say_waiting
 from slotfile.cli.server_common import server_and_model, server_dict, wide_console
 from slotfile.cli.terminal import escape_text, human_size
 from slotfile.exitcodes import OK, OPERATIONAL, PROBLEMS, USAGE
@@ -304,24 +304,9 @@ def run_resave_dir(args: ResaveDirArgs) -> int:
         )
     finally:
         checker.close()
-    busy = scan.busy_lines()
-    for line in errors + busy:
-        fail(line, "re-save")
-    if errors or any(x.action == "error" for x in results):
-        rc = OPERATIONAL
-    elif busy or any(x.action in ("skipped", "failed") for x in results):
-        rc = PROBLEMS
-    else:
-        rc = OK
+    summary = batch_summary("re-save", results, errors, scan)
+    rc, busy, counts, tally = summary.rc, summary.busy, summary.counts, summary.tally
     elapsed = time.monotonic() - t0
-    counts: dict[str, int] = {}
-    for x in results:
-        counts[x.action] = counts.get(x.action, 0) + 1
-    tally = Tally(
-        sum(1 for x in results if x.action in ("copied", "converted", "would-copy", "would-convert")),
-        counts.get("skipped", 0) + len(scan.temps) + len(scan.symlinks),
-        counts.get("failed", 0) + counts.get("error", 0) + len(busy) + len(errors),
-    )
     if args.json_out:
         from slotfile.repair.batch import SCHEMA as BATCH_SCHEMA
 
