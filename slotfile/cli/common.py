@@ -129,6 +129,17 @@ class BatchSummary:
     counts: dict[str, int]
     tally: Tally
 
+    def json_fields(self, results: Sequence[Any], errors: list[str], elapsed: float) -> dict[str, Any]:
+        """The JSON document's fields from ``files`` on (slotfile.batch/1, migrate DIR's)."""
+        return {
+            "files": [x.to_dict() for x in results],
+            "errors": errors,
+            "still_being_written": self.busy,
+            "summary": {**self.counts, "seconds": round(elapsed, 3)},
+            "tally": self.tally.to_dict(),
+            "exit_code": self.rc,
+        }
+
 
 def batch_summary(
     command: str, results: Sequence[Any], errors: list[str], scan: DirScan, passed_over: tuple[str, ...] = ("skipped",)

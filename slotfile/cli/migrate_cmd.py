@@ -116,7 +116,7 @@ def run_migrate_dir(args: MigrateDirArgs) -> int:
             progress.update(task, advance=1, description=escape_text(entry.rel, 40))
     errors = list(scan.errors)
     summary = batch_summary("migrate", results, errors, scan, passed_over=("skipped", "left-out"))
-    rc, busy, counts, tally = summary.rc, summary.busy, summary.counts, summary.tally
+    rc, counts, tally = summary.rc, summary.counts, summary.tally
     elapsed = time.monotonic() - t0
     if json_out:
         doc = {
@@ -126,12 +126,7 @@ def run_migrate_dir(args: MigrateDirArgs) -> int:
             "to": to,
             "dry_run": dry_run,
             "only_changed": only_changed,
-            "files": [x.to_dict() for x in results],
-            "errors": errors,
-            "still_being_written": busy,
-            "summary": {**counts, "seconds": round(elapsed, 3)},
-            "tally": tally.to_dict(),
-            "exit_code": rc,
+            **summary.json_fields(results, errors, elapsed),
         }
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
     else:

@@ -305,7 +305,7 @@ def run_resave_dir(args: ResaveDirArgs) -> int:
     finally:
         checker.close()
     summary = batch_summary("re-save", results, errors, scan)
-    rc, busy, counts, tally = summary.rc, summary.busy, summary.counts, summary.tally
+    rc, counts, tally = summary.rc, summary.counts, summary.tally
     elapsed = time.monotonic() - t0
     if args.json_out:
         from slotfile.repair.batch import SCHEMA as BATCH_SCHEMA
@@ -316,12 +316,7 @@ def run_resave_dir(args: ResaveDirArgs) -> int:
             "output": str(outdir),
             "server": server_dict(server),
             "dry_run": args.dry_run,
-            "files": [x.to_dict() for x in results],
-            "errors": errors,
-            "still_being_written": busy,
-            "summary": {**counts, "seconds": round(elapsed, 3)},
-            "tally": tally.to_dict(),
-            "exit_code": rc,
+            **summary.json_fields(results, errors, elapsed),
         }
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
     else:
