@@ -12,16 +12,16 @@ from typing import Any, NoReturn
 import typer
 
 from slotfile import __version__
+from slotfile.cli.options import (
+    HELP,
+    LLAMA_LIB,
+    SETTLE,
+    SETTLE_WAIT,
+    examples,
+    json_option,
+    model_option,
+)
 from slotfile.exitcodes import OK
-
-# -h as well as --help, on the group and on every command
-HELP = {"help_option_names": ["-h", "--help"]}
-
-
-def _examples(*lines: str) -> str:
-    """An epilog of examples; the \\b paragraph keeps click from re-wrapping the lines."""
-    return "\b\nExamples:\n" + "\n".join(f"  {line}" for line in lines)
-
 
 app = typer.Typer(
     name="slotfile",
@@ -32,24 +32,6 @@ app = typer.Typer(
     rich_markup_mode=None,
     pretty_exceptions_enable=False,
 )
-
-
-_LLAMA_LIB_HELP = (
-    "A folder holding libllama.so and its libggml*.so (a llama.cpp build's bin/): the llama.cpp the "
-    "workers load, e.g. one that loads the file's state version (env SLOTFILE_LLAMA_LIB)."
-)
-
-
-_LLAMA_LIB = typer.Option(None, "--llama-lib", help=_LLAMA_LIB_HELP)
-
-
-def _model(help: str) -> Any:
-    """``--model/-m``: every command takes it; what it is used for differs."""
-    return typer.Option(None, "--model", "-m", help=help)
-
-
-def _json(help: str) -> Any:
-    return typer.Option(False, "--json", help=help)
 
 
 def _version(value: bool) -> None:
@@ -69,7 +51,7 @@ def _root(
 
 @app.command(
     context_settings=HELP,
-    epilog=_examples(
+    epilog=examples(
         "slotfile inspect slot0.bin",
         "slotfile inspect slot0.bin --model model.gguf   # with the text",
         "slotfile inspect slot0.bin --layers             # every layer",
@@ -77,7 +59,7 @@ def _root(
 )
 def inspect(
     files: list[Path] = typer.Argument(..., help="Slot (GGSQ) or session (GGSN) files."),
-    model: Path | None = _model("GGUF model: adds a detokenised preview."),
+    model: Path | None = model_option("GGUF model: adds a detokenised preview."),
     layers: bool = typer.Option(False, "--layers", help="List every layer's K/V/R/S entry."),
 ) -> None:
     """A summary of each file: format, tokens, memory layout, sections, checkpoints, verdict."""
@@ -88,7 +70,7 @@ def inspect(
 
 @app.command(
     context_settings=HELP,
-    epilog=_examples(
+    epilog=examples(
         "slotfile dump slot0.bin",
         "slotfile dump slot0.bin --json --tokens > slot0.json",
         "slotfile dump slot0.bin --json | jq .problems",
@@ -96,9 +78,9 @@ def inspect(
 )
 def dump(
     file: Path = typer.Argument(..., help="Slot (GGSQ) or session (GGSN) file."),
-    json_out: bool = _json("JSON on stdout (schema slotfile.dump/1, see README)."),
+    json_out: bool = json_option("JSON on stdout (schema slotfile.dump/1, see README)."),
     tokens: bool = typer.Option(False, "--tokens", help="Include the token id arrays."),
-    model: Path | None = _model("GGUF model: adds the detokenised text."),
+    model: Path | None = model_option("GGUF model: adds the detokenised text."),
 ) -> None:
     """Every field with its byte offset, as text or JSON."""
     from slotfile.cli.dump_cmd import DumpArgs, run_dump
@@ -140,7 +122,7 @@ def _verify_for_server(
 
 @app.command(
     context_settings=HELP,
-    epilog=_examples(
+    epilog=examples(
         "slotfile verify slots/                    # structure only",
         "slotfile verify slots/ -m model.gguf -q   # test-load too, quietly",
         "slotfile verify slot0.bin -m model.gguf --deep --junit verify.xml",
@@ -150,21 +132,21 @@ def verify(
     paths: list[Path] = typer.Argument(
         ..., help="Slot files, or directories (every *.slot / *.bin / slot-magic file under them)."
     ),
-    model: Path | None = _model("GGUF model: metadata checks and a test-load."),
+    model: Path | None = model_option("GGUF model: metadata checks and a test-load."),
     draft_model: Path | None = typer.Option(
         None, "--draft-model", help="Draft GGUF: check and test-load the draft state."
     ),
     deep: bool = typer.Option(False, "--deep", help="Recompute the state from the tokens and compare K/V and logits."),
     n_gpu_layers: int = typer.Option(0, "--n-gpu-layers", help="Layers to offload in the loader (default 0: CPU)."),
     jobs: int = typer.Option(1, "--jobs", "-j", help="Loader worker processes (files verified in parallel)."),
-    json_out: bool = _json("JSON on stdout (schema slotfile.verify/1, see README)."),
+    json_out: bool = json_option("JSON on stdout (schema slotfile.verify/1, see README)."),
     junit: Path | None = typer.Option(None, "--junit", help="Also write JUnit XML here (one testcase per file)."),
     timeout: float = typer.Option(300.0, "--timeout", help="Seconds allowed for each llama.cpp load."),
     scan: bool = typer.Option(
         False, "--scan", help="Structure level: check every K/V/R/S value is finite (reads all data)."
     ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No table: the failing files and the summary line only."),
-    llama_lib: Path | None = _LLAMA_LIB,
+    llama_lib: Path | None = LLAMA_LIB,
     server_args: str | None = _SERVER_ARGS,
     n_batch: int = typer.Option(
         2048, "--n-batch", min=1, help="--deep: the recompute's n_batch (match the server's -b; default 2048)."
@@ -260,10 +242,10 @@ _WRITE_PARAMS = [
         (
             "json_out",
             bool,
-            _json("The report as JSON on stdout (schema slotfile.repair/1)."),
+            json_option("The report as JSON on stdout (schema slotfile.repair/1)."),
         ),
         ("timeout", float, typer.Option(600.0, "--timeout", help="Seconds allowed for each llama.cpp worker.")),
-        ("llama_lib", Path | None, _LLAMA_LIB),
+        ("llama_lib", Path | None, LLAMA_LIB),
     )
 ]
 
@@ -301,7 +283,7 @@ def _repair(command: str, file: Path, output: Path | None, write: _Write, **spec
 @app.command(
     "truncate-recover",
     context_settings=HELP,
-    epilog=_examples(
+    epilog=examples(
         "slotfile truncate-recover slot0.bin --dry-run      # print the plan",
         "slotfile truncate-recover slot0.bin -o fixed.bin",
         "slotfile truncate-recover slot0.bin -o fixed.bin -m model.gguf",
@@ -311,7 +293,7 @@ def _repair(command: str, file: Path, output: Path | None, write: _Write, **spec
 def truncate_recover(
     file: Path = typer.Argument(..., help="Damaged slot file (opened read-only)."),
     output: Path | None = _OUT,
-    model: Path | None = _model("GGUF model: test-load the result; rebuild a damaged body from the tokens."),
+    model: Path | None = model_option("GGUF model: test-load the result; rebuild a damaged body from the tokens."),
     draft_model: Path | None = _DRAFT,
     flash_attn: str | None = typer.Option(
         None, "--flash-attn", help="on|off: for a rebuild when the damaged file no longer shows it."
@@ -346,7 +328,7 @@ def truncate_recover(
 @app.command(
     "strip-draft",
     context_settings=HELP,
-    epilog=_examples(
+    epilog=examples(
         "slotfile strip-draft slot0.bin -o nodraft.bin",
         "slotfile strip-draft slot0.bin --in-place     # keeps slot0.bin.bak",
     ),
@@ -355,7 +337,7 @@ def truncate_recover(
 def strip_draft(
     file: Path = typer.Argument(..., help="Slot file (opened read-only)."),
     output: Path | None = _OUT,
-    model: Path | None = _model("GGUF model: test-load the result."),
+    model: Path | None = model_option("GGUF model: test-load the result."),
     write: _Write = _WRITE,
 ) -> None:
     """Remove the SDFT appendix and every checkpoint's draft and speculative blobs; the target
@@ -368,22 +350,12 @@ _RESAVE_CTV = typer.Option(None, "--cache-type-v", help="Recompute the state wit
 _RESAVE_SERVER_ARGS = typer.Option(
     None, "--server-args", help="With a directory: the llama-server command line to convert every file for."
 )
-_LS_SERVER_ARGS = typer.Option(
-    None, "--server-args", help="A restore verdict per file for this llama-server command line (structure only)."
-)
-_SETTLE = typer.Option(5.0, "--settle", help="Seconds since the last write before a file counts as complete.")
-_SETTLE_WAIT = typer.Option(
-    30.0,
-    "--settle-wait",
-    help="Seconds to wait for files still being written (inside --settle) before handling them; "
-    "a file still changing then is named and the exit code is 4 (0 to 86400).",
-)
 
 
 @app.command(
     "re-save",
     context_settings=HELP,
-    epilog=_examples(
+    epilog=examples(
         "slotfile re-save slot0.bin -m model.gguf --flash-attn on -o fa.bin",
         "slotfile re-save slot0.bin -m model.gguf --tokens plain -o plain.bin",
         "slotfile re-save slots/ -o new/ --server-args 'llama-server -m m.gguf -np 4'",
@@ -393,7 +365,7 @@ _SETTLE_WAIT = typer.Option(
 def re_save(
     file: Path = typer.Argument(..., help="Slot file (opened read-only), or a directory (with --server-args)."),
     output: Path | None = _OUT,
-    model: Path | None = _model("GGUF model (required)."),
+    model: Path | None = model_option("GGUF model (required)."),
     draft_model: Path | None = _DRAFT,
     flash_attn: str | None = typer.Option(None, "--flash-attn", help="on|off: write the V layout for this setting."),
     tokens: str | None = typer.Option(None, "--tokens", help="packed|plain: convert the token payload."),
@@ -404,8 +376,8 @@ def re_save(
     cache_type_v: str | None = _RESAVE_CTV,
     server_args: str | None = _RESAVE_SERVER_ARGS,
     write: _Write = _WRITE,
-    settle: float = _SETTLE,
-    settle_wait: float = _SETTLE_WAIT,
+    settle: float = SETTLE,
+    settle_wait: float = SETTLE_WAIT,
 ) -> None:
     """Load the body through llama.cpp and write it again, keeping the checkpoints and draft state."""
     if file.is_dir() or server_args is not None:
@@ -444,112 +416,9 @@ def re_save(
 
 
 @app.command(
-    "ls",
-    context_settings=HELP,
-    epilog=_examples(
-        "slotfile ls /var/lib/llama/slots --sort size",
-        "slotfile ls slots/ --server-args 'llama-server -m m.gguf -np 4 -fa on'",
-        "slotfile ls slots/ --json | jq .totals",
-    ),
-)
-def ls(
-    directory: Path = typer.Argument(..., help="A --slot-save-path directory (searched recursively)."),
-    json_out: bool = _json("JSON on stdout (schema slotfile.ls/1)."),
-    sort: str = typer.Option("path", "--sort", help="path|size|age|tokens (largest / oldest first)."),
-    server_args: str | None = _LS_SERVER_ARGS,
-    model: Path | None = _model("GGUF model (default: the server's -m)."),
-    settle: float = _SETTLE,
-    settle_wait: float = _SETTLE_WAIT,
-    models: list[Path] | None = typer.Option(
-        None, "--models", help="Candidate GGUFs or folders: a model column (slotfile identify)."
-    ),
-    llama_lib: Path | None = typer.Option(
-        None,
-        "--llama-lib",
-        help="A llama.cpp build (folder of libllama.so): per file, does it load as is, after migrate, or not at all "
-        "(needs --model or --server-args with -m).",
-    ),
-) -> None:
-    """One row per slot file (size, tokens, version, memory, streams, K/V types, flash attention, checkpoints,
-    draft, age) and totals.  With --llama-lib: per file, whether that llama.cpp loads it as is, after
-    migrate, or not at all."""
-    if llama_lib is not None:
-        from slotfile.cli.migrate_cmd import LsLibraryArgs, run_ls_library
-
-        raise typer.Exit(run_ls_library(LsLibraryArgs(directory, llama_lib, model, json_out, settle, server_args)))
-    from slotfile.cli.ls_cmd import LsArgs, run_ls
-
-    raise typer.Exit(
-        run_ls(LsArgs(directory, json_out, sort, server_args, model, settle, settle_wait, tuple(models or ())))
-    )
-
-
-@app.command(
-    "prune",
-    context_settings=HELP,
-    epilog=_examples(
-        "slotfile prune slots/ --max-total 10G                 # print the plan",
-        "slotfile prune slots/ --older-than 7d --damaged --delete",
-        "slotfile prune slots/ --keep 100 --max-total 500M --delete",
-    ),
-)
-def prune(
-    directory: Path = typer.Argument(..., help="A --slot-save-path directory (recursive; symlinks not followed)."),
-    max_total: str | None = typer.Option(None, "--max-total", help="Oldest first until the rest fits (10G, 500M)."),
-    older_than: str | None = typer.Option(None, "--older-than", help="Files last modified longer ago (7d, 12h)."),
-    keep: int | None = typer.Option(None, "--keep", help="Keep at most this many files (the newest)."),
-    damaged: bool = typer.Option(False, "--damaged", help="Remove damaged files (first)."),
-    delete: bool = typer.Option(False, "--delete", help="Remove the planned files (without it: print the plan only)."),
-    json_out: bool = _json("JSON on stdout (schema slotfile.prune/1)."),
-    settle: float = _SETTLE,
-    settle_wait: float = _SETTLE_WAIT,
-) -> None:
-    """Plan which slot files to remove to meet a quota (oldest first); remove them only with --delete."""
-    from slotfile.cli.prune_cmd import PruneArgs, run_prune
-
-    args = PruneArgs(directory, max_total, older_than, keep, damaged, delete, json_out, settle, settle_wait)
-    raise typer.Exit(run_prune(args))
-
-
-@app.command(
-    "precommit",
-    context_settings=HELP,
-    epilog=_examples(
-        "slotfile precommit sessions/a.slot firmware.bin   # firmware.bin: passed over",
-        "slotfile precommit -v $(git diff --cached --name-only)",
-    ),
-)
-def precommit(
-    files: list[Path] = typer.Argument(..., help="Files a commit adds or changes (as pre-commit passes them)."),
-    verbose: bool = typer.Option(False, "--verbose", "-v", help="Name every file passed over, and why."),
-    model: Path | None = _model("GGUF model: metadata checks and a test-load."),
-    llama_lib: Path | None = _LLAMA_LIB,
-) -> None:
-    """The pre-commit hook: verify the files that carry a slot magic (GGSQ/GGSN), pass over the rest."""
-    from slotfile.cli.precommit_cmd import PrecommitArgs, run_precommit
-
-    raise typer.Exit(run_precommit(PrecommitArgs(tuple(files), verbose, model, llama_lib)))
-
-
-@app.command(
-    context_settings=HELP,
-    epilog=_examples(
-        "slotfile completion bash > ~/.local/share/bash-completion/completions/slotfile",
-        "echo 'source <(slotfile completion zsh)' >> ~/.zshrc",
-        "slotfile completion fish > ~/.config/fish/completions/slotfile.fish",
-    ),
-)
-def completion(shell: str = typer.Argument(..., help="bash, zsh or fish.")) -> None:
-    """Print the shell completion script (commands, options, file names); nothing is installed."""
-    from slotfile.cli.completion_cmd import run_completion
-
-    raise typer.Exit(run_completion(shell))
-
-
-@app.command(
     "migrate",
     context_settings=HELP,
-    epilog=_examples(
+    epilog=examples(
         "slotfile migrate slot0.bin -o slot0.v4.bin --to 4             # float caches: no model needed",
         "slotfile migrate slot0.bin -o slot0.v4.bin --to 4 -m model.gguf",
         "slotfile migrate slot0.v4.bin -o slot0.bin --to 3 -m model.gguf",
@@ -565,7 +434,7 @@ def migrate(
     to: int = typer.Option(
         ..., "--to", help="Target state version: 2, 3 or 4 (a session file: 9, 10 or 11, or 2/3/4)."
     ),
-    model: Path | None = _model(
+    model: Path | None = model_option(
         "GGUF model: the rotation widths of a quantized cache; checks and test-loads the result."
     ),
     draft_model: Path | None = typer.Option(
@@ -599,112 +468,8 @@ def migrate(
     _repair("migrate", file, output, write, model=model, draft_model=draft_model, to_version=to)
 
 
-@app.command(
-    "diff",
-    context_settings=HELP,
-    epilog=_examples(
-        "slotfile diff slot0.bin slot0.repaired.bin",
-        "slotfile diff slot0.bin slot0.v4.bin     # after migrate --to 4: exit 0",
-        "slotfile diff a.bin b.bin --model model.gguf --json",
-    ),
-)
-def diff(
-    file_a: Path = typer.Argument(
-        ..., metavar="A", help="First slot (GGSQ) or session (GGSN) file (opened read-only)."
-    ),
-    file_b: Path = typer.Argument(..., metavar="B", help="Second file."),
-    model: Path | None = _model(
-        "GGUF model: text around a token difference, head sizes for the angles, model layer numbers."
-    ),
-    json_out: bool = _json("JSON on stdout (schema slotfile.diff/1)."),
-) -> None:
-    """Where two files differ, in file order: headers and settings, tokens, every layer over the
-    cells both hold (head angle, relative difference, worst cell), checkpoints, draft state.
-    Exit 0 identical (or identical but for the rotation words), 1 different, 8 cannot read."""
-    from slotfile.cli.diff_cmd import DiffArgs, run_diff
-
-    raise typer.Exit(run_diff(DiffArgs(file_a, file_b, model, json_out)))
-
-
-@app.command(
-    "seal",
-    context_settings=HELP,
-    epilog=_examples(
-        "slotfile seal slots/                                  # writes slots/slotfile-manifest.json",
-        "slotfile seal slots/ -m model.gguf                    # verified, with the model's fingerprint",
-        "slotfile seal slots/ --update                         # re-seal new and changed files",
-        "slotfile verify slots/                                # checks every file against the manifest",
-    ),
-)
-def seal_command(
-    paths: list[Path] = typer.Argument(..., help="Slot files and directories (searched recursively) to seal."),
-    output: Path | None = typer.Option(
-        None, "--output", "-o", help="The manifest (default: slotfile-manifest.json in the directory given)."
-    ),
-    model: Path | None = _model("GGUF model: verify (model check, test-load) and record its fingerprint."),
-    draft_model: Path | None = typer.Option(None, "--draft-model", help="Draft GGUF (with --model)."),
-    deep: bool = typer.Option(False, "--deep", help="Also recompute each file before sealing it (with --model)."),
-    force: bool = typer.Option(
-        False, "--force", help="Seal files that fail too (their verdict is recorded); replace a manifest."
-    ),
-    update: bool = typer.Option(False, "--update", help="Re-seal new and changed files into the existing manifest."),
-    jobs: int = typer.Option(
-        1, "--jobs", "-j", help="Files verified at once with --model (loader workers); hashing uses up to 4 threads."
-    ),
-    timeout: float = typer.Option(300.0, "--timeout", help="Seconds for each llama.cpp load."),
-    llama_lib: Path | None = _LLAMA_LIB,
-    json_out: bool = _json("JSON on stdout (schema slotfile.seal/1)."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="Only refusals and the summary line."),
-) -> None:
-    """Write a checksum manifest (schema slotfile.manifest/1) of a slot store: per file its size,
-    mtime, checksum, format, tokens digest, memory class and cache types; with --model the model's
-    fingerprint and the verify levels that passed.  `verify DIR` then checks it."""
-    from slotfile.cli.seal_cmd import SealArgs, run_seal
-
-    args = SealArgs(
-        tuple(paths),
-        output=output,
-        model=model,
-        draft_model=draft_model,
-        deep=deep,
-        force=force,
-        update=update,
-        jobs=jobs,
-        timeout=timeout,
-        llama_lib=llama_lib,
-        json_out=json_out,
-        quiet=quiet,
-    )
-    raise typer.Exit(run_seal(args))
-
-
-@app.command(
-    "identify",
-    context_settings=HELP,
-    epilog=_examples(
-        "slotfile identify slot0.bin --models /models/",
-        "slotfile identify slots/ --models a.gguf b.gguf --json",
-        "slotfile identify slot0.bin --models /models/ --no-proof   # metadata fit only",
-    ),
-)
-def identify_command(
-    files: list[Path] = typer.Argument(..., help="Slot files and directories."),
-    models: list[Path] = typer.Option(..., "--models", help="Candidate GGUF files or folders of them (repeatable)."),
-    proof: bool = typer.Option(
-        True, "--proof/--no-proof", help="Recompute the first K/V rows under each fitting model."
-    ),
-    timeout: float = typer.Option(300.0, "--timeout", help="Seconds for each llama.cpp load or recompute."),
-    llama_lib: Path | None = _LLAMA_LIB,
-    json_out: bool = _json("JSON on stdout (schema slotfile.identify/1)."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="Only each file's answer, no ranking."),
-) -> None:
-    """Which model wrote each slot file: candidates ranked by metadata fit (memory class, layers,
-    heads, row sizes, types, token ids, positions), then proven by recomputing the first layers'
-    K and V rows of the first stored tokens (bit-identical, or within the cache type's noise)."""
-    from slotfile.cli.identify_cmd import IdentifyArgs, run_identify
-
-    args = IdentifyArgs(tuple(files), tuple(models), proof, timeout, llama_lib, json_out, quiet)
-    raise typer.Exit(run_identify(args))
+# the commands over a slot store and between files register on ``app`` when their module is imported
+from slotfile.cli import app_store  # noqa: E402, F401
 
 
 def main() -> None:
