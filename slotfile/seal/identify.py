@@ -38,7 +38,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from slotfile.format.records import LayerRun, ModelExpect, Severity, SlotFile, TokenForm
-from slotfile.seal.rows import head_stats, kv_pairs, raw_rows, rec_pairs, rows_f64, tol_class
+from slotfile.seal.rows import head_stats, kv_pairs, raw_rows, rec_pairs, rows_f64
+from slotfile.verify.stats import tolerance_class
 
 if TYPE_CHECKING:
     from slotfile.llama.loader import LoaderPool
@@ -270,7 +271,7 @@ def judge(r: Ranked, sf: SlotFile, rec: SlotFile, n: int, cand: Candidate) -> No
         same = bool(np.array_equal(raw_rows(a, ia), raw_rows(b, ib)))
         x, y = rows_f64(a, ia), rows_f64(b, ib)
         ang, ln = head_stats(x, y, _head_size(cand, role, a.part) if a.part in ("K", "V") else 0)
-        lim_a, lim_l = NOISE[tol_class(a.type_id)]
+        lim_a, lim_l = NOISE[tolerance_class(a.type_id)]
         ok = same or (ang <= lim_a and ln <= lim_l)
         r.layers.append(
             {

@@ -14,39 +14,18 @@ from typing import Any
 import numpy as np
 
 from slotfile.format.records import Body, LayerRun
-from slotfile.format.types import TypeId
-from slotfile.verify.stats import _head_stats
+from slotfile.verify.stats import _head_stats, dequant_rows
 
 LAYERS = 2  # first layers of each cache compared
-FLOAT_TYPES = (TypeId.F32, TypeId.F16, TypeId.BF16)
-EIGHT_BIT = (TypeId.Q8_0, TypeId.Q8_1)
-
-
-def tol_class(type_id: int) -> str:
-    if type_id in FLOAT_TYPES:
-        return "float"
-    if type_id in EIGHT_BIT:
-        return "8-bit"
-    return "low-bit"
 
 
 def rows_f64(run: LayerRun, idx: np.ndarray) -> np.ndarray:
-    """The rows of cells ``idx`` as float64 (cells, elements)."""
-    t = run.type_id
-    if run.transposed:
-        a = run.array()[:, idx]
-        if t == TypeId.BF16:
-            a = (a.astype(np.uint32) << 16).view(np.float32)
-        return np.asarray(a, dtype=np.float64).T
-    if t in (TypeId.F32, TypeId.F16):
-        return np.asarray(run.array()[idx], dtype=np.float64)
-    if t == TypeId.BF16:
-        return (run.array()[idx].astype(np.uint32) << 16).view(np.float32).astype(np.float64)
-    import gguf.quants as gq
-    from gguf import GGMLQuantizationType
-
-    raw = run.data.array(np.uint8).reshape(run.n_cells, run.row_size)[idx]
-    return gq.dequantize(np.ascontiguousarray(raw), GGMLQuantizationType(t)).astype(np.float64).reshape(len(idx), -1)
+    """The rows of cells ``idx`` as float64 (cells, elements), dequantized by the deep level's
+    :func:`~slotfile.verify.stats.dequant_rows` a cell at a time (the proof compares at most
+    ``PREFIX`` cells, which need not be adjacent)."""
+    if not len(idx):
+        return dequant_rows(run, 0, 0)
+    return np.concatenate([dequant_rows(run, int(c), int(c) + 1) for c in idx])
 
 
 def raw_rows(run: LayerRun, idx: np.ndarray) -> np.ndarray:
