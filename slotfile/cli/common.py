@@ -96,14 +96,15 @@ def open_or_report(path: Path, model: ModelInfo | None = None, draft_model: Mode
         return None
 
 
-def load_model_or_report(path: Path | None) -> tuple[ModelInfo | None, bool]:
-    """(model, ok): ok is False when a model was asked for and could not be read."""
+def load_model_or_report(path: Path | None, command: str | None = None) -> tuple[ModelInfo | None, bool]:
+    """(model, ok): ok is False when a model was asked for and could not be read (said on
+    stderr, as ``command``'s error)."""
     if path is None:
         return None, True
     try:
         return load_model_info(path), True
     except ModelError as e:
-        fail(str(e))
+        fail(str(e), command)
         return None, False
 
 
