@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -16,8 +15,6 @@ from slotfile.model.bridge import ModelError, ModelInfo, load_model_info
 
 if TYPE_CHECKING:
     from rich.console import Console
-
-    from slotfile.slotdir.walk import DirScan, Tally
 
 
 def out_console() -> Console:
@@ -99,14 +96,15 @@ def open_or_report(path: Path, model: ModelInfo | None = None, draft_model: Mode
         return None
 
 
-def load_model_or_report(path: Path | None) -> tuple[ModelInfo | None, bool]:
-    """(model, ok): ok is False when a model was asked for and could not be read."""
+def load_model_or_report(path: Path | None, command: str | None = None) -> tuple[ModelInfo | None, bool]:
+    """(model, ok): ok is False when a model was asked for and could not be read (said on
+    stderr, as ``command``'s error)."""
     if path is None:
         return None, True
     try:
         return load_model_info(path), True
     except ModelError as e:
-        fail(str(e))
+        fail(str(e), command)
         return None, False
 
 
@@ -116,53 +114,3 @@ def exit_code(files: list[SlotFile | None]) -> int:
     if any(f.errors for f in files if f is not None):
         return PROBLEMS
     return OK
-
-
-@dataclass(slots=True)
-class BatchSummary:
-    """The end of a directory batch (``re-save DIR``, ``migrate DIR``): its exit code, the
-    count of each action and the tally; the errors and the files still being written have
-    been named on stderr."""
-
-    rc: int
-    busy: list[str]
-    counts: dict[str, int]
-    tally: Tally
-
-    def json_fields(self, results: Sequence[Any], errors: list[str], elapsed: float) -> dict[str, Any]:
-        """The JSON document's fields from ``files`` on (slotfile.batch/1, migrate DIR's)."""
-        return {
-            "files": [x.to_dict() for x in results],
-            "errors": errors,
-            "still_being_written": self.busy,
-            "summary": {**self.counts, "seconds": round(elapsed, 3)},
-            "tally": self.tally.to_dict(),
-            "exit_code": self.rc,
-        }
-
-
-def batch_summary(
-    command: str, results: Sequence[Any], errors: list[str], scan: DirScan, passed_over: tuple[str, ...] = ("skipped",)
-) -> BatchSummary:
-    """Name ``errors`` and the busy files, then sum up ``results`` (objects with an ``action``:
-    copied | converted | would-copy | would-convert | ``passed_over`` | failed | error)."""
-    from slotfile.slotdir.walk import Tally
-
-    busy = scan.busy_lines()
-    for line in errors + busy:
-        fail(line, command)
-    if errors or any(x.action == "error" for x in results):
-        rc = OPERATIONAL
-    elif busy or any(x.action in ("skipped", "failed") for x in results):
-        rc = PROBLEMS
-    else:
-        rc = OK
-    counts: dict[str, int] = {}
-    for x in results:
-        counts[x.action] = counts.get(x.action, 0) + 1
-    tally = Tally(
-        sum(1 for x in results if x.action in ("copied", "converted", "would-copy", "would-convert")),
-        sum(counts.get(a, 0) for a in passed_over) + len(scan.temps) + len(scan.symlinks),
-        counts.get("failed", 0) + counts.get("error", 0) + len(busy) + len(errors),
-    )
-    return BatchSummary(rc, busy, counts, tally)

@@ -221,20 +221,13 @@ class DiffArgs:
 
 
 def run_diff(args: DiffArgs) -> int:
-    from slotfile.cli.common import fail
+    from slotfile.cli.common import fail, load_model_or_report
     from slotfile.diff import diff_files
 
-    a, b, model = args.file_a, args.file_b, args.model
-    info = None
-    if model is not None:
-        from slotfile.model.bridge import ModelError, load_model_info
-
-        try:
-            info = load_model_info(model)
-        except ModelError as e:
-            fail(str(e), "diff")
-            return OPERATIONAL
-    rep = diff_files(a, b, info)
+    info, ok = load_model_or_report(args.model, "diff")
+    if not ok:
+        return OPERATIONAL
+    rep = diff_files(args.file_a, args.file_b, info)
     if args.json_out:
         sys.stdout.write(json.dumps(rep.to_dict(), indent=1, allow_nan=False) + "\n")
     else:

@@ -60,48 +60,23 @@ class PruneArgs:
 
 
 def run_prune(args: PruneArgs) -> int:
-    root, max_total, older_than, keep, damaged = args.root, args.max_total, args.older_than, args.keep, args.damaged
-    settle = args.settle
-    why_settle = settle_problem(settle, args.settle_wait)
-    if why_settle is not None:
-        fail(why_settle, "prune")
-        return USAGE
-    try:
-        size = parse_size(max_total) if max_total is not None else None
-        age = parse_age(older_than) if older_than is not None else None
-    except ValueError as why:
-        fail(str(why), "prune")
-        return USAGE
-    if keep is not None and keep < 0:
-        fail("--keep cannot be negative", "prune")
-        return USAGE
-    if size is None and age is None and keep is None and not damaged:
-        fail("nothing to plan: give --max-total, --older-than, --keep and/or --damaged", "prune")
-        return USAGE
+    rules = _rules(args)
+    if isinstance(rules, int):
+        return rules
+    size, age = rules
+    root = args.root
     if root.is_symlink() or not root.is_dir():
         fail(f"{root}: not a directory (a symlink is not followed)", "prune")
         return OPERATIONAL
-    scan = scan_dir(root, settle=settle, settle_wait=args.settle_wait, on_wait=say_waiting("prune"))
+    scan = scan_dir(root, settle=args.settle, settle_wait=args.settle_wait, on_wait=say_waiting("prune"))
     now = time.time()
     errors = list(scan.errors)
-    summaries: dict[str, FileSummary] | None = None
-    if damaged:
-        summaries = {}
-        for entry in scan.slots:
-            s = summarize(entry)
-            if s.error:
-                errors.append(s.error)
-            summaries[entry.path] = s
-    plan = plan_prune(scan, summaries, now=now, max_total=size, older_than=age, keep=keep, damaged=damaged)
+    summaries = _summaries(scan, errors) if args.damaged else None
+    plan = plan_prune(scan, summaries, now=now, max_total=size, older_than=age, keep=args.keep, damaged=args.damaged)
     manifest: dict[str, Any] | None = None
     not_updated: str | None = None
     if args.delete:
-        carry_out(plan, str(root), settle)
-        from slotfile.seal.verify_hook import prune_manifest
-
-        mpath, dropped, not_updated = prune_manifest(root, [r.entry.path for r in plan.remove if r.done])
-        if mpath is not None:  # DIR is sealed: the removed files leave its manifest too
-            manifest = {"path": mpath, "dropped": dropped}
+        manifest, not_updated = _delete(plan, root, args.settle)
     busy = scan.busy_lines()
     for line in errors + busy:
         fail(line, "prune")
@@ -134,6 +109,50 @@ def run_prune(args: PruneArgs) -> int:
                 soft_wrap=True,
             )
     return rc
+
+
+def _rules(args: PruneArgs) -> tuple[int | None, float | None] | int:
+    """The quota (bytes) and age (seconds) asked for, or USAGE after saying what is wrong."""
+    why_settle = settle_problem(args.settle, args.settle_wait)
+    if why_settle is not None:
+        fail(why_settle, "prune")
+        return USAGE
+    try:
+        size = parse_size(args.max_total) if args.max_total is not None else None
+        age = parse_age(args.older_than) if args.older_than is not None else None
+    except ValueError as why:
+        fail(str(why), "prune")
+        return USAGE
+    if args.keep is not None and args.keep < 0:
+        fail("--keep cannot be negative", "prune")
+        return USAGE
+    if size is None and age is None and args.keep is None and not args.damaged:
+        fail("nothing to plan: give --max-total, --older-than, --keep and/or --damaged", "prune")
+        return USAGE
+    return size, age
+
+
+def _summaries(scan: DirScan, errors: list[str]) -> dict[str, FileSummary]:
+    """Every slot file read (for --damaged); the ones that cannot be read add to ``errors``."""
+    summaries: dict[str, FileSummary] = {}
+    for entry in scan.slots:
+        s = summarize(entry)
+        if s.error:
+            errors.append(s.error)
+        summaries[entry.path] = s
+    return summaries
+
+
+def _delete(plan: PrunePlan, root: Path, settle: float) -> tuple[dict[str, Any] | None, str | None]:
+    """Remove the planned files; when DIR is sealed, drop them from its manifest too.  (The
+    manifest's path and entries dropped, or None; why the manifest could not be updated.)"""
+    from slotfile.seal.verify_hook import prune_manifest
+
+    carry_out(plan, str(root), settle)
+    mpath, dropped, not_updated = prune_manifest(root, [r.entry.path for r in plan.remove if r.done])
+    if mpath is None:
+        return None, not_updated
+    return {"path": mpath, "dropped": dropped}, not_updated
 
 
 def _document(

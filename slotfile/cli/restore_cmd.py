@@ -28,14 +28,14 @@ be), 4 when one cannot be, failed its check or was still being written after ``-
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from slotfile.cli.common import batch_summary, fail, out_console, progress_bar, say_waiting
+from slotfile.cli.common import fail, out_console, progress_bar, say_waiting
+from slotfile.cli.dir_batch import outdir_usage, report_batch, settle_batch
 from slotfile.cli.server_common import server_and_model, server_dict, wide_console
 from slotfile.cli.terminal import escape_text, human_size
 from slotfile.exitcodes import OK, OPERATIONAL, PROBLEMS, USAGE
@@ -284,6 +284,7 @@ def run_resave_dir(args: ResaveDirArgs) -> int:
     if isinstance(got, int):
         return got
     server, model_path, outdir = got
+    from slotfile.repair.batch import SCHEMA as BATCH_SCHEMA
     from slotfile.repair.batch import outputs_in_the_way
     from slotfile.slotdir.walk import scan_dir
 
@@ -304,24 +305,16 @@ def run_resave_dir(args: ResaveDirArgs) -> int:
         )
     finally:
         checker.close()
-    summary = batch_summary("re-save", results, errors, scan)
-    rc, counts, tally = summary.rc, summary.counts, summary.tally
-    elapsed = time.monotonic() - t0
-    if args.json_out:
-        from slotfile.repair.batch import SCHEMA as BATCH_SCHEMA
-
-        doc = {
-            "schema": BATCH_SCHEMA,
-            "root": str(args.root),
-            "output": str(outdir),
-            "server": server_dict(server),
-            "dry_run": args.dry_run,
-            **summary.json_fields(results, errors, elapsed),
-        }
-        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
-    else:
-        _print_resave_dir(results, counts, scan, tally, elapsed, args.dry_run)
-    return rc
+    o = settle_batch(results, scan, errors, t0, "re-save")
+    head = {
+        "schema": BATCH_SCHEMA,
+        "root": str(args.root),
+        "output": str(outdir),
+        "server": server_dict(server),
+        "dry_run": args.dry_run,
+    }
+    report_batch(results, scan, o, head, args.dry_run, args.json_out)
+    return o.rc
 
 
 def _resave_dir_args(args: ResaveDirArgs) -> int | tuple[ServerSettings, str | None, Path]:
@@ -346,13 +339,9 @@ def _resave_dir_args(args: ResaveDirArgs) -> int | tuple[ServerSettings, str | N
     got = server_and_model(server_args, args.model, "re-save")
     if isinstance(got, int):
         return got
-    rin, rout = os.path.realpath(root), os.path.realpath(outdir)
-    if rout == rin or rout.startswith(rin + os.sep):
-        fail(f"{outdir} lies inside {root}: choose an output directory outside it", "re-save")
-        return USAGE
-    if os.path.lexists(outdir) and (os.path.islink(outdir) or not os.path.isdir(outdir)):
-        fail(f"{outdir} exists and is not a directory", "re-save")
-        return USAGE
+    bad = outdir_usage(root, outdir, "re-save")
+    if bad is not None:
+        return bad
     return got[0], got[1], outdir
 
 
@@ -375,23 +364,3 @@ def _convert_all(
                 results.append(convert_one(e, r, str(outdir), checker, force=force, dry_run=dry_run, timeout=timeout))
             progress.update(task, advance=1, description=f"{escape_text(e.rel, 40)}")
     return results, errors
-
-
-def _print_resave_dir(
-    results: list[FileResult], counts: dict[str, int], scan: DirScan, tally: Tally, elapsed: float, dry_run: bool
-) -> None:
-    out = out_console()
-    for x in results:
-        tail = f" -> {x.output}" if x.output and x.action in ("copied", "converted") else ""
-        out.print(escape_text(f"{x.action:13} {x.rel}: {x.fate}: {x.reason}{tail}"), soft_wrap=True)
-    summary = ", ".join(f"{n} {k}" for k, n in counts.items()) or "nothing to do"
-    left = (
-        f"; left out: {len(scan.temps)} temp file(s), {len(scan.busy)} still being written"
-        if scan.temps or scan.busy
-        else ""
-    )
-    out.print(
-        f"{len(results)} file(s): {summary}{left}; {tally.line()} in {elapsed:.1f} s"
-        + (" (dry run: nothing written)" if dry_run else ""),
-        soft_wrap=True,
-    )

@@ -20,12 +20,15 @@ import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from slotfile.repair.batch import FileResult
 from slotfile.repair.common import RepairOptions
 from slotfile.repair.report import Outcome, Report
 from slotfile.slotdir.walk import DirEntry, DirScan
+
+if TYPE_CHECKING:
+    from slotfile.llama.loader import LoaderPool
 
 __all__ = ["LibVerdict", "library_verdicts", "migrate_entry"]
 
@@ -129,11 +132,7 @@ def library_verdicts(
     """(the library's state version, a verdict per slot file).  Each file is test-loaded through
     ``llama_lib`` with the settings the file implies; a file of another version is migrated into
     a temp file first (``migrate --to`` the library's version, with ``model``) and that is loaded."""
-    from slotfile.format.reader import open_slot_file
-    from slotfile.llama.loader import LoaderPool, settings_for
-    from slotfile.repair.migrate_versions import state_of
-    from slotfile.repair.runner import run
-    from slotfile.safewrite import Target, unlink_quiet
+    from slotfile.llama.loader import LoaderPool
 
     tiny = os.path.getsize(model) < 64 << 20
     out: list[LibVerdict] = []
@@ -141,47 +140,63 @@ def library_verdicts(
         state = pool.state_seq_version
         with tempfile.TemporaryDirectory(prefix="slotfile-ls-") as tmp:
             for e in scan.slots:
-                sf = open_slot_file(e.path)
-                try:
-                    fmt, version = str(sf.format), sf.version
-                    if sf.errors:
-                        out.append(LibVerdict(e.rel, "no", f"damaged: {sf.errors[0].line()}", version))
-                        continue
-                    if fmt not in ("GGSQ", "GGSN"):
-                        out.append(LibVerdict(e.rel, "no", "not a slot or session file", version))
-                        continue
-                    if state_of(sf.format, version) == state:
-                        res = pool.load(e.path, settings_for(sf, n_gpu_layers=n_gpu_layers), sf=sf)
-                        if res.ok:
-                            out.append(LibVerdict(e.rel, "as-is", "loads as is (test-loaded)", version, version))
-                        else:
-                            out.append(LibVerdict(e.rel, "no", f"does not load: {res.message}", version))
-                        continue
-                finally:
-                    sf.close()
-                conv = os.path.join(tmp, Path(e.rel).name + ".migrated")
-                opts = RepairOptions(model=model, to_version=state, n_gpu_layers=n_gpu_layers, llama_lib=llama_lib)
-                rep = run("migrate", e.path, Target(e.path, conv, False, None, True), opts)
-                try:
-                    if rep.outcome != Outcome.REPAIRED:
-                        why = rep.reason or str(rep.outcome)
-                        out.append(LibVerdict(e.rel, "no", f"version {version}; migrate --to {state}: {why}", version))
-                        continue
-                    tl = rep.test_load or {}
-                    if tl.get("ok"):
-                        out.append(
-                            LibVerdict(
-                                e.rel,
-                                "after-migrate",
-                                f"version {version}: loads after `slotfile migrate --to {state}` (test-loaded)",
-                                version,
-                                state,
-                            )
-                        )
-                    else:
-                        out.append(
-                            LibVerdict(e.rel, "no", f"migrated, but: {tl.get('message') or 'not test-loaded'}", version)
-                        )
-                finally:
-                    unlink_quiet(conv)
+                verdict, version = _as_is_verdict(e, pool, state, n_gpu_layers)
+                if verdict is None:
+                    opts = RepairOptions(model=model, to_version=state, n_gpu_layers=n_gpu_layers, llama_lib=llama_lib)
+                    verdict = _migrated_verdict(
+                        e, version, state, os.path.join(tmp, Path(e.rel).name + ".migrated"), opts
+                    )
+                out.append(verdict)
     return state, out
+
+
+def _as_is_verdict(
+    e: DirEntry, pool: LoaderPool, state: int | None, n_gpu_layers: int
+) -> tuple[LibVerdict | None, int | None]:
+    """The verdict of a file that is damaged, not a slot file or of the library's own state
+    version (test-loaded as it is); None when it is of another version.  With its version."""
+    from slotfile.format.reader import open_slot_file
+    from slotfile.llama.loader import settings_for
+    from slotfile.repair.migrate_versions import state_of
+
+    sf = open_slot_file(e.path)
+    try:
+        fmt, version = str(sf.format), sf.version
+        if sf.errors:
+            return LibVerdict(e.rel, "no", f"damaged: {sf.errors[0].line()}", version), version
+        if fmt not in ("GGSQ", "GGSN"):
+            return LibVerdict(e.rel, "no", "not a slot or session file", version), version
+        if state_of(sf.format, version) != state:
+            return None, version
+        res = pool.load(e.path, settings_for(sf, n_gpu_layers=n_gpu_layers), sf=sf)
+        if res.ok:
+            return LibVerdict(e.rel, "as-is", "loads as is (test-loaded)", version, version), version
+        return LibVerdict(e.rel, "no", f"does not load: {res.message}", version), version
+    finally:
+        sf.close()
+
+
+def _migrated_verdict(
+    e: DirEntry, version: int | None, state: int | None, conv: str, opts: RepairOptions
+) -> LibVerdict:
+    """Migrate the file into ``conv`` (a temp file, removed after) and test-load that."""
+    from slotfile.repair.runner import run
+    from slotfile.safewrite import Target, unlink_quiet
+
+    rep = run("migrate", e.path, Target(e.path, conv, False, None, True), opts)
+    try:
+        if rep.outcome != Outcome.REPAIRED:
+            why = rep.reason or str(rep.outcome)
+            return LibVerdict(e.rel, "no", f"version {version}; migrate --to {state}: {why}", version)
+        tl = rep.test_load or {}
+        if tl.get("ok"):
+            return LibVerdict(
+                e.rel,
+                "after-migrate",
+                f"version {version}: loads after `slotfile migrate --to {state}` (test-loaded)",
+                version,
+                state,
+            )
+        return LibVerdict(e.rel, "no", f"migrated, but: {tl.get('message') or 'not test-loaded'}", version)
+    finally:
+        unlink_quiet(conv)

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from slotfile.seal.fingerprint import Fingerprint, fingerprint
 from slotfile.seal.manifest import (
@@ -33,6 +33,9 @@ from slotfile.seal.manifest import (
     render,
     tokens_digest,
 )
+
+if TYPE_CHECKING:
+    from slotfile.safewrite import Target
 
 
 class SealError(Exception):
@@ -228,48 +231,40 @@ def _structure_only(f: Path, entry: Entry) -> Verdict:
     return levels, (f"structure: {errors[0].line()}" if errors else None), None
 
 
-def seal(paths: list[Path], opts: SealOptions, on_progress: Callable[[str, Path], None] | None = None) -> SealResult:
-    """Seal ``paths`` (files and directories); writes the manifest unless nothing could be
-    sealed.  Raises SealUsage, SealError, ManifestError (an --update of a bad manifest)."""
-    import time
-
-    from slotfile.safewrite import Plan, WriteRefused, commit, resolve_target
-
-    t0 = time.monotonic()
-    out = manifest_path(paths, opts.output)
-    directory = Path(os.path.abspath(out)).parent
-    old: Manifest | None = None
+def _old_manifest(out: Path, opts: SealOptions) -> Manifest | None:
+    """The manifest already at ``out`` when ``--update`` re-seals it; refuses to overwrite one
+    without --update or --force, and an --update with nothing to update."""
     if os.path.lexists(out):
         if opts.update:
-            old = load(out)
-        elif not opts.force:
+            return load(out)
+        if not opts.force:
             raise SealUsage(f"{out} exists: --update re-seals new and changed files, --force replaces it")
     elif opts.update:
         raise SealUsage(f"{out} does not exist: nothing to --update (seal without it)")
-    try:
-        target = resolve_target(os.devnull, out, force=True)
-    except WriteRefused as e:
-        raise SealUsage(str(e)) from None
-    files, errors = collect_slot_files(paths)
-    if not files and errors:
-        raise SealError(errors[0])  # nothing to seal: no manifest is written
-    files = [f for f in files if os.path.abspath(f) != os.path.abspath(out)]
+    return None
+
+
+def _relative_paths(files: list[Path], directory: Path) -> dict[Path, str]:
+    """Each file's path as the manifest records it (relative to its directory)."""
     rels: dict[Path, str] = {}
     for f in files:
         try:
             rels[f] = relative_to(directory, f)
         except ValueError:
             raise SealUsage(f"{f} is not under the manifest's directory {directory} (-o MANIFEST places it)") from None
-    model_fp = model_fingerprint(opts.model) if opts.model else None
-    draft_fp = model_fingerprint(opts.draft_model, "--draft-model") if opts.draft_model else None
-    res = SealResult(Manifest(path=str(out), generator=_generator(), created=now_iso()), str(out), errors=errors)
-    if old is not None:
-        res.manifest.models = dict(old.models)
-    for fp, path in ((model_fp, opts.model), (draft_fp, opts.draft_model)):
-        if fp is not None and path is not None:
-            res.manifest.models[fp.value] = model_record(fp, path)
-    hashed = _hash_all(files, HASH_THREADS, (lambda p: on_progress("hashed", p)) if on_progress else None)
-    old_entries = old.by_path() if old is not None else {}
+    return rels
+
+
+def _sort_hashed(
+    res: SealResult,
+    files: list[Path],
+    rels: dict[Path, str],
+    hashed: dict[Path, tuple[str, int, os.stat_result] | str],
+    old_entries: dict[str, Entry],
+    model_fp: Fingerprint | None,
+) -> list[tuple[Path, Entry]]:
+    """Keep the entries of unchanged files, note the unreadable ones; the new and changed files
+    (with a fresh entry each) are returned to be verified."""
     to_seal: list[tuple[Path, Entry]] = []
     for f in files:
         h = hashed[f]
@@ -290,10 +285,21 @@ def seal(paths: list[Path], opts: SealOptions, on_progress: Callable[[str, Path]
         entry = Entry(rel, size, st.st_mtime_ns, digest, ALGORITHM)
         (res.changed if prev is not None else res.added).append(rel)
         to_seal.append((f, entry))
-    if old is not None:
-        gone = set(old_entries) - set(rels.values())
-        res.removed = sorted(gone)
-    verdicts = _verdicts(to_seal, opts) if to_seal else []
+    return to_seal
+
+
+def _admit(
+    res: SealResult,
+    to_seal: list[tuple[Path, Entry]],
+    verdicts: list[Verdict],
+    old_entries: dict[str, Entry],
+    models: tuple[Fingerprint | None, Fingerprint | None],
+    opts: SealOptions,
+    on_progress: Callable[[str, Path], None] | None,
+) -> None:
+    """Enter each verified file into the manifest; a failing one is refused (its old entry kept)
+    unless ``force``, and an operational error drops it."""
+    model_fp, draft_fp = models
     for (f, entry), (levels, first, error) in zip(to_seal, verdicts, strict=True):
         if on_progress is not None:
             on_progress("verified", f)
@@ -316,23 +322,59 @@ def seal(paths: list[Path], opts: SealOptions, on_progress: Callable[[str, Path]
             entry.forced = True
             res.forced.append(entry.path)
         res.manifest.entries.append(entry)
-    used = {e.model for e in res.manifest.entries} | {e.draft_model for e in res.manifest.entries}
-    res.manifest.models = {k: v for k, v in res.manifest.models.items() if k in used}
-    data = render(res.manifest)
-    plan = Plan()
-    plan.literal(data)
 
-    def check(tmp: str) -> tuple[bool, str]:
-        try:
-            load(tmp)
-        except ManifestError as e:
-            return False, str(e)
-        return True, ""
 
-    commit(plan, target, check, mode=0o644)
+def seal(paths: list[Path], opts: SealOptions, on_progress: Callable[[str, Path], None] | None = None) -> SealResult:
+    """Seal ``paths`` (files and directories); writes the manifest unless nothing could be
+    sealed.  Raises SealUsage, SealError, ManifestError (an --update of a bad manifest)."""
+    import time
+
+    from slotfile.safewrite import WriteRefused, resolve_target
+
+    t0 = time.monotonic()
+    out = manifest_path(paths, opts.output)
+    directory = Path(os.path.abspath(out)).parent
+    old = _old_manifest(out, opts)
+    try:
+        target = resolve_target(os.devnull, out, force=True)
+    except WriteRefused as e:
+        raise SealUsage(str(e)) from None
+    files, errors = collect_slot_files(paths)
+    if not files and errors:
+        raise SealError(errors[0])  # nothing to seal: no manifest is written
+    files = [f for f in files if os.path.abspath(f) != os.path.abspath(out)]
+    rels = _relative_paths(files, directory)
+    model_fp = model_fingerprint(opts.model) if opts.model else None
+    draft_fp = model_fingerprint(opts.draft_model, "--draft-model") if opts.draft_model else None
+    res = SealResult(Manifest(path=str(out), generator=_generator(), created=now_iso()), str(out), errors=errors)
+    if old is not None:
+        res.manifest.models = dict(old.models)
+    for fp, path in ((model_fp, opts.model), (draft_fp, opts.draft_model)):
+        if fp is not None and path is not None:
+            res.manifest.models[fp.value] = model_record(fp, path)
+    hashed = _hash_all(files, HASH_THREADS, (lambda p: on_progress("hashed", p)) if on_progress else None)
+    old_entries = old.by_path() if old is not None else {}
+    to_seal = _sort_hashed(res, files, rels, hashed, old_entries, model_fp)
+    if old is not None:
+        res.removed = sorted(set(old_entries) - set(rels.values()))
+    verdicts = _verdicts(to_seal, opts) if to_seal else []
+    _admit(res, to_seal, verdicts, old_entries, (model_fp, draft_fp), opts, on_progress)
+    _write_manifest(res.manifest, target)
     res.written = True
     res.seconds = time.monotonic() - t0
     return res
+
+
+def _write_manifest(m: Manifest, target: Target) -> None:
+    """Drop the model records no entry uses and write ``m`` through the safe-write path; the
+    temporary copy must load back as a manifest before it replaces the target."""
+    from slotfile.safewrite import Plan, commit
+
+    used = {e.model for e in m.entries} | {e.draft_model for e in m.entries}
+    m.models = {k: v for k, v in m.models.items() if k in used}
+    plan = Plan()
+    plan.literal(render(m))
+    commit(plan, target, _loads, mode=0o644)
 
 
 def _drop(res: SealResult, rel: str) -> None:
@@ -351,7 +393,7 @@ def drop_entries(manifest: str | os.PathLike[str], removed: list[str]) -> list[s
     """Remove the entries of files that were deleted (``prune --delete``) from a manifest,
     rewritten through the safe-write path; returns the entries dropped.  Raises ManifestError
     for a manifest that cannot be read (it is then left as it is)."""
-    from slotfile.safewrite import Plan, commit, resolve_target
+    from slotfile.safewrite import resolve_target
 
     m = load(manifest)
     directory = m.directory
@@ -361,16 +403,11 @@ def drop_entries(manifest: str | os.PathLike[str], removed: list[str]) -> list[s
             rels.add(relative_to(directory, Path(r)))
         except ValueError:
             continue
-    keep = [e for e in m.entries if e.path not in rels]
     gone = sorted(e.path for e in m.entries if e.path in rels)
     if not gone:
         return []
-    m.entries = keep
-    used = {e.model for e in keep} | {e.draft_model for e in keep}
-    m.models = {k: v for k, v in m.models.items() if k in used}
-    plan = Plan()
-    plan.literal(render(m))
-    commit(plan, resolve_target(os.devnull, manifest, force=True), lambda tmp: _loads(tmp), mode=0o644)
+    m.entries = [e for e in m.entries if e.path not in rels]
+    _write_manifest(m, resolve_target(os.devnull, manifest, force=True))
     return gone
 
 

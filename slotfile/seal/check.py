@@ -154,6 +154,41 @@ def _tokens_note(f: Path, e: Entry) -> str:
     return f"the token digest no longer matches ({n} tokens now, {e.n_tokens} sealed)"
 
 
+def _slot_files_on_disk(manifest: Manifest, scope: list[Path]) -> dict[str, Path]:
+    """The slot files under ``scope`` by the path the manifest would record (the manifest itself
+    left out)."""
+    directory = manifest.directory
+    on_disk, _ = collect_slot_files([p for p in scope if p.exists()])
+    own = Path(manifest.path or "").resolve()
+    disk: dict[str, Path] = {}
+    for f in on_disk:
+        if f.resolve() == own:
+            continue
+        try:
+            disk[relative_to(directory, f)] = f
+        except ValueError:
+            disk[os.path.abspath(f)] = f  # not under the manifest's directory: extra by definition
+    return disk
+
+
+def _check_models(
+    fc: FileCheck, e: Entry, manifest: Manifest, model: Fingerprint | None, draft_model: Fingerprint | None
+) -> None:
+    """An entry whose bytes are as sealed but that was sealed with another (draft) model than
+    the one given is a model mismatch."""
+    if fc.status == Status.OK and model is not None and e.model is not None and e.model != model.value:
+        fc.status = Status.MODEL_MISMATCH
+        sealed = manifest.models.get(e.model, {})
+        name = sealed.get("name") or sealed.get("path") or "another model"
+        fc.messages.append(
+            f"sealed with {name} (fingerprint {e.model[:16]}...), --model is {model.name or 'another model'} "
+            f"({model.value[:16]}...)"
+        )
+    if fc.status == Status.OK and draft_model is not None and e.draft_model not in (None, draft_model.value):
+        fc.status = Status.MODEL_MISMATCH
+        fc.messages.append(f"sealed with another draft model (fingerprint {str(e.draft_model)[:16]}...)")
+
+
 def check(
     manifest: Manifest,
     paths: list[Path] | None = None,
@@ -169,17 +204,7 @@ def check(
 
     t0 = time.monotonic()
     directory = manifest.directory
-    scope = [directory] if paths is None else paths
-    on_disk, _ = collect_slot_files([p for p in scope if p.exists()])
-    own = Path(manifest.path or "").resolve()
-    disk: dict[str, Path] = {}
-    for f in on_disk:
-        if f.resolve() == own:
-            continue
-        try:
-            disk[relative_to(directory, f)] = f
-        except ValueError:
-            disk[os.path.abspath(f)] = f  # not under the manifest's directory: extra by definition
+    disk = _slot_files_on_disk(manifest, [directory] if paths is None else paths)
     entries = manifest.by_path()
     if paths is None:
         wanted = list(entries)
@@ -190,17 +215,7 @@ def check(
     def one(rel: str) -> FileCheck:
         e = entries[rel]
         fc = _compare(directory / rel, e)
-        if fc.status == Status.OK and model is not None and e.model is not None and e.model != model.value:
-            fc.status = Status.MODEL_MISMATCH
-            sealed = manifest.models.get(e.model, {})
-            name = sealed.get("name") or sealed.get("path") or "another model"
-            fc.messages.append(
-                f"sealed with {name} (fingerprint {e.model[:16]}...), --model is {model.name or 'another model'} "
-                f"({model.value[:16]}...)"
-            )
-        if fc.status == Status.OK and draft_model is not None and e.draft_model not in (None, draft_model.value):
-            fc.status = Status.MODEL_MISMATCH
-            fc.messages.append(f"sealed with another draft model (fingerprint {str(e.draft_model)[:16]}...)")
+        _check_models(fc, e, manifest, model, draft_model)
         if on_done is not None:
             on_done(fc)
         return fc

@@ -175,7 +175,6 @@ def _fingerprint(buf: mmap.mmap, size: int) -> Fingerprint:
     infos = _tensor_infos(sc, n_tensors)
     ti_end = sc.pos
     data0 = -(-ti_end // alignment) * alignment
-    from slotfile.format.types import TYPES
 
     meta = _h()
     meta.update(memoryview(buf)[:kv_end])
@@ -186,11 +185,7 @@ def _fingerprint(buf: mmap.mmap, size: int) -> Fingerprint:
     mv = memoryview(buf)
     try:
         for i, (tname, dims, ttype, ofs) in enumerate(infos):
-            t = TYPES[ttype]
-            ne = 1
-            for d in dims:
-                ne *= d
-            nbytes = ne * t.type_size // t.blck_size
+            nbytes = _nbytes(dims, ttype)
             start = data0 + ofs
             if start + nbytes > size:
                 raise GGUFError(
@@ -216,7 +211,6 @@ def _fingerprint(buf: mmap.mmap, size: int) -> Fingerprint:
 def tensor_layout(path: str | Path) -> list[TensorInfo]:
     """Every tensor's name, dimensions, type, absolute data offset and size (the same walk as
     :func:`fingerprint`; for tools that edit or sample tensor data)."""
-    from slotfile.format.types import TYPES
 
     with open(str(path), "rb") as f:
         size = f.seek(0, 2)
@@ -235,9 +229,17 @@ def tensor_layout(path: str | Path) -> list[TensorInfo]:
         buf.close()
     out = []
     for name, dims, ttype, ofs in infos:
-        t = TYPES[ttype]
-        ne = 1
-        for d in dims:
-            ne *= d
-        out.append(TensorInfo(name, dims, ttype, data0 + ofs, ne * t.type_size // t.blck_size))
+        out.append(TensorInfo(name, dims, ttype, data0 + ofs, _nbytes(dims, ttype)))
     return out
+
+
+def _nbytes(dims: tuple[int, ...], ttype: int) -> int:
+    """A tensor's data size: its elements in blocks of the type (ggml_nbytes for a contiguous
+    tensor)."""
+    from slotfile.format.types import TYPES
+
+    t = TYPES[ttype]
+    ne = 1
+    for d in dims:
+        ne *= d
+    return ne * t.type_size // t.blck_size

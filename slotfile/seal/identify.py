@@ -9,7 +9,7 @@ Two stages:
 2. **Proof** (one model load per remaining candidate): the first :data:`PREFIX` stored tokens
    are prefilled in a fresh context with the file's own settings (cache types, flash attention,
    streams) through the llama.cpp worker (:class:`slotfile.llama.loader.LoaderPool`, op
-   ``prefill``), and the K and V rows of the first :data:`LAYERS` layers of each KV cache are
+   ``prefill``), and the K and V rows of the first :data:`~slotfile.seal.rows.LAYERS` layers of each KV cache are
    compared with the stored rows of the same positions.  Layer 0's K depends only on the token and its
    position, layer 1's on the tokens before it: a prefix recompute gives the same rows as the
    whole prompt did.  Bit-identical rows are ``identical``; rows whose worst head angle and norm
@@ -33,23 +33,23 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from slotfile.format.records import Body, LayerRun, ModelExpect, Severity, SlotFile, TokenForm
-from slotfile.format.types import TypeId
+from slotfile.format.records import LayerRun, ModelExpect, Severity, SlotFile, TokenForm
+from slotfile.seal.rows import head_stats, kv_pairs, raw_rows, rec_pairs, rows_f64
+from slotfile.verify.stats import tolerance_class
+
+if TYPE_CHECKING:
+    from slotfile.llama.loader import LoaderPool
 
 PREFIX = 16  # stored tokens recomputed for the proof (8 or 16 cost the same within the noise: bench/seal.py)
-LAYERS = 2  # first layers of each cache compared
 PIPELINE = True  # start the next candidate's worker while this one proves
 MAX_RECURRENT_TOKENS = 512  # a recurrent state needs every token recomputed
-FLOAT_TYPES = (TypeId.F32, TypeId.F16, TypeId.BF16)
-EIGHT_BIT = (TypeId.Q8_0, TypeId.Q8_1)
 # worst head angle (degrees) and |ln norm ratio| that re-rounding into the cache type can give
 # (the deep level's minimum noise floors, bench/deep_noise.py)
 NOISE = {"float": (0.5, 0.03), "8-bit": (2.0, 0.05), "low-bit": (10.0, 0.1)}
-TINY = 1e-20
 
 
 class Fit(StrEnum):
@@ -235,133 +235,6 @@ def metadata_fit(path: Path, cand: Candidate) -> tuple[Ranked, SlotFile | None]:
 # --------------------------------------------------------------------------------------- stage 2
 
 
-def _tol_class(type_id: int) -> str:
-    if type_id in FLOAT_TYPES:
-        return "float"
-    if type_id in EIGHT_BIT:
-        return "8-bit"
-    return "low-bit"
-
-
-def _rows(run: LayerRun, idx: np.ndarray) -> np.ndarray:
-    """The rows of cells ``idx`` as float64 (cells, elements)."""
-    t = run.type_id
-    if run.transposed:
-        a = run.array()[:, idx]
-        if t == TypeId.BF16:
-            a = (a.astype(np.uint32) << 16).view(np.float32)
-        return np.asarray(a, dtype=np.float64).T
-    if t in (TypeId.F32, TypeId.F16):
-        return np.asarray(run.array()[idx], dtype=np.float64)
-    if t == TypeId.BF16:
-        return (run.array()[idx].astype(np.uint32) << 16).view(np.float32).astype(np.float64)
-    import gguf.quants as gq
-    from gguf import GGMLQuantizationType
-
-    raw = run.data.array(np.uint8).reshape(run.n_cells, run.row_size)[idx]
-    return gq.dequantize(np.ascontiguousarray(raw), GGMLQuantizationType(t)).astype(np.float64).reshape(len(idx), -1)
-
-
-def _raw(run: LayerRun, idx: np.ndarray) -> np.ndarray:
-    if run.transposed:
-        return np.ascontiguousarray(run.array()[:, idx].T)
-    return np.ascontiguousarray(run.data.array(np.uint8).reshape(run.n_cells, run.row_size)[idx])
-
-
-def head_stats(x: np.ndarray, y: np.ndarray, head: int) -> tuple[float, float]:
-    """Worst head angle (degrees) and worst |ln norm ratio| of rows ``x`` against ``y``."""
-    if not x.size:
-        return 0.0, 0.0
-    c = x.shape[0]
-    hs = head if head > 0 and x.shape[1] % head == 0 else x.shape[1]
-    xh, yh = x.reshape(c, -1, hs), y.reshape(c, -1, hs)
-    nx, ny = np.linalg.norm(xh, axis=2), np.linalg.norm(yh, axis=2)
-    zx, zy = nx <= TINY, ny <= TINY
-    cos = np.einsum("chk,chk->ch", xh, yh) / np.maximum(nx * ny, TINY * TINY)
-    ang = np.degrees(np.arccos(np.clip(cos, -1.0, 1.0)))
-    ang = np.where(zx & zy, 0.0, np.where(zx | zy, 90.0, ang))
-    ln = np.abs(np.log(np.maximum(nx, TINY) / np.maximum(ny, TINY)))
-    ln = np.where(zx & zy, 0.0, np.where(zx | zy, 10.0, np.minimum(ln, 10.0)))
-    return float(np.max(ang)), float(np.max(ln))
-
-
-def _pos_index(pos: np.ndarray, n: int, keep: np.ndarray | None = None) -> np.ndarray | None:
-    """Cell indices holding positions 0..n-1, in position order (None: some missing or doubled).
-    ``keep``: only these cells (a mask) count."""
-    idx = np.full(n, -1, dtype=np.int64)
-    for cell, p in enumerate(pos.tolist()):
-        if 0 <= p < n and (keep is None or keep[cell]):
-            if idx[p] >= 0:
-                return None
-            idx[p] = cell
-    return idx if (idx >= 0).all() else None
-
-
-def _first_seq_cells(st: Any) -> np.ndarray | None:
-    """The cells of the stream's first sequence (a session file of several sequences holds them
-    all in one stream: the token list is one of them); None when every cell is one sequence's."""
-    ct = st.cells
-    if ct is None or not ct.seq_ids.size or "n_seq_id" not in (ct.cells.dtype.names or ()):
-        return None
-    counts = ct.cells["n_seq_id"].astype(np.int64)
-    if len(set(ct.seq_ids.tolist())) <= 1 or int(counts.sum()) != ct.seq_ids.size:
-        return None
-    first = int(ct.seq_ids.min())
-    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
-    return np.array([first in ct.seq_ids[a : a + c].tolist() for a, c in zip(starts, counts, strict=True)])
-
-
-def _stored_index(st: Any, n: int) -> np.ndarray | None:
-    idx = _pos_index(st.positions, n)
-    if idx is None:
-        mask = _first_seq_cells(st)
-        if mask is not None:
-            idx = _pos_index(st.positions, n, mask)
-    return idx
-
-
-def _kv_pairs(
-    stored: Body, recomputed: Body, n: int
-) -> list[tuple[str, int, LayerRun, LayerRun, np.ndarray, np.ndarray]]:
-    """(role, layer, stored run, recomputed run, stored cells, recomputed cells): K and V of the
-    first LAYERS layers of every KV cache whose stored cells hold positions 0..n-1.  V counts as
-    much as K: a fine-tune that adapted only the query and value projections (a common LoRA)
-    leaves layer 0's K as it was and changes its V."""
-    out = []
-    rec_by_role = {b.role: b for b in recomputed.blocks}
-    for b in stored.blocks:
-        rb = rec_by_role.get(b.role)
-        if b.kind != "KV" or rb is None or rb.kind != "KV":
-            continue
-        sts = b.active_streams()
-        rsts = rb.active_streams()
-        if not sts or not rsts:
-            continue
-        st, rst = sts[0], rsts[0]
-        si, ri = _stored_index(st, n), _pos_index(rst.positions, n)
-        if si is None or ri is None:
-            continue
-        for k in range(min(LAYERS, len(st.k), len(rst.k))):
-            out.append((b.role, st.k[k].index, st.k[k], rst.k[k], si, ri))
-        for k in range(min(LAYERS, len(st.v), len(rst.v))):
-            out.append((b.role, st.v[k].index, st.v[k], rst.v[k], si, ri))
-    return out
-
-
-def _rec_pairs(stored: Body, recomputed: Body) -> list[tuple[str, int, LayerRun, LayerRun]]:
-    out = []
-    rec_by_role = {b.role: b for b in recomputed.blocks}
-    for b in stored.blocks:
-        rb = rec_by_role.get(b.role)
-        if b.kind != "REC" or rb is None or rb.kind != "REC" or not b.cell_count or not rb.cell_count:
-            continue
-        for part in ("r", "s"):
-            runs, rruns = getattr(b, part), getattr(rb, part)
-            for k in range(min(LAYERS, len(runs), len(rruns))):
-                out.append((b.role, runs[k].index, runs[k], rruns[k]))
-    return out
-
-
 def _head_size(cand: Candidate, role: str, part: str) -> int:
     """Elements per head of the cache's K or V rows (0: the whole row as one vector)."""
     if cand.expect is None:
@@ -384,10 +257,10 @@ def judge(r: Ranked, sf: SlotFile, rec: SlotFile, n: int, cand: Candidate) -> No
     identical = True
     within = True
     rows = 0
-    pairs: list[tuple[str, int, LayerRun, LayerRun, np.ndarray, np.ndarray]] = _kv_pairs(sf.body, rec.body, n)
+    pairs: list[tuple[str, int, LayerRun, LayerRun, np.ndarray, np.ndarray]] = kv_pairs(sf.body, rec.body, n)
     if n == sf.n_tokens:  # a recurrent state is the whole prompt's: comparable only after all of it
         one = np.zeros(1, dtype=np.int64)
-        for role, rl, sr, rr in _rec_pairs(sf.body, rec.body):
+        for role, rl, sr, rr in rec_pairs(sf.body, rec.body):
             pairs.append((role, rl, sr, rr, one, one))
     for role, layer, a, b, ia, ib in pairs:
         if a.type_id != b.type_id or a.row_size != b.row_size:
@@ -395,10 +268,10 @@ def judge(r: Ranked, sf: SlotFile, rec: SlotFile, n: int, cand: Candidate) -> No
             identical = within = False
             worst_a = max(worst_a, 90.0)
             continue
-        same = bool(np.array_equal(_raw(a, ia), _raw(b, ib)))
-        x, y = _rows(a, ia), _rows(b, ib)
+        same = bool(np.array_equal(raw_rows(a, ia), raw_rows(b, ib)))
+        x, y = rows_f64(a, ia), rows_f64(b, ib)
         ang, ln = head_stats(x, y, _head_size(cand, role, a.part) if a.part in ("K", "V") else 0)
-        lim_a, lim_l = NOISE[_tol_class(a.type_id)]
+        lim_a, lim_l = NOISE[tolerance_class(a.type_id)]
         ok = same or (ang <= lim_a and ln <= lim_l)
         r.layers.append(
             {
@@ -495,11 +368,26 @@ def identify(
     on_progress: Callable[[str], None] | None = None,
 ) -> list[Identification]:
     """Rank ``models`` for every file.  Each candidate that fits some file is loaded once."""
-    from slotfile.format.reader import open_slot_file
-    from slotfile.llama.loader import LoaderError, LoaderPool
-
     opts = opts or IdentifyOptions()
     cands = [load_candidate(m) for m in models]
+    results, opened = _fit_all(files, cands)
+    todo = {ci: [(fi, sf) for (fi, cj), sf in opened.items() if cj == ci] for ci in range(len(cands))}
+    order = [ci for ci in range(len(cands)) if todo[ci]] if opts.prove else []
+    try:
+        _prove_all(order, todo, cands, results, opts, on_progress)
+    finally:
+        for sf in opened.values():
+            sf.close()
+    for ident in results:
+        ident.ranking.sort(key=Ranked.key)
+    return results
+
+
+def _fit_all(files: list[Path], cands: list[Candidate]) -> tuple[list[Identification], dict[tuple[int, int], SlotFile]]:
+    """Stage 1 for every file and candidate: the rankings, and the files left open (by file and
+    candidate index) where the candidate fits, for the proof."""
+    from slotfile.format.reader import open_slot_file
+
     results: list[Identification] = []
     opened: dict[tuple[int, int], SlotFile] = {}
     for fi, f in enumerate(files):
@@ -519,8 +407,20 @@ def identify(
                 opened[(fi, ci)] = sf
             elif sf is not None:
                 sf.close()
-    todo = {ci: [(fi, sf) for (fi, cj), sf in opened.items() if cj == ci] for ci in range(len(cands))}
-    order = [ci for ci in range(len(cands)) if todo[ci]] if opts.prove else []
+    return results, opened
+
+
+def _prove_all(
+    order: list[int],
+    todo: dict[int, list[tuple[int, SlotFile]]],
+    cands: list[Candidate],
+    results: list[Identification],
+    opts: IdentifyOptions,
+    on_progress: Callable[[str], None] | None,
+) -> None:
+    """Stage 2: load each candidate in ``order`` once and prove the files it fits; with
+    :data:`PIPELINE` the next candidate's worker starts while this one proves."""
+    from slotfile.llama.loader import LoaderError, LoaderPool
 
     def start(ci: int) -> LoaderPool | str:
         try:  # spawned only: the worker loads the model while the previous candidate proves
@@ -531,41 +431,43 @@ def identify(
     started: dict[int, tuple[LoaderPool | str, float]] = {}
     try:
         for k, ci in enumerate(order):
-            c = cands[ci]
             if on_progress is not None:
-                on_progress(f"loading {c.label}")
+                on_progress(f"loading {cands[ci].label}")
             if ci not in started:
                 started[ci] = (start(ci), time.monotonic())
             pool, t0 = started.pop(ci)
             if PIPELINE and k + 1 < len(order):  # at most two models in memory: this one and the next
                 started[order[k + 1]] = (start(order[k + 1]), time.monotonic())
-            try:
-                if isinstance(pool, str):
-                    raise LoaderError(pool)
-                pool.ready()
-            except LoaderError as e:
-                for fi, _ in todo[ci]:
-                    r = results[fi].ranking[ci]
-                    r.proof, r.proof_message = Proof.NOT_PROVEN, f"the model does not load: {e}"
-                continue
-            try:
-                load_s = time.monotonic() - t0
-                for fi, sf in todo[ci]:
-                    t1 = time.monotonic()
-                    r = results[fi].ranking[ci]
-                    _prove(r, sf, c, pool, opts)
-                    r.seconds = time.monotonic() - t1 + load_s
-            finally:
-                pool.close()
+            _prove_candidate(pool, t0, [(results[fi].ranking[ci], sf) for fi, sf in todo[ci]], cands[ci], opts)
     finally:
         for pending, _ in started.values():  # a candidate started but not reached
             if not isinstance(pending, str):
                 pending.close()
-    for sf in opened.values():
-        sf.close()
-    for ident in results:
-        ident.ranking.sort(key=Ranked.key)
-    return results
+
+
+def _prove_candidate(
+    pool: LoaderPool | str, t0: float, work: list[tuple[Ranked, SlotFile]], c: Candidate, opts: IdentifyOptions
+) -> None:
+    """Prove every (ranking, file) of one candidate with its started worker (or the reason it
+    could not start), then close the worker; each ranking's seconds include the model's load."""
+    from slotfile.llama.loader import LoaderError
+
+    try:
+        if isinstance(pool, str):
+            raise LoaderError(pool)
+        pool.ready()
+    except LoaderError as e:
+        for r, _ in work:
+            r.proof, r.proof_message = Proof.NOT_PROVEN, f"the model does not load: {e}"
+        return
+    try:
+        load_s = time.monotonic() - t0
+        for r, sf in work:
+            t1 = time.monotonic()
+            _prove(r, sf, c, pool, opts)
+            r.seconds = time.monotonic() - t1 + load_s
+    finally:
+        pool.close()
 
 
 def _prove(r: Ranked, sf: SlotFile, c: Candidate, pool: Any, opts: IdentifyOptions) -> None:
