@@ -16,6 +16,7 @@ from slotfile.format.records import (
     Section,
     SlotFile,
 )
+from slotfile.problems import ProblemCode, Severity
 
 # The writer line of each known version, from the one version registry (slotfile.format.versions).
 GGSQ_VERSIONS = {v.version: v.writer for v in versions.VERSIONS.values() if v.format == "GGSQ"}
@@ -76,8 +77,8 @@ def report_version_layout(sf: SlotFile, body_rot: bool) -> None:
         else f"no KV stream carries the rotation words version {sf.version} has"
     )
     sf.problem(
-        "error",
-        "version-layout",
+        Severity.ERROR,
+        ProblemCode.VERSION_LAYOUT,
         "header",
         4,
         f"the header says {sf.format} version {sf.version}, but {what}: the version word was changed "
@@ -99,8 +100,8 @@ def report_trial(sf: SlotFile, det: Detection, start: int, end: int) -> bool:
     if det.layout is None:
         f = det.failure
         sf.problem(
-            "error",
-            "unsupported-version",
+            Severity.ERROR,
+            ProblemCode.UNSUPPORTED_VERSION,
             "body",
             f.offset if f else start,
             f"{sf.format} version {sf.version} is newer than slotfile knows (up to {newest}) and no trial "
@@ -117,8 +118,8 @@ def report_trial(sf: SlotFile, det: Detection, start: int, end: int) -> bool:
         else f"exactly like version {like}"
     )
     sf.problem(
-        "warning",
-        "trial-version",
+        Severity.WARNING,
+        ProblemCode.TRIAL_VERSION,
         "body",
         start,
         f"{sf.format} version {sf.version} parsed by trial, {how} (slotfile knows versions up to {newest}); "
