@@ -19,6 +19,7 @@ from construct import (
 from construct.core import evaluate
 
 from slotfile.format.types import TYPES
+from slotfile.problems import ProblemCode
 
 # ---------------------------------------------------------------------------------------
 # versions and caps (the magics are in slotfile.format.magics)
@@ -94,7 +95,7 @@ class ViewStream(io.RawIOBase):
 class FormatError(ConstructError):
     """A problem found while parsing, with the file offset and the location inside the grammar."""
 
-    def __init__(self, message: str, offset: int, code: str = "invalid", loc: str = "") -> None:
+    def __init__(self, message: str, offset: int, code: ProblemCode = ProblemCode.INVALID, loc: str = "") -> None:
         super().__init__(message)
         self.message = message
         self.offset = offset
@@ -119,7 +120,7 @@ def require_bytes(stream: Any, n: int, what: str) -> None:
         raise FormatError(
             f"{what} needs {n} bytes, {have} remain",
             stream.tell(),
-            code="truncated",
+            code=ProblemCode.TRUNCATED,
             loc=stream_loc(stream),
         )
 
@@ -218,7 +219,12 @@ class ExtraWords(NumpyArray):
 class Ensure(Construct):
     """Fail the parse with a clear message when ``predicate(context)`` is false."""
 
-    def __init__(self, predicate: Callable[[Any], bool], message: Callable[[Any], str], code: str = "invalid") -> None:
+    def __init__(
+        self,
+        predicate: Callable[[Any], bool],
+        message: Callable[[Any], str],
+        code: ProblemCode = ProblemCode.INVALID,
+    ) -> None:
         super().__init__()
         self.flagbuildnone = True
         self.predicate = predicate
@@ -374,7 +380,7 @@ class CellMeta(Construct):
             raise FormatError(
                 f"cell {i}: negative position {int(cells['pos'][i])}",
                 start + i * dtype.itemsize,
-                code="bad-position",
+                code=ProblemCode.BAD_POSITION,
                 loc=stream_loc(stream),
             )
         if avail == n and not bad.size:
@@ -390,7 +396,7 @@ class CellMeta(Construct):
             raise FormatError(
                 f"cell {i}: n_seq_id {int(cells['n_seq_id'][i])} in a single-sequence save (must be {fixed})",
                 start + i * dtype.itemsize + 4,
-                code="invalid",
+                code=ProblemCode.INVALID,
                 loc=stream_loc(stream),
             )
         require_bytes(stream, n * dtype.itemsize, f"metadata of {n} cells")

@@ -34,6 +34,7 @@ from slotfile.format.grammar import (
     row_ok,
     type_ok,
 )
+from slotfile.problems import ProblemCode
 
 
 class MemoryKind(StrEnum):
@@ -197,7 +198,7 @@ class Failure:
 
     offset: int
     message: str
-    code: str
+    code: ProblemCode
     loc: str
     layout: str
 
@@ -224,7 +225,7 @@ class _Deepest:
         f = failure_of(exc, stream, layout())
         if self.best is None or f.offset > self.best.offset:
             self.best = f
-        if f.code == "truncated" and (self.cut is None or f.offset > self.cut.offset):
+        if f.code == ProblemCode.TRUNCATED and (self.cut is None or f.offset > self.cut.offset):
             self.cut = f
 
 
@@ -235,8 +236,8 @@ def failure_of(exc: Exception, stream: ViewStream, layout: str = "") -> Failure:
         return Failure(exc.offset, exc.message, exc.code, exc.loc or loc, layout)
     if stream.short is not None:
         off, want, have = stream.short
-        return Failure(off, f"needs {want} bytes, {have} remain", "truncated", loc, layout)
-    return Failure(stream.tell(), str(exc).split("\n")[0], "invalid", loc, layout)
+        return Failure(off, f"needs {want} bytes, {have} remain", ProblemCode.TRUNCATED, loc, layout)
+    return Failure(stream.tell(), str(exc).split("\n")[0], ProblemCode.INVALID, loc, layout)
 
 
 def _parse_kv(
@@ -504,7 +505,11 @@ def _fallback(partial: list[_Parse], deep: _Deepest, start: int, end: int, exact
         lay, _, e = max(partial, key=lambda a: a[2])
         if e > deep.best.offset:
             deep.best = Failure(
-                e, f"body ends at {e}, {end - e} bytes before the end of the blob", "trailing-bytes", "", lay.describe()
+                e,
+                f"body ends at {e}, {end - e} bytes before the end of the blob",
+                ProblemCode.TRAILING_BYTES,
+                "",
+                lay.describe(),
             )
     return Detection(None, [], start, Confidence.NONE, [], deep.best)
 
