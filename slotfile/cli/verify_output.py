@@ -16,6 +16,7 @@ from rich.text import Text
 from slotfile.cli.common import out
 from slotfile.cli.terminal import escape_text, human_size, problem_line
 from slotfile.diagnosis import CAUSE_SHORT, Cause
+from slotfile.problems import Severity
 from slotfile.verify import DEEP_JUDGMENT, LEVELS, SCHEMA, FileReport, VerifyOptions
 
 STRUCTURE_ONLY = "(structure only; add --model to test-load)"
@@ -51,7 +52,7 @@ DETAIL_INDENT = "    "
 
 
 def _warnings(r: FileReport) -> list[str]:
-    return [problem_line(name, p) for name in LEVELS for p in r.levels[name].problems if p["severity"] == "warning"]
+    return [problem_line(name, p) for name in LEVELS for p in r.levels[name].problems if p.severity == Severity.WARNING]
 
 
 def _verdict_word(r: FileReport) -> str:
@@ -250,8 +251,8 @@ def _junit_case(ET: Any, suite: Any, r: FileReport) -> None:
         lv = r.levels[name]
         lines.append(f"{name}: {lv.status}" + (f" ({lv.reason})" if lv.reason else ""))
         for p in lv.problems:
-            off = f" at offset {p['offset']}" if p.get("offset") is not None else ""
-            lines.append(f"  {p['severity']}: {p['section']}{off}: {p['message']}")
+            off = f" at offset {p.offset}" if p.offset is not None else ""
+            lines.append(f"  {p.severity}: {p.section}{off}: {p.message}")
     step = r.next_step
     if r.cause is not None:
         lines.append(f"cause: {r.cause}")

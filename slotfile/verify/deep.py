@@ -22,6 +22,7 @@ from slotfile.format.reader import open_slot_file
 from slotfile.format.records import Body, SlotFile
 from slotfile.llama.loader import DeepResult, LoaderPool, LoadSettings
 from slotfile.model.expect import attn_rot_disabled
+from slotfile.problems import CheckLevel, ProblemCode
 from slotfile.verify.judge import (
     LOGITS_MIN_FLOOR,
     MARGIN_LIMIT,
@@ -119,7 +120,7 @@ def level_deep(
     call, as the server decodes generated tokens: that second state's difference from the
     first, per layer, is the noise floor each stored layer is judged against
     (:func:`slotfile.verify.judge.judge_run`).  ``caches``: the model's caches by role."""
-    lv = Level()
+    lv = Level(CheckLevel.DEEP)
     why = _skip_reason(sf, pool, load, opts)
     if why is not None:
         return lv.skip(*why)
@@ -144,7 +145,7 @@ def level_deep(
             _judge_deep(lv, body, tokens, res, rec_out, caches)
         else:
             lv.error(
-                "crashed" if res.crashed else "deep-failed",
+                ProblemCode.CRASHED if res.crashed else ProblemCode.DEEP_FAILED,
                 "body",
                 body.offset,
                 ("llama.cpp crashed: " if res.crashed else "recompute failed: ") + res.message,
@@ -196,7 +197,7 @@ def _judge_deep(lv: Level, body: Body, tokens: list[int], res: DeepResult, rec_p
         rot = rotation_check(body, rec.body, caches) if rec.body is not None else None
         rows: list[dict[str, Any]] = []
         if rot is not None and not rot["matches"]:
-            lv.error("deep-rotation", "body", body.offset, _rotation_message(rot))
+            lv.error(ProblemCode.DEEP_ROTATION, "body", body.offset, _rotation_message(rot))
         else:
             rows = compare_bodies(lv, body, rec.body, inputs)  # type: ignore[arg-type]
     finally:
@@ -246,10 +247,10 @@ def _check_logits(lv: Level, body: Body, lg: dict[str, Any]) -> tuple[float, flo
     lfloor = max(float(lg.get("floor_rel", 0.0)), LOGITS_MIN_FLOOR[tol_class])
     lratio = float(lg.get("rel", 0.0)) / lfloor
     if not lg.get("all_finite", True):
-        lv.error("deep-logits", "body", body.offset, "non-finite next-token logits after restoring the file")
-    elif lratio > MARGIN_LIMIT and not any(p["code"] == "deep-rotation" for p in lv.problems):
+        lv.error(ProblemCode.DEEP_LOGITS, "body", body.offset, "non-finite next-token logits after restoring the file")
+    elif lratio > MARGIN_LIMIT and not lv.has(ProblemCode.DEEP_ROTATION):
         lv.error(
-            "deep-logits",
+            ProblemCode.DEEP_LOGITS,
             "body",
             body.offset,
             f"next-token logits after restoring differ from those after recomputing the tokens by "

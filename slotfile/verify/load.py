@@ -10,6 +10,7 @@ from typing import Any
 from slotfile.format import versions
 from slotfile.format.records import SlotFile
 from slotfile.llama.loader import LIB_ENV, LoaderPool, LoadResult, library_label
+from slotfile.problems import CheckLevel, ProblemCode
 from slotfile.verify.records import Level, SkipKind
 
 
@@ -37,7 +38,7 @@ def level_load(
 ) -> Level:
     """``pool``: the loader that test-loaded the file; ``tried``: what the search for a library
     of the file's version found when that loader's version differs (for the message)."""
-    lv = Level()
+    lv = Level(CheckLevel.LOAD)
     if pool is None or res is None:
         return lv.skip("no --model")
     info = pool.info
@@ -60,10 +61,10 @@ def level_load(
         if vmsg and not res.crashed and not explicit:
             return lv.skip(vmsg, SkipKind.CANNOT_CHECK)
         if vmsg and not res.crashed:
-            lv.error("version-mismatch", "header", 4, f"{vmsg} (llama.cpp: {res.message})")
+            lv.error(ProblemCode.VERSION_MISMATCH, "header", 4, f"{vmsg} (llama.cpp: {res.message})")
         else:
             lv.error(
-                "crashed" if res.crashed else "load-failed",
+                ProblemCode.CRASHED if res.crashed else ProblemCode.LOAD_FAILED,
                 "body",
                 sf.body.offset if sf.body else None,
                 ("llama.cpp crashed: " if res.crashed else "llama.cpp refused the file: ") + res.message,
@@ -71,7 +72,7 @@ def level_load(
         return lv.finish()
     if sf.format == "GGSQ" and sf.body is not None and sf.body.layout is not None and res.body_bytes != sf.body.end:
         lv.error(
-            "loader-disagrees",
+            ProblemCode.LOADER_DISAGREES,
             "body",
             sf.body.offset,
             f"llama.cpp's loader stopped at offset {res.body_bytes}; the reader's body ends at {sf.body.end}",
@@ -100,7 +101,7 @@ def _appendix_load_problems(lv: Level, sf: SlotFile, res: LoadResult, draft_mode
     body restored."""
     for note in res.notes:
         lv.warn(
-            "appendix-ignored",
+            ProblemCode.APPENDIX_IGNORED,
             "sckp" if "SCKP" in note or "checkpoint" in note else "sdft",
             None,
             f"{note} (the restore itself succeeds)",
@@ -108,20 +109,20 @@ def _appendix_load_problems(lv: Level, sf: SlotFile, res: LoadResult, draft_mode
     for i, (ok, msg) in enumerate(res.checkpoints):
         if not ok:
             off = sf.checkpoints[i].tgt.data_offset if i < len(sf.checkpoints) else None
-            lv.error("checkpoint-rejected", f"sckp.checkpoint[{i}].data_tgt", off, msg)
+            lv.error(ProblemCode.CHECKPOINT_REJECTED, f"sckp.checkpoint[{i}].data_tgt", off, msg)
     for i, (ok, msg) in enumerate(res.checkpoint_drafts):
         if not ok:
             off = sf.checkpoints[i].dft.data_offset if i < len(sf.checkpoints) else None
-            lv.error("checkpoint-draft-rejected", f"sckp.checkpoint[{i}].data_dft", off, msg)
+            lv.error(ProblemCode.CHECKPOINT_DRAFT_REJECTED, f"sckp.checkpoint[{i}].data_dft", off, msg)
     if res.draft is not None and not res.draft[0]:
         off = sf.draft.dft.data_offset if sf.draft is not None and sf.draft.dft is not None else None
-        lv.error("draft-rejected", "sdft.data_dft", off, res.draft[1])
+        lv.error(ProblemCode.DRAFT_REJECTED, "sdft.data_dft", off, res.draft[1])
     has_dft = (sf.draft is not None and sf.draft.dft is not None and sf.draft.dft.length) or any(
         ck.dft.length for ck in sf.checkpoints
     )
     if has_dft and not draft_model:
         lv.warn(
-            "draft-not-loaded",
+            ProblemCode.DRAFT_NOT_LOADED,
             "sdft" if sf.draft is not None else "sckp",
             None,
             "the file holds draft state; give --draft-model to test-load it",
