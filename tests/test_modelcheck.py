@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 
 from slotfile import verify as V
-from slotfile.diagnosis import problem_class
 from slotfile.format.reader import open_slot_file, parse_buffer
 from slotfile.format.records import FileFormat, Problem, Severity, TokenForm
 from slotfile.model.bridge import load_model_info
 from slotfile.model.check import check_against_model
 from slotfile.model.expect import expect_from_model
+from slotfile.problems import cause_of
 from slotfile.report import to_json
 
 from .conftest import MODELS, SLOTS
@@ -77,7 +77,7 @@ def _all_three(data: bytes, side: V.ModelSide, tmp_path: Path) -> tuple[list[dic
 
 
 def _unclassed(p: dict) -> dict:
-    assert p["class"] == problem_class(p["code"], p["severity"])
+    assert p["class"] == cause_of(p["code"], p["severity"])
     return {k: v for k, v in p.items() if k != "class"}
 
 

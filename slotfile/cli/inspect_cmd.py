@@ -12,7 +12,7 @@ from rich.text import Text
 
 from slotfile.cli.common import exit_code, load_model_or_report, open_or_report, out_console
 from slotfile.cli.terminal import escape_text, human_size
-from slotfile.diagnosis import CAUSE_WORDS, Cause, facts_of, file_cause, next_step, refs_of
+from slotfile.diagnosis import CAUSE_WORDS, Cause, facts_of, file_cause, next_step
 from slotfile.exitcodes import OPERATIONAL
 from slotfile.format.reader import GGSN_VERSIONS, GGSQ_VERSIONS
 from slotfile.format.records import MemoryBlock, SlotFile
@@ -267,8 +267,7 @@ def _verdict(con: Console, sf: SlotFile, model_path: Path | None = None) -> None
     """The verdict names the cause (damaged, does not match this model, not a slot file), then
     every problem, then the next step for a file that fails."""
     style = {"ok": "bold green", "ok with warnings": "bold yellow"}.get(sf.verdict, "bold red")
-    refs = refs_of(sf)
-    cause = file_cause(refs)
+    cause = file_cause(sf.problems)
     line = Text("verdict: ", style="bold")
     line.append(CAUSE_WORDS.get(cause, sf.verdict) if cause is not None else sf.verdict, style=style)
     n = len(sf.problems)
@@ -281,7 +280,7 @@ def _verdict(con: Console, sf: SlotFile, model_path: Path | None = None) -> None
         con.print(
             Text(f"  {mark}: {escape_text(p.line())}", style="red" if mark == "error" else "yellow"), soft_wrap=True
         )
-    step = next_step(cause, refs, facts_of(sf, str(model_path) if model_path else None))
+    step = next_step(cause, sf.problems, facts_of(sf, str(model_path) if model_path else None))
     if step is not None and cause != Cause.NOT_SLOT_FILE:  # a wrong input says what to pass in its problem
         con.print(
             Text(escape_text(f"next step: {step.text}" + (f": {step.command}" if step.command else "")), style="cyan"),
