@@ -15,8 +15,9 @@ from slotfile.cli.terminal import escape_text, human_size
 from slotfile.diagnosis import CAUSE_WORDS, Cause, facts_of, file_cause, next_step
 from slotfile.exitcodes import OPERATIONAL
 from slotfile.format.reader import GGSN_VERSIONS, GGSQ_VERSIONS
-from slotfile.format.records import MemoryBlock, SlotFile
+from slotfile.format.records import FileFormat, MemoryBlock, MemoryKind, SlotFile
 from slotfile.model.bridge import ModelInfo
+from slotfile.problems import Severity
 from slotfile.report import flash_attn_of
 
 PREVIEW_CHARS = 160
@@ -61,8 +62,10 @@ def render(
     summary = Table(show_header=False, box=None, pad_edge=False)
     summary.add_column(no_wrap=True)
     summary.add_column()
-    known = GGSQ_VERSIONS if sf.format == "GGSQ" else GGSN_VERSIONS
-    kind = {"GGSQ": "slot file (GGSQ)", "GGSN": "session file (GGSN)"}.get(sf.format, "not a slot file")
+    known = GGSQ_VERSIONS if sf.format == FileFormat.GGSQ else GGSN_VERSIONS
+    kind = {FileFormat.GGSQ: "slot file (GGSQ)", FileFormat.GGSN: "session file (GGSN)"}.get(
+        sf.format, "not a slot file"
+    )
     _kv(summary, "format", f"{kind}, version {sf.version}" if sf.version is not None else kind)
     if sf.version in known:
         _kv(summary, "written by", known[sf.version])
@@ -131,7 +134,7 @@ def rotation_words(body: object) -> str:
     one phrase when all agree, else per block (and stream)."""
     found: list[tuple[str, str]] = []
     for b in getattr(body, "blocks", []):
-        for st in b.active_streams() if b.kind == "KV" else []:
+        for st in b.active_streams() if b.kind == MemoryKind.KV else []:
             if st.rot_offset is not None:
                 name = b.role if len(b.active_streams()) == 1 else f"{b.role} stream {st.index}"
                 found.append((name, _rot_words(int(st.n_rot_k or 0), int(st.n_rot_v or 0))))
@@ -145,7 +148,7 @@ def rotation_words(body: object) -> str:
 def _block_line(b: MemoryBlock) -> str:
     pos = b.positions()
     prange = f", positions {int(pos.min())}..{int(pos.max())}" if pos.size else ""
-    if b.kind == "KV":
+    if b.kind == MemoryKind.KV:
         active = b.active_streams()
         first = active[0] if active else None
         n_layer = first.n_layer if first else 0
@@ -275,7 +278,7 @@ def _verdict(con: Console, sf: SlotFile, model_path: Path | None = None) -> None
         line.append(f" ({n} problem{'s' if n > 1 else ''})")
     con.print(line)
     for p in sf.problems:
-        mark = "error" if p.severity == "error" else "warning"
+        mark = "error" if p.severity == Severity.ERROR else "warning"
         # one problem, one line, never wrapped: people grep for these
         con.print(
             Text(f"  {mark}: {escape_text(p.line())}", style="red" if mark == "error" else "yellow"), soft_wrap=True

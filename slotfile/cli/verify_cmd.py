@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any
 
 from slotfile.exitcodes import OK, OPERATIONAL, PROBLEMS, USAGE
 from slotfile.slotdir.walk import SETTLE_SECONDS
+from slotfile.verify.records import Verdict
 
 if TYPE_CHECKING:
     from slotfile.llama.loader import LoaderPool
@@ -199,9 +200,9 @@ def _emit(
 
 def _exit_code(errors: list[str], reports: list[FileReport]) -> int:
     """OPERATIONAL when a file could not be read or checked, PROBLEMS when one fails, else OK."""
-    if errors or any(r.verdict == "error" for r in reports):
+    if errors or any(r.verdict == Verdict.ERROR for r in reports):
         return OPERATIONAL
-    if any(r.verdict == "fail" for r in reports):
+    if any(r.verdict == Verdict.FAIL for r in reports):
         return PROBLEMS
     return OK
 

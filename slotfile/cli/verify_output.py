@@ -18,6 +18,7 @@ from slotfile.cli.terminal import escape_text, human_size, problem_line
 from slotfile.diagnosis import CAUSE_SHORT, Cause
 from slotfile.problems import Severity
 from slotfile.verify import DEEP_JUDGMENT, LEVELS, SCHEMA, FileReport, VerifyOptions
+from slotfile.verify.records import Status, Verdict
 
 STRUCTURE_ONLY = "(structure only; add --model to test-load)"
 
@@ -111,7 +112,7 @@ def render(
 ) -> None:
     if quiet:  # the failing files, one line each, then the summary (unreadable ones are on stderr already)
         for r in reports:
-            if r.verdict == "fail":
+            if r.verdict == Verdict.FAIL:
                 out.print(escape_text(f"{r.path}: {r.verdict}: {r.first_problem}"), soft_wrap=True)
     elif out.is_terminal or os.environ.get("COLUMNS"):
         cols = os.environ.get("COLUMNS", "")
@@ -166,7 +167,9 @@ def _listing(reports: list[FileReport], base: Path | None, width: int) -> None:
     for r, row in zip(reports, rows, strict=True):
         line = Text(fmt.format(*row))
         line.stylize(
-            _VERDICT_STYLE[r.verdict] if r.verdict != "pass" or not _warnings(r) else "bold yellow", 0, len(row[0])
+            _VERDICT_STYLE[r.verdict] if r.verdict != Verdict.PASS or not _warnings(r) else "bold yellow",
+            0,
+            len(row[0]),
         )
         if len(line) >= width:  # the path would wrap mid-word at the edge: it goes on its own line
             line = line[: len(line) - len(row[4])]
@@ -207,8 +210,8 @@ def write_junit(path: Path, reports: list[FileReport], errors: list[str], opts: 
     """JUnit XML: one testcase per file (and one per missing path)."""
     import xml.etree.ElementTree as ET  # only for --junit
 
-    failures = sum(1 for r in reports if r.verdict == "fail")
-    errs = sum(1 for r in reports if r.verdict == "error") + len(errors)
+    failures = sum(1 for r in reports if r.verdict == Verdict.FAIL)
+    errs = sum(1 for r in reports if r.verdict == Verdict.ERROR) + len(errors)
     total = len(reports) + len(errors)
     root = ET.Element(
         "testsuites",
@@ -259,11 +262,11 @@ def _junit_case(ET: Any, suite: Any, r: FileReport) -> None:
     if step is not None:
         lines.append(f"next step: {step.text}" + (f": {step.command}" if step.command else ""))
     body = "\n".join(_x(ln) for ln in lines)
-    if r.verdict == "error":
+    if r.verdict == Verdict.ERROR:
         el = ET.SubElement(tc, "error", message=_x(r.error), type="unreadable")
         el.text = _x(r.error)
-    elif r.verdict == "fail":
-        lvl = next(n for n in LEVELS if r.levels[n].status == "fail")
+    elif r.verdict == Verdict.FAIL:
+        lvl = next(n for n in LEVELS if r.levels[n].status == Status.FAIL)
         el = ET.SubElement(tc, "failure", message=_x(r.first_problem), type=lvl)
         el.text = body
     ET.SubElement(tc, "system-out").text = body

@@ -19,8 +19,8 @@ from slotfile.format.records import (
 from slotfile.problems import ProblemCode, Severity
 
 # The writer line of each known version, from the one version registry (slotfile.format.versions).
-GGSQ_VERSIONS = {v.version: v.writer for v in versions.VERSIONS.values() if v.format == "GGSQ"}
-GGSN_VERSIONS = {v.version: v.writer for v in versions.VERSIONS.values() if v.format == "GGSN"}
+GGSQ_VERSIONS = {v.version: v.writer for v in versions.VERSIONS.values() if v.format == FileFormat.GGSQ}
+GGSN_VERSIONS = {v.version: v.writer for v in versions.VERSIONS.values() if v.format == FileFormat.GGSN}
 TRIAL_AHEAD = versions.TRIAL_AHEAD
 
 

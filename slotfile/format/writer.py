@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from typing import Any, BinaryIO
 
 from slotfile.format import grammar as g
-from slotfile.format.records import Body, SlotFile
+from slotfile.format.records import Body, FileFormat, MemoryKind, SlotFile, TokenForm
 
 
 def _raw(sf: SlotFile, start: int, end: int) -> memoryview:
@@ -23,7 +23,7 @@ def body_chunks(body: Body, *, whole: bool = False) -> Iterator[bytes]:
     """The body rebuilt block by block."""
     assert body.layout is not None
     for spec, blk in zip(body.layout.blocks, body.blocks, strict=False):
-        if spec.kind == "KV":
+        if spec.kind == MemoryKind.KV:
             pre, post = body.layout.extra
             grammar = g.kv_block_legacy(spec.has_v) if body.layout.legacy else g.kv_block(spec.has_v)
             yield g.build(grammar, blk.raw, ext=body.layout.ext, whole=whole, v4_pre=pre, v4_post=post)
@@ -38,7 +38,7 @@ def serialize(sf: SlotFile) -> Iterator[bytes | memoryview]:
         return
     yield g.FileHeader.build(
         {
-            "magic": g.GGSQ_MAGIC if sf.format == "GGSQ" else g.GGSN_MAGIC,
+            "magic": g.GGSQ_MAGIC if sf.format == FileFormat.GGSQ else g.GGSN_MAGIC,
             "version": sf.version,
             "n_token_count": sf.n_token_count,
         }
@@ -46,9 +46,9 @@ def serialize(sf: SlotFile) -> Iterator[bytes | memoryview]:
     pos = 12
     tp = sf.tokens
     if tp is not None:
-        if tp.form == "packed" and tp.raw is not None:
+        if tp.form == TokenForm.PACKED and tp.raw is not None:
             yield g.build(g.PackedTokens, tp.raw)
-        elif tp.form == "plain":
+        elif tp.form == TokenForm.PLAIN:
             yield tp.tokens.tobytes()
         else:
             yield _raw(sf, tp.offset, tp.offset + tp.size)
@@ -59,7 +59,7 @@ def serialize(sf: SlotFile) -> Iterator[bytes | memoryview]:
         return
     if body.offset > pos:  # the GGSN arch string (and v9 outputs): carried over as read
         yield _raw(sf, pos, body.offset)
-    yield from body_chunks(body, whole=sf.format == "GGSN")
+    yield from body_chunks(body, whole=sf.format == FileFormat.GGSN)
     pos = body.end
     for app in sorted([a for a in (sf.sckp, sf.draft) if a is not None], key=lambda a: a.offset):
         if not app.complete:

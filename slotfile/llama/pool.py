@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from slotfile.format.records import FileFormat
 from slotfile.llama.library import Library, LoaderError, resolve_library
 from slotfile.llama.settings import draft_settings_for, settings_for
 from slotfile.llama.worker.settings import LoadSettings
@@ -396,8 +397,13 @@ class LoaderPool:
     def loads_version_of(self, fmt: str | None, version: int | None) -> bool:
         """Whether this library's version is the file's (llama.cpp loads its own version only);
         True when either is unknown (the test-load then says what is wrong)."""
-        have = self.session_version if fmt == "GGSN" else self.state_seq_version
-        return version is None or have is None or fmt not in ("GGSQ", "GGSN") or int(version) == int(have)
+        have = self.session_version if fmt == FileFormat.GGSN else self.state_seq_version
+        return (
+            version is None
+            or have is None
+            or fmt not in (FileFormat.GGSQ, FileFormat.GGSN)
+            or int(version) == int(have)
+        )
 
     def describe(self) -> dict[str, Any]:
         """The loader as ``verify --json`` shows it."""
@@ -430,7 +436,7 @@ class LoaderPool:
             "op": "load",
             "path": str(Path(path).resolve()),
             "settings": s.to_dict(),
-            "format": "GGSN" if sf.format == "GGSN" else "GGSQ",
+            "format": FileFormat.GGSN if sf.format == FileFormat.GGSN else FileFormat.GGSQ,
             "draft_settings": ds.to_dict() if ds else None,
         }
         resp, died, log = self._call(req, timeout)

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from slotfile.format.reader import open_slot_file
-from slotfile.format.records import Body, SlotFile
+from slotfile.format.records import Body, FileFormat, MemoryKind, SlotFile
 from slotfile.llama.loader import DeepResult, LoaderPool, LoadSettings
 from slotfile.model.expect import attn_rot_disabled
 from slotfile.problems import CheckLevel, ProblemCode
@@ -42,7 +42,7 @@ from slotfile.verify.stats import FLOAT_TYPES, cell_stats, tolerance_class
 
 def _deep_preconditions(sf: SlotFile, n_vocab: int) -> str | None:
     """Why the stored tokens cannot reproduce the state (None: they should)."""
-    if sf.format != "GGSQ":
+    if sf.format != FileFormat.GGSQ:
         return "session files (GGSN) hold every sequence; the deep check covers slot files"
     if sf.body is None or sf.body.layout is None or not sf.body.blocks:
         return "the body does not parse" if sf.body is None or sf.body.layout is None else "the file holds no state"
@@ -55,7 +55,7 @@ def _deep_preconditions(sf: SlotFile, n_vocab: int) -> str | None:
         return "token ids outside the model's vocabulary (see the model level)"
     n = int(tp.tokens.size)
     first = sf.body.blocks[0]
-    if first.kind == "KV":
+    if first.kind == MemoryKind.KV:
         act = first.active_streams()
         if len(act) != 1 or not np.array_equal(act[0].positions, np.arange(n)):
             return (
@@ -78,7 +78,7 @@ def rotation_check(file_body: Body, rec_body: Body, caches: Caches) -> dict[str,
     direct: list[float] = []
     other: list[float] = []
     for fb, rb in zip(file_body.blocks, rec_body.blocks, strict=False):
-        if fb.kind != "KV":
+        if fb.kind != MemoryKind.KV:
             continue
         cache = caches.get(fb.role)
         for _sec, fr, rr, _pos in layer_pairs(fb, rb):

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from slotfile.format.records import Body, CacheExpect, LayerRun, MemoryBlock, ModelExpect
+from slotfile.format.records import Body, CacheExpect, LayerRun, MemoryBlock, MemoryKind, ModelExpect
 from slotfile.model.expect import rotation_widths
 from slotfile.problems import ProblemCode
 from slotfile.verify.records import Level
@@ -138,7 +138,7 @@ def layer_pairs(
     fb: MemoryBlock, rb: MemoryBlock
 ) -> Iterator[tuple[str, LayerRun | None, LayerRun | None, np.ndarray | None]]:
     """(section, file run, recomputed run, positions) for every layer entry of two blocks."""
-    if fb.kind == "KV":
+    if fb.kind == MemoryKind.KV:
         for fs, rs in zip(fb.streams, rb.streams, strict=False):
             if not fs.cell_count and not rs.cell_count:
                 continue
@@ -233,7 +233,7 @@ def _cells_differ(lv: Level, fb: MemoryBlock, rb: MemoryBlock) -> bool:
     """Cell counts or positions of the file's block differ from the recomputed block's:
     problems into ``lv``; True when any was found."""
     before = len(lv.problems)
-    if fb.kind == "KV":
+    if fb.kind == MemoryKind.KV:
         for fs, rs in zip(fb.streams, rb.streams, strict=False):
             if fs.cell_count != rs.cell_count:
                 lv.error(

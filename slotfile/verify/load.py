@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from slotfile.format import versions
-from slotfile.format.records import SlotFile
+from slotfile.format.records import FileFormat, SlotFile
 from slotfile.llama.loader import LIB_ENV, LoaderPool, LoadResult, library_label
 from slotfile.problems import CheckLevel, ProblemCode
 from slotfile.verify.records import Level, SkipKind
@@ -17,10 +17,10 @@ from slotfile.verify.records import Level, SkipKind
 def version_message(sf: SlotFile, loader_version: int | None, loader_name: str, tried: str | None = None) -> str | None:
     """A plain sentence when the file's state version is not the loader's.  ``tried``: what
     the search for another library found (the llama-server on PATH)."""
-    if sf.format != "GGSQ" or sf.version is None or loader_version is None or sf.version == loader_version:
+    if sf.format != FileFormat.GGSQ or sf.version is None or loader_version is None or sf.version == loader_version:
         return None
     v = sf.version
-    info = versions.version_info("GGSQ", v)
+    info = versions.version_info(FileFormat.GGSQ, v)
     who = info.writer if info else None
     line = info.loaders if info else None
     msg = f"this file has state version {v}, the loader ({loader_name}) only loads version {loader_version}"
@@ -70,7 +70,12 @@ def level_load(
                 ("llama.cpp crashed: " if res.crashed else "llama.cpp refused the file: ") + res.message,
             )
         return lv.finish()
-    if sf.format == "GGSQ" and sf.body is not None and sf.body.layout is not None and res.body_bytes != sf.body.end:
+    if (
+        sf.format == FileFormat.GGSQ
+        and sf.body is not None
+        and sf.body.layout is not None
+        and res.body_bytes != sf.body.end
+    ):
         lv.error(
             ProblemCode.LOADER_DISAGREES,
             "body",
@@ -83,8 +88,8 @@ def level_load(
 
 def _load_version_message(sf: SlotFile, info: dict[str, Any], tried: str | None) -> str | None:
     """Why the loader's llama.cpp cannot judge a file of another state or session version."""
-    if sf.format == "GGSN" and sf.version is not None and sf.version != info.get("session_version"):
-        ginfo = versions.version_info("GGSN", sf.version)
+    if sf.format == FileFormat.GGSN and sf.version is not None and sf.version != info.get("session_version"):
+        ginfo = versions.version_info(FileFormat.GGSN, sf.version)
         known = ginfo.writer if ginfo else "no known llama.cpp line"
         return (
             f"this session file has version {sf.version}, the loader ({library_label(info)}) only loads session "
