@@ -14,7 +14,7 @@ from slotfile.cli.common import exit_code, load_model_or_report, open_or_report,
 from slotfile.cli.terminal import escape_text, human_size
 from slotfile.diagnosis import CAUSE_WORDS, Cause, facts_of, file_cause, next_step
 from slotfile.exitcodes import OPERATIONAL
-from slotfile.format.reader import GGSN_VERSIONS, GGSQ_VERSIONS
+from slotfile.format import versions
 from slotfile.format.records import FileFormat, MemoryBlock, MemoryKind, SlotFile
 from slotfile.model.bridge import ModelInfo
 from slotfile.problems import Severity
@@ -62,13 +62,13 @@ def render(
     summary = Table(show_header=False, box=None, pad_edge=False)
     summary.add_column(no_wrap=True)
     summary.add_column()
-    known = GGSQ_VERSIONS if sf.format == FileFormat.GGSQ else GGSN_VERSIONS
+    vinfo = versions.version_info(sf.format, sf.version)
     kind = {FileFormat.GGSQ: "slot file (GGSQ)", FileFormat.GGSN: "session file (GGSN)"}.get(
         sf.format, "not a slot file"
     )
     _kv(summary, "format", f"{kind}, version {sf.version}" if sf.version is not None else kind)
-    if sf.version in known:
-        _kv(summary, "written by", known[sf.version])
+    if vinfo is not None:
+        _kv(summary, "written by", vinfo.writer)
     _kv(summary, "size", f"{sf.size} bytes ({human_size(sf.size)})")
     if sf.arch is not None:
         _kv(summary, "architecture", escape_text(sf.arch))

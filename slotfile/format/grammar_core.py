@@ -31,10 +31,6 @@ SCKP_VERSION = 1  # SLOT_CKPT_VERSION (PR #26004)
 SDFT_VERSION = 1
 MTMD_SERIALIZATION_VERSION = 2
 
-# The first versions whose KV streams carry the rotation words (llama.cpp of 2026-10-05 on).
-ROT_STATE_VERSION = 4  # LLAMA_STATE_SEQ_VERSION
-ROT_SESSION_VERSION = 11  # LLAMA_SESSION_VERSION
-
 MAX_STREAMS = 256  # LLAMA_MAX_SEQ
 MAX_LAYERS = 4096
 MAX_CHECKPOINTS = 1024  # the SCKP writer refuses more; the reader treats more as corrupt

@@ -17,6 +17,7 @@ from typing import Any
 
 from construct import ConstructError
 
+from slotfile.format import versions
 from slotfile.format.grammar import (
     COUNT,
     LAYER_HEAD,
@@ -172,7 +173,7 @@ ARCH_SEQUENCES: dict[str, tuple[Kinds, ...]] = {
     "lfm2": ((KV, REC), (KV, KV, REC)),
 }
 
-EXT_SIZES = (0, 12, 8)
+EXT_SIZES = versions.CELL_EXT_SIZES  # (0, 12, 8): every version's cell ext sizes
 # How far past a complete-but-short parse a truncated candidate must reach to win.  Zero: a
 # killed save (the common damage) must never read as "a shorter layout plus trailing bytes";
 # garbage after a body rarely gets a candidate to a short read (the caps stop it first).

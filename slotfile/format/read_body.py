@@ -9,6 +9,7 @@ import numpy as np
 from construct import ConstructError
 
 from slotfile.format import grammar as g
+from slotfile.format import versions
 from slotfile.format.layout import (
     ARCH_SEQUENCES,
     SEQUENCES,
@@ -87,7 +88,8 @@ def parse_session_prefix(sf: SlotFile, view: memoryview, off: int) -> int | None
         return None
     sf.arch = bytes(a.data.view).decode("utf-8", "replace")
     sf.sections.append(Section("arch", off, s.tell() - off, sf.arch))
-    if sf.version == 9:
+    vinfo = versions.version_info(sf.format, sf.version)
+    if vinfo is not None and vinfo.session_outputs:  # session version 9 (slot-format.md §7)
         start = s.tell()
         try:
             g.GgsnV9Extra.parse_stream(s)

@@ -16,11 +16,12 @@ from typing import TYPE_CHECKING, Any
 from construct import ConstructError
 
 from slotfile.format import grammar as g
+from slotfile.format import versions
 from slotfile.format.foreign import TEXT_SAMPLE, recognise_foreign
 from slotfile.format.read_appendix import parse_appendices
 from slotfile.format.read_body import parse_body, parse_session_prefix, parse_tokens
 from slotfile.format.read_checks import check_semantics
-from slotfile.format.read_version import GGSN_VERSIONS, GGSQ_VERSIONS, TRIAL_AHEAD, has_rot, trial_version
+from slotfile.format.read_version import has_rot, trial_version
 from slotfile.format.records import (
     Appendix,
     BlobInfo,
@@ -46,9 +47,6 @@ if TYPE_CHECKING:
 # The records are re-exported: ``from slotfile.format.reader import SlotFile`` is the public path
 # next to open_slot_file, and the version tables and has_rot are the reader's word on versions.
 __all__ = [
-    "GGSN_VERSIONS",
-    "GGSQ_VERSIONS",
-    "TRIAL_AHEAD",
     "Appendix",
     "BlobInfo",
     "Body",
@@ -201,10 +199,8 @@ def _check_magic_version(sf: SlotFile, view: memoryview, magic: int, version: in
     neither known nor readable by trial."""
     if magic == g.GGSQ_MAGIC:
         sf.format = FileFormat.GGSQ
-        known = GGSQ_VERSIONS
     elif magic == g.GGSN_MAGIC:
         sf.format = FileFormat.GGSN
-        known = GGSN_VERSIONS
     else:
         zeros = (
             " (all its first bytes are zero: the data was never written, or was wiped)"
@@ -219,6 +215,7 @@ def _check_magic_version(sf: SlotFile, view: memoryview, magic: int, version: in
             f"magic 0x{magic:08x} is neither GGSQ (slot file) nor GGSN (session file){zeros}",
         )
         return False
+    known = versions.known(sf.format)
     if version not in known and not trial_version(sf):
         sf.problem(
             Severity.ERROR,

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from slotfile.format import versions
 from slotfile.format.records import FileFormat
 from slotfile.llama.library import Library, LoaderError, resolve_library
 from slotfile.llama.settings import draft_settings_for, settings_for
@@ -162,12 +163,11 @@ class WorkerProcess:
                 f"cannot tell which state version the llama.cpp library {lib} writes: "
                 f"{resp.get('version_error') or 'no answer'}"
             )
-        from slotfile.format.reader import GGSQ_VERSIONS  # the versions slotfile reads
-
-        if int(version) not in GGSQ_VERSIONS:
+        known = versions.known(FileFormat.GGSQ)  # the state versions slotfile reads
+        if int(version) not in known:
             return (
                 f"the llama.cpp library {lib} writes state version {version}, which slotfile does not know "
-                f"(it knows versions {', '.join(map(str, sorted(GGSQ_VERSIONS)))})"
+                f"(it knows versions {', '.join(map(str, known))})"
             )
         resp["library_dir"] = self.library.path or os.path.dirname(str(resp.get("library") or "")) or None
         resp["library_source"] = self.library.source
