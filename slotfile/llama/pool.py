@@ -61,10 +61,10 @@ class DeepResult:
     logits: dict[str, Any] | None = None
     recomputed: str | None = None
     restored_pos_max: int | None = None
-    floor: str | None = None  # the state with the last ``tail`` tokens decoded one per call
+    floor: str | None = None  # the state with the last ``n_stepwise`` tokens decoded one per call
     n_batch: int = 0
     n_ubatch: int = 0
-    tail: int = 0  # cells recomputed one by one for the noise floor (0: none)
+    n_stepwise: int = 0  # the last tokens decoded again one per call for the noise floor (0: none)
 
 
 def _signal_name(rc: int) -> str:
@@ -470,14 +470,15 @@ class LoaderPool:
         batch: int = 0,
         *,
         n_ubatch: int = 0,
-        tail: int = 0,
+        n_stepwise: int = 0,
         out_floor: str | None = None,
     ) -> DeepResult:
         """Restore ``path`` and recompute ``tokens`` from scratch with the same settings; the
         recomputed state is written to ``out`` (a GGSQ file with no tokens).  ``batch``: the
         prefill's n_batch (tokens per llama_decode call), ``n_ubatch`` its micro-batch (0: the
-        server's defaults, 2048 and 512).  With ``tail`` and ``out_floor``: the last ``tail``
-        tokens decoded again one per call, that state written to ``out_floor`` (the noise floor)."""
+        server's defaults, 2048 and 512).  With ``n_stepwise`` and ``out_floor``: the last
+        ``n_stepwise`` tokens decoded again one per call, that state written to ``out_floor`` (the
+        noise floor)."""
         if settings is None:
             from slotfile.format.reader import open_slot_file
 
@@ -491,7 +492,7 @@ class LoaderPool:
             "out": str(out),
             "n_batch": int(batch),
             "n_ubatch": int(n_ubatch),
-            "tail": int(tail),
+            "n_stepwise": int(n_stepwise),
             "out_floor": str(out_floor) if out_floor else None,
         }
         resp, died, log = self._call(req, timeout)
@@ -510,10 +511,10 @@ class LoaderPool:
             logits=resp.get("logits"),
             recomputed=str(out) if resp.get("ok") else None,
             restored_pos_max=resp.get("restored_pos_max"),
-            floor=str(out_floor) if resp.get("ok") and resp.get("tail") else None,
+            floor=str(out_floor) if resp.get("ok") and resp.get("n_stepwise") else None,
             n_batch=int(resp.get("n_batch") or 0),
             n_ubatch=int(resp.get("n_ubatch") or 0),
-            tail=int(resp.get("tail") or 0),
+            n_stepwise=int(resp.get("n_stepwise") or 0),
         )
 
     def close(self) -> None:

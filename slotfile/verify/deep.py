@@ -128,7 +128,6 @@ def level_deep(
     tokens = [int(t) for t in sf.tokens.tokens]  # type: ignore[union-attr]
     body: Body = sf.body  # type: ignore[assignment]  # _deep_preconditions: a parsed body
     with _scratch_files(2) as (rec_out, floor_out):
-        # the worker request calls the stepwise tokens "tail" (slotfile.llama)
         res = pool.deep(
             path,
             tokens,
@@ -138,7 +137,7 @@ def level_deep(
             timeout=opts.timeout,
             batch=opts.n_batch,
             n_ubatch=opts.n_ubatch,
-            tail=STEPWISE_TOKENS,
+            n_stepwise=STEPWISE_TOKENS,
             out_floor=floor_out,
         )
         if res.ok:
@@ -193,7 +192,7 @@ def _judge_deep(lv: Level, body: Body, tokens: list[int], res: DeepResult, rec_p
     rec = open_slot_file(rec_path)
     flo = open_slot_file(res.floor) if res.floor else None
     try:
-        inputs = DeepInputs(flo.body if flo else None, caches, len(tokens), res.tail)
+        inputs = DeepInputs(flo.body if flo else None, caches, len(tokens), res.n_stepwise)
         rot = rotation_check(body, rec.body, caches) if rec.body is not None else None
         rows: list[dict[str, Any]] = []
         if rot is not None and not rot["matches"]:
@@ -213,7 +212,7 @@ def _judge_deep(lv: Level, body: Body, tokens: list[int], res: DeepResult, rec_p
         "probe_token": tokens[-1],
         "n_batch": res.n_batch,
         "n_ubatch": res.n_ubatch,
-        "tail": res.tail,  # the stepwise tokens (schema slotfile.verify/1)
+        "tail": res.n_stepwise,  # the JSON key of the stepwise tokens (schema slotfile.verify/1)
         "limit": MARGIN_LIMIT,
         "margin": worst["ratio"] if worst else 0.0,
         "worst": {k: worst[k] for k in ("section", "part", "layer", "ratio", "by", "worst_pos")} if worst else None,
