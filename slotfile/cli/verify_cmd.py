@@ -129,7 +129,7 @@ def _start_pool(req: VerifyRequest) -> LoaderPool | None:
 
 
 def _run_verify(req: VerifyRequest, pool: LoaderPool | None) -> int:
-    from slotfile.cli.common import err, fail
+    from slotfile.cli.common import err_console, fail
     from slotfile.verify import Verifier, VerifyError, collect
 
     usage = req.usage_error()
@@ -151,7 +151,7 @@ def _run_verify(req: VerifyRequest, pool: LoaderPool | None) -> int:
     paths = req.paths
     show = (
         not req.quiet
-        and err.is_terminal
+        and err_console().is_terminal
         and (any(p.is_dir() for p in paths) or req.model is not None or len(files) > 1)
     )
     reports: list[FileReport] = []

@@ -11,9 +11,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from rich.console import Console
 from rich.text import Text
 
-from slotfile.cli.common import out
+from slotfile.cli.common import out_console
 from slotfile.cli.terminal import escape_text, human_size, problem_line
 from slotfile.diagnosis import CAUSE_SHORT, Cause
 from slotfile.problems import Severity
@@ -109,14 +110,17 @@ def render(
     structure_only: bool = False,
     quiet: bool = False,
     base: Path | None = None,
+    console: Console | None = None,
 ) -> None:
+    """The text report on stdout (``console``: the invocation's, by default a fresh one)."""
+    out = console if console is not None else out_console()
     if quiet:  # the failing files, one line each, then the summary (unreadable ones are on stderr already)
         for r in reports:
             if r.verdict == Verdict.FAIL:
                 out.print(escape_text(f"{r.path}: {r.verdict}: {r.first_problem}"), soft_wrap=True)
     elif out.is_terminal or os.environ.get("COLUMNS"):
         cols = os.environ.get("COLUMNS", "")
-        _listing(reports, base, int(cols) if cols.isdigit() else out.width)
+        _listing(out, reports, base, int(cols) if cols.isdigit() else out.width)
     else:  # a pipe or a file: one line per file, nothing wrapped
         for r in reports:
             _pipe_line(r, base)
@@ -146,7 +150,7 @@ def summary_line(reports: list[FileReport], loaders: list[dict[str, Any]], elaps
     return line
 
 
-def _listing(reports: list[FileReport], base: Path | None, width: int) -> None:
+def _listing(out: Console, reports: list[FileReport], base: Path | None, width: int) -> None:
     """One row per file (verdict, levels, size, tokens, then the path, which is never folded),
     and under a row that has something to say its first problem and next step, wrapped to the
     terminal at word boundaries."""
