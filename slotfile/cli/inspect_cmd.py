@@ -15,7 +15,7 @@ from slotfile.cli.terminal import escape_text, human_size
 from slotfile.diagnosis import CAUSE_WORDS, Cause, facts_of, file_cause, next_step
 from slotfile.exitcodes import OPERATIONAL
 from slotfile.format import versions
-from slotfile.format.records import FileFormat, MemoryBlock, MemoryKind, SlotFile
+from slotfile.format.records import FileFormat, MemoryBlock, MemoryKind, SlotFile, TokenForm
 from slotfile.model.bridge import ModelInfo
 from slotfile.problems import Severity
 from slotfile.report import flash_attn_of
@@ -88,7 +88,11 @@ def _tokens(t: Table, sf: SlotFile, model: ModelInfo | None) -> None:
     tp = sf.tokens
     if tp is None:
         return
-    form = {"packed": "packed server_tokens v1", "plain": "plain token ids", "empty": "none"}[tp.form]
+    form = {
+        TokenForm.PACKED: "packed server_tokens v1",
+        TokenForm.PLAIN: "plain token ids",
+        TokenForm.EMPTY: "none",
+    }[tp.form]
     media = f", {len(tp.media)} media chunks" if tp.media else ""
     _kv(t, "tokens", f"{tp.tokens.size} ({form}, {tp.n_words} words{media})")
     if model is not None and tp.tokens.size:

@@ -32,7 +32,7 @@ def document(
     elapsed: float,
     rc: int,
 ) -> dict[str, Any]:
-    counts = {v: sum(1 for r in reports if r.verdict == v) for v in ("pass", "fail", "error")}
+    counts = {v: sum(1 for r in reports if r.verdict == v) for v in Verdict}
     return {
         "schema": SCHEMA,
         "loader": loaders[0] if loaders else None,
@@ -48,8 +48,8 @@ def document(
     }
 
 
-_VERDICT_STYLE = {"pass": "bold green", "fail": "bold red", "error": "bold magenta"}
-_STATUS_MARK = {"pass": "ok", "fail": "FAIL", "skipped": "-"}
+_VERDICT_STYLE = {Verdict.PASS: "bold green", Verdict.FAIL: "bold red", Verdict.ERROR: "bold magenta"}
+_STATUS_MARK = {Status.PASS: "ok", Status.FAIL: "FAIL", Status.SKIPPED: "-"}
 DETAIL_INDENT = "    "
 
 
@@ -128,13 +128,13 @@ def render(
 
 
 def summary_line(reports: list[FileReport], loaders: list[dict[str, Any]], elapsed: float, structure_only: bool) -> str:
-    counts = {v: sum(1 for r in reports if r.verdict == v) for v in ("pass", "fail", "error")}
-    line = f"{len(reports)} file(s): {counts['pass']} pass, {counts['fail']} fail"
+    counts = {v: sum(1 for r in reports if r.verdict == v) for v in Verdict}
+    line = f"{len(reports)} file(s): {counts[Verdict.PASS]} pass, {counts[Verdict.FAIL]} fail"
     causes = [CAUSE_SHORT.get(c, str(c)) for c in (r.cause for r in reports) if c is not None]
     if causes:
         line += " (" + ", ".join(f"{causes.count(c)} {c}" for c in dict.fromkeys(causes)) + ")"
-    if counts["error"]:
-        line += f", {counts['error']} unreadable"
+    if counts[Verdict.ERROR]:
+        line += f", {counts[Verdict.ERROR]} unreadable"
     unchecked = sum(1 for r in reports if r.unchecked)
     if unchecked:
         line += f", {unchecked} not fully checkable here"

@@ -173,7 +173,7 @@ class _Job:
         flip = file_fa is not None and new_fa != file_fa
         new_words, form = _new_words(sf, opts.tokens)
         tail = analyse_tail(sf, view_of(sf), sf.body.end, tgt_partial=tgt_partial(sf))
-        old_form = sf.tokens.form if sf.tokens is not None else "empty"
+        old_form = sf.tokens.form if sf.tokens is not None else TokenForm.EMPTY
         if new_words != words_of(sf):
             out.report.change(
                 "tokens", "form", old_form, form, words_before=sf.n_token_count, words_after=len(new_words)
