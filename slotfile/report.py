@@ -186,7 +186,7 @@ def to_json(
     """The ``slotfile.dump/1`` document.  Beyond ``verdict`` (ok | ok with warnings | damaged:
     does the file have errors), ``cause`` says why it fails (damaged, mismatch, not-a-slot-file,
     unsupported; null without errors), ``next_step`` / ``repair_command`` what to do about it,
-    and each problem its ``class`` (slotfile.diagnosis).  ``model_path``: the --model, for the
+    and each problem its ``class`` (slotfile.problems.cause_of).  ``model_path``: the --model, for the
     repair command."""
     cause = file_cause(sf.problems)
     step = next_step(cause, sf.problems, facts_of(sf, model_path))
