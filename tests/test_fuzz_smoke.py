@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from slotfile.format.reader import parse_buffer
+from slotfile.problems import ProblemCode, Severity
 from tests.fuzz.harnesses import HARNESSES, ContractError, traced_peak
 from tests.fuzz.seeds import corpora
 from tests.fuzzing import random_mutation
@@ -94,7 +95,7 @@ def test_harness_flags_a_contract_violation() -> None:
     from tests.fuzz import harnesses
 
     sf = parse_buffer(b"not a slot file at all")
-    sf.problem("error", "x", "file", sf.size + 1, "made up")
+    sf.problem(Severity.ERROR, ProblemCode.INTERNAL, "file", sf.size + 1, "made up")
     with pytest.raises(ContractError):
         harnesses.walk(sf)
 
