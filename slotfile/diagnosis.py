@@ -24,17 +24,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from slotfile.format.records import FileFormat, MemoryKind, SlotFile
-from slotfile.problems import CheckLevel, Problem, ProblemClass, ProblemCode, Severity, cause_of
+from slotfile.problems import CheckLevel, Problem, ProblemClass, ProblemCode, Severity
 
 __all__ = [
     "Cause",
     "Facts",
     "NextStep",
-    "ProblemRef",
     "facts_of",
     "file_cause",
     "next_step",
-    "problem_class",
 ]
 
 
@@ -57,35 +55,6 @@ CAUSE_SHORT = {
 
 # the loader's refusals that concern only the draft state (strip-draft removes it)
 DRAFT_LOAD_CODES = frozenset({ProblemCode.DRAFT_REJECTED, ProblemCode.CHECKPOINT_DRAFT_REJECTED})
-
-
-def problem_class(code: ProblemCode | str, severity: Severity | str) -> ProblemClass:
-    """The class of a problem (:func:`slotfile.problems.cause_of`); ValueError for an unregistered code."""
-    return cause_of(code, severity)
-
-
-class ProblemRef(Problem):
-    """A :class:`Problem` built the way verify's levels build it (level first, no offset).
-
-    Only a constructor: the value is a Problem.  It stays until verify's levels hold Problems
-    themselves (issue 21, phase B)."""
-
-    __slots__ = ()
-
-    def __init__(
-        self,
-        level: CheckLevel | str,
-        severity: Severity | str,
-        code: ProblemCode | str,
-        section: str,
-        message: str = "",
-    ) -> None:
-        Problem.__init__(self, Severity(severity), ProblemCode(code), section, None, message, CheckLevel(level))
-
-
-def refs_of(sf: SlotFile) -> list[Problem]:
-    """A parsed file's problems (inspect, dump): the model check's at the model level."""
-    return list(sf.problems)
 
 
 def file_cause(problems: Iterable[Problem]) -> Cause | None:

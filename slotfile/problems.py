@@ -276,11 +276,21 @@ class Problem:
     def line(self) -> str:
         return f"{self.section} at offset {self.offset}: {self.message}"
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
+    def where(self) -> str:
+        """'<section> at offset <o>: ', '<section>: ' without an offset, '' without a section."""
+        if self.section and self.offset is not None:
+            return f"{self.section} at offset {self.offset}: "
+        return f"{self.section}: " if self.section else ""
+
+    def to_dict(self, *, with_class: bool = False) -> dict[str, Any]:
+        """The JSON form; ``with_class``: with the ``class`` key the reports carry (verify, inspect)."""
+        d: dict[str, Any] = {
             "severity": self.severity,
             "code": self.code,
             "section": self.section,
             "offset": self.offset,
             "message": self.message,
         }
+        if with_class:
+            d["class"] = self.cls
+        return d

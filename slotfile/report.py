@@ -11,15 +11,14 @@ from typing import Any
 
 import numpy as np
 
-from slotfile.diagnosis import facts_of, file_cause, next_step, problem_class, refs_of
+from slotfile.diagnosis import facts_of, file_cause, next_step
+from slotfile.format import versions
 from slotfile.format.layout import MemoryKind
-from slotfile.format.reader import GGSN_VERSIONS, GGSQ_VERSIONS
 from slotfile.format.records import (
     Appendix,
     BlobInfo,
     Body,
     Checkpoint,
-    FileFormat,
     LayerRun,
     MemoryBlock,
     SlotFile,
@@ -187,19 +186,18 @@ def to_json(
     """The ``slotfile.dump/1`` document.  Beyond ``verdict`` (ok | ok with warnings | damaged:
     does the file have errors), ``cause`` says why it fails (damaged, mismatch, not-a-slot-file,
     unsupported; null without errors), ``next_step`` / ``repair_command`` what to do about it,
-    and each problem its ``class`` (slotfile.diagnosis).  ``model_path``: the --model, for the
+    and each problem its ``class`` (slotfile.problems.cause_of).  ``model_path``: the --model, for the
     repair command."""
-    refs = refs_of(sf)
-    cause = file_cause(refs)
-    step = next_step(cause, refs, facts_of(sf, model_path))
-    known = GGSQ_VERSIONS if sf.format == FileFormat.GGSQ else GGSN_VERSIONS
+    cause = file_cause(sf.problems)
+    step = next_step(cause, sf.problems, facts_of(sf, model_path))
+    vinfo = versions.version_info(sf.format, sf.version)
     d: dict[str, Any] = {
         "schema": SCHEMA,
         "file": sf.path,
         "size": sf.size,
         "format": sf.format,
         "version": sf.version,
-        "version_note": known.get(sf.version or -1) if sf.format != FileFormat.UNKNOWN else None,
+        "version_note": vinfo.writer if vinfo else None,
         "header": None,
         "tokens": tokens_json(sf, with_tokens),
         "arch": None,
@@ -208,7 +206,7 @@ def to_json(
         "sdft": appendix_json(sf.draft, sf),
         "trailing": {"offset": sf.trailing[0], "size": sf.trailing[1]} if sf.trailing else None,
         "sections": [{"name": s.name, "offset": s.offset, "size": s.size, "note": s.note} for s in sf.sections],
-        "problems": [{**p.to_dict(), "class": problem_class(p.code, p.severity)} for p in sf.problems],
+        "problems": [p.to_dict(with_class=True) for p in sf.problems],
         "verdict": sf.verdict,
         "cause": cause,
         "next_step": step.text if step else None,

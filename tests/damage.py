@@ -101,13 +101,13 @@ def truncate_body(data: bytes, tmp: Path) -> bytes:
 
 def version_4(data: bytes, tmp: Path) -> bytes:
     """The same state as version 4 (the rotation words inserted by slotfile migrate)."""
-    from slotfile.repair import Options, run
+    from slotfile.repair import RepairOptions, run
     from slotfile.safewrite import resolve_target
 
     src, out = tmp / "v3-in.slot", tmp / "v4-out.slot"
     src.write_bytes(data)
     out.unlink(missing_ok=True)
-    run("migrate", str(src), resolve_target(src, out), Options(to_version=4))
+    run("migrate", str(src), resolve_target(src, out), RepairOptions(to_version=4))
     return out.read_bytes()
 
 

@@ -4,50 +4,50 @@ from __future__ import annotations
 
 import pytest
 
-from slotfile.diagnosis import Cause, Facts, ProblemRef, file_cause, next_step, problem_class, refs_of
+from slotfile.diagnosis import Cause, Facts, file_cause, next_step
 from slotfile.format.reader import parse_buffer, recognise_foreign
-from slotfile.problems import CheckLevel, ProblemClass, ProblemCode, codes
+from slotfile.problems import CheckLevel, Problem, ProblemClass, ProblemCode, Severity, cause_of, codes
 
 from .conftest import SLOTS
 
 F = Facts("slots/cut.slot", "GGSQ", "m.gguf")
 
 
-def e(level: str, code: str, section: str) -> ProblemRef:
-    return ProblemRef(level, "error", code, section)
+def e(level: str, code: str, section: str) -> Problem:
+    return Problem(Severity.ERROR, ProblemCode(code), section, None, "", CheckLevel(level))
 
 
 def test_classes_by_code_never_by_message():
     model_mismatch = set(codes(level=CheckLevel.MODEL, cls=ProblemClass.MISMATCH))
     assert model_mismatch == {"wrong-arch", "model-mismatch", "token-out-of-vocab", "position-beyond-context"}
-    assert {problem_class(c, "error") for c in model_mismatch} == {Cause.MISMATCH}
-    assert problem_class("version-mismatch", "error") == Cause.MISMATCH
-    assert problem_class("not-slot-file", "error") == Cause.NOT_SLOT_FILE
-    assert problem_class("truncated", "error") == Cause.DAMAGED
-    assert problem_class("draft-not-checked", "warning") == Cause.CANNOT_CHECK
-    assert problem_class("k-only", "warning") == Cause.NOTICE
-    assert problem_class("unsupported-layout", "error") == Cause.UNSUPPORTED
+    assert {cause_of(c, "error") for c in model_mismatch} == {Cause.MISMATCH}
+    assert cause_of("version-mismatch", "error") == Cause.MISMATCH
+    assert cause_of("not-slot-file", "error") == Cause.NOT_SLOT_FILE
+    assert cause_of("truncated", "error") == Cause.DAMAGED
+    assert cause_of("draft-not-checked", "warning") == Cause.CANNOT_CHECK
+    assert cause_of("k-only", "warning") == Cause.NOTICE
+    assert cause_of("unsupported-layout", "error") == Cause.UNSUPPORTED
     # a damaged code raised as a warning is a notice (invalid: cells of several seq ids)
-    assert problem_class("invalid", "warning") == Cause.NOTICE
-    assert problem_class(ProblemCode.INVALID, "error") == Cause.DAMAGED
+    assert cause_of("invalid", "warning") == Cause.NOTICE
+    assert cause_of(ProblemCode.INVALID, "error") == Cause.DAMAGED
 
 
 def test_an_unregistered_code_is_refused_not_classed_damaged():
     with pytest.raises(ValueError):
-        problem_class("no-such-code", "error")
+        cause_of("no-such-code", "error")
     with pytest.raises(ValueError):
-        ProblemRef("load", "error", "load-faild", "body")
+        e("load", "load-faild", "body")
 
 
-def test_problem_ref_is_a_problem():
-    ref = ProblemRef("model", "error", "model-mismatch", "body", "m")
-    assert ref.level == CheckLevel.MODEL and ref.from_model and ref.offset is None
-    assert ref.code is ProblemCode.MODEL_MISMATCH and ref.cls == Cause.MISMATCH
+def test_a_model_level_problem():
+    p = e("model", "model-mismatch", "body")
+    assert p.level == CheckLevel.MODEL and p.from_model and p.offset is None
+    assert p.code is ProblemCode.MODEL_MISMATCH and p.cls == Cause.MISMATCH
 
 
 def test_cause_order():
     assert file_cause([]) is None
-    assert file_cause([ProblemRef("structure", "warning", "k-only", "body")]) is None
+    assert file_cause([Problem(Severity.WARNING, ProblemCode.K_ONLY, "body", None, "")]) is None
     # a model mismatch makes the test-load fail too: that is the mismatch, not damage
     assert file_cause([e("model", "model-mismatch", "body"), e("load", "load-failed", "body")]) == Cause.MISMATCH
     # damaged bytes win over a mismatch the damage may cause
@@ -134,7 +134,7 @@ def test_wrong_inputs_are_named(data: bytes, says: str):
     sf = parse_buffer(data, "x.slot")
     (p,) = sf.problems
     assert (p.code, p.section, p.offset) == ("not-slot-file", "header", 0) and says in p.message, p.message
-    assert file_cause(refs_of(sf)) == Cause.NOT_SLOT_FILE
+    assert file_cause(sf.problems) == Cause.NOT_SLOT_FILE
 
 
 def test_an_empty_file_is_a_cut_slot_file():
@@ -142,8 +142,8 @@ def test_an_empty_file_is_a_cut_slot_file():
     sf = parse_buffer(b"", "e.slot")
     (p,) = sf.problems
     assert (p.code, p.offset) == ("truncated", 0) and p.message.startswith("empty file (0 bytes)")
-    assert file_cause(refs_of(sf)) == Cause.DAMAGED
-    step = next_step(Cause.DAMAGED, refs_of(sf), Facts("e.slot", "unknown"))
+    assert file_cause(sf.problems) == Cause.DAMAGED
+    step = next_step(Cause.DAMAGED, sf.problems, Facts("e.slot", "unknown"))
     assert step is not None and step.command is None and step.text.startswith("nothing can be repaired")
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from slotfile.format.reader import parse_buffer
+from slotfile.problems import ProblemCode, Severity
 from tests.fuzz.harnesses import HARNESSES, ContractError, traced_peak
 from tests.fuzz.seeds import corpora
 from tests.fuzzing import random_mutation
@@ -100,7 +101,6 @@ def test_the_seeds_cover_every_version_and_appendix() -> None:
 
 def test_harness_flags_a_contract_violation() -> None:
     """The harness is not blind: a problem offset outside the file is caught."""
-    from slotfile.problems import ProblemCode, Severity
     from tests.fuzz import harnesses
 
     sf = parse_buffer(b"not a slot file at all")

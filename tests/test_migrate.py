@@ -16,7 +16,7 @@ import pytest
 
 from slotfile.format.reader import open_slot_file
 from slotfile.format.types import ELEMENT_DTYPE
-from slotfile.repair import Options, Outcome, run
+from slotfile.repair import Outcome, RepairOptions, run
 from slotfile.safewrite import resolve_target
 
 from .conftest import EXTRA, FIXTURES, MANIFEST, SLOT_FILES, SLOTS, slotfile_cli
@@ -31,7 +31,7 @@ TWINS = V4 / "v3"  # the head-128 recipes over the version-3 library
 
 
 def _migrate(src: Path, out: Path, to: int, model: Path | None = None, draft: Path | None = None) -> Any:
-    opts = Options(model=str(model) if model else None, draft_model=str(draft) if draft else None, to_version=to)
+    opts = RepairOptions(model=str(model) if model else None, draft_model=str(draft) if draft else None, to_version=to)
     return run("migrate", str(src), resolve_target(src, out), opts)
 
 

@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 
 from slotfile import verify as V
-from slotfile.diagnosis import problem_class
 from slotfile.format.reader import open_slot_file, parse_buffer
 from slotfile.format.records import FileFormat, Problem, Severity, TokenForm
 from slotfile.model.bridge import load_model_info
 from slotfile.model.check import check_against_model
 from slotfile.model.expect import expect_from_model
+from slotfile.problems import cause_of
 from slotfile.report import to_json
 
 from .conftest import MODELS, SLOTS
@@ -70,12 +70,14 @@ def _all_three(data: bytes, side: V.ModelSide, tmp_path: Path) -> tuple[list[dic
     reader = [p.to_dict() for p in sf.model_problems]
     # dump and verify add each problem's class (slotfile.diagnosis): the same for the same code
     dumped = [_unclassed(p) for p in json.loads(json.dumps(to_json(sf)))["problems"] if _unclassed(p) in reader]
-    verified = [_unclassed(p) for p in V.level_model(V.read(path, side, None), side, None).problems]
+    verified = [
+        _unclassed(p.to_dict(with_class=True)) for p in V.level_model(V.read(path, side, None), side, None).problems
+    ]
     return reader, dumped, verified
 
 
 def _unclassed(p: dict) -> dict:
-    assert p["class"] == problem_class(p["code"], p["severity"])
+    assert p["class"] == cause_of(p["code"], p["severity"])
     return {k: v for k, v in p.items() if k != "class"}
 
 
@@ -160,7 +162,7 @@ def test_session_arch_is_checked_everywhere(tmp_path):
     (p,) = [p for p in sf.model_problems if p.code == "wrong-arch"]
     assert "'jamba'" in p.message and "'llama'" in p.message
     lv = V.level_model(V.read(path, side, None), side, None)
-    assert any(q["code"] == "wrong-arch" for q in lv.problems) and lv.status == "fail"
+    assert any(q.code == "wrong-arch" for q in lv.problems) and lv.status == "fail"
 
 
 def _mla_body_only(tmp_path: Path) -> Path:
@@ -176,7 +178,7 @@ def test_verify_reads_in_the_model_layout(tmp_path):
     model's layout (as inspect and dump read it) there is nothing to warn about."""
     path = _mla_body_only(tmp_path)
     side = V.model_side(str(MODELS / "extra-deepseek2.gguf"))
-    assert [p["code"] for p in V.level_structure(open_slot_file(path)).problems] == ["k-only"]
+    assert [p.code for p in V.level_structure(open_slot_file(path)).problems] == ["k-only"]
     sf = V.read(path, side, None)
     assert sf.body.confidence == "model"
     assert V.level_structure(sf).problems == []
@@ -230,5 +232,5 @@ def test_a_body_that_does_not_parse_is_reported_once(llama, tmp_path):
     assert read.body.layout is None and read.model_problems == []
     assert [p.code for p in read.problems] == ["truncated"]
     lv = V.level_model(read, llama, None)
-    assert [(p["severity"], p["code"]) for p in lv.problems] == [("warning", "not-checked")]
+    assert [(p.severity, p.code) for p in lv.problems] == [("warning", "not-checked")]
     assert V.level_structure(read).status == "fail"

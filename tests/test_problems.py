@@ -49,9 +49,18 @@ _CODE_ARG = {
     ("add", 5): 1,  # verify's Level.add(severity, code, section, offset, message)
     ("error", 4): 0,  # verify's Level.error(code, section, offset, message)
     ("warn", 4): 0,  # verify's Level.warn(code, section, offset, message)
-    ("ProblemRef", None): 2,  # ProblemRef(level, severity, code, ...)
-    ("problem_class", None): 0,
-    ("cause_of", None): 0,
+    ("Failure", 5): 2,  # layout's Failure(offset, message, code, loc, layout)
+    ("FormatError", None): 2,  # FormatError(message, offset, code, loc)
+    ("cause_of", None): 0,  # cause_of(code, severity)
+    ("ProblemCode", 1): 0,  # ProblemCode("...")
+}
+
+# where the severity goes, in the same manner
+_SEVERITY_ARG = {
+    ("problem", None): 0,
+    ("Problem", None): 0,
+    ("add", 5): 0,
+    ("cause_of", None): 1,
 }
 
 
@@ -61,6 +70,16 @@ def _code_args(call: ast.Call) -> list[ast.expr]:
     name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
     out = [k.value for k in call.keywords if k.arg == "code"]
     i = _CODE_ARG.get((name, len(call.args)), _CODE_ARG.get((name, None)))
+    if i is not None and i < len(call.args):
+        out.append(call.args[i])
+    return out
+
+
+def _severity_args(call: ast.Call) -> list[ast.expr]:
+    f = call.func
+    name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+    out = [k.value for k in call.keywords if k.arg == "severity"]
+    i = _SEVERITY_ARG.get((name, len(call.args)), _SEVERITY_ARG.get((name, None)))
     if i is not None and i < len(call.args):
         out.append(call.args[i])
     return out
@@ -87,8 +106,17 @@ def _is_code(node: ast.expr) -> bool:
 
 def source_codes(root: Path = PKG, skip: Path | None = None) -> tuple[dict[str, list[str]], set[str]]:
     """(every code literal passed where a problem code goes, with where; every ProblemCode.X named)."""
+    literals, members, _ = source_scan(root, skip)
+    return literals, members
+
+
+def source_scan(
+    root: Path = PKG, skip: Path | None = None
+) -> tuple[dict[str, list[str]], set[str], dict[str, list[str]]]:
+    """:func:`source_codes`, and every string literal passed where a severity goes, with where."""
     literals: dict[str, list[str]] = {}
     members: set[str] = set()
+    severities: dict[str, list[str]] = {}
     for path in sorted(root.rglob("*.py")):
         if path == skip:
             continue
@@ -105,6 +133,9 @@ def source_codes(root: Path = PKG, skip: Path | None = None) -> tuple[dict[str, 
                 for arg in _code_args(node):
                     for s in _strings(arg, consts):
                         literals.setdefault(s, []).append(f"{path.name}:{node.lineno}")
+                for arg in _severity_args(node):
+                    for s in _strings(arg, consts):
+                        severities.setdefault(s, []).append(f"{path.name}:{node.lineno}")
             elif isinstance(node, ast.Compare) and any(_is_code(x) for x in [node.left, *node.comparators]):
                 for x in [node.left, *node.comparators]:  # f.code == "truncated", p["code"] == "deep-rotation"
                     for s in _strings(x, {}):
@@ -113,14 +144,19 @@ def source_codes(root: Path = PKG, skip: Path | None = None) -> tuple[dict[str, 
                 isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "ProblemCode"
             ):
                 members.add(node.attr)
-    return literals, members
+    return literals, members, severities
 
 
-def test_every_code_literal_in_the_source_is_registered():
-    literals, _ = source_codes()
-    assert len(literals) >= 40, sorted(literals)  # the scan sees the reader's, verify's and the grammar's codes
-    unknown = {c: where for c, where in literals.items() if c not in set(ProblemCode)}
-    assert not unknown, f"problem codes not in slotfile/problems.py: {unknown}"
+def test_every_code_in_the_source_is_a_registered_member():
+    """Problems are raised with ProblemCode and Severity members, never bare strings (mypy
+    enforces it for the typed parameters; this scan also covers comparisons and keywords)."""
+    literals, members, severities = source_scan()
+    # the scan sees the reader's, verify's and the grammar's codes
+    assert len(members) >= 40, sorted(members)
+    assert not literals, f"bare-string problem codes (use ProblemCode members): {literals}"
+    assert not severities, f"bare-string severities (use Severity members): {severities}"
+    unknown = sorted(m for m in members if m not in ProblemCode.__members__)
+    assert not unknown, f"ProblemCode members that do not exist: {unknown}"
 
 
 def test_every_registered_code_is_raised_somewhere():
@@ -138,12 +174,16 @@ def test_the_scan_finds_a_misspelt_code(tmp_path: Path):
         '    sf.problem("error", CODE, "header", 0, "m")\n'
         '    lv.error("crashed" if ok else "load-faild", "body", None, "m")\n'
         '    raise FormatError("m", 0, code="over-capp")\n'
+        "    sf.problem(Severity.WARNING, ProblemCode.K_ONLY, 'body', 0, 'm')\n"
+        "    lv.warn(ProblemCode.TRUNKATED, 'body', None, 'm')\n"
         '    return [p for p in sf.problems if p.code == "trunkated" or p["code"] != "k-only"]\n'
     )
-    literals, _ = source_codes(pkg)
+    literals, members, severities = source_scan(pkg)
     assert {"bad-magik", "load-faild", "over-capp", "crashed", "trunkated", "k-only"} <= set(literals)
     unknown = {c for c in literals if c not in set(ProblemCode)}
     assert unknown == {"bad-magik", "load-faild", "over-capp", "trunkated"}
+    assert set(severities) == {"error"}  # the bare one; Severity.WARNING is a member
+    assert members == {"K_ONLY", "TRUNKATED"} and "TRUNKATED" not in ProblemCode.__members__
 
 
 # ---------------------------------------------------------------------------------------

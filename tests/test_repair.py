@@ -21,7 +21,7 @@ import pytest
 
 from slotfile.cli.repair_cmd import exit_code
 from slotfile.format.reader import open_slot_file
-from slotfile.repair import Options, run
+from slotfile.repair import RepairOptions, run
 from slotfile.safewrite import resolve_target
 from slotfile.verify import Verifier, VerifyOptions
 
@@ -176,7 +176,7 @@ def assert_loads(verifier: Verifier, path: Path, n_ckpts: int | None = None, dra
 
 
 def repair(cmd: str, inp: Path, out: Path, **kw: Any):
-    return run(cmd, str(inp), resolve_target(inp, out, force=True), Options(**kw))
+    return run(cmd, str(inp), resolve_target(inp, out, force=True), RepairOptions(**kw))
 
 
 def assert_idempotent(cmd: str, path: Path, tmp: Path, **kw: Any) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from slotfile.format.reader import open_slot_file
-from slotfile.repair import Options, run
+from slotfile.repair import RepairOptions, run
 from slotfile.safewrite import resolve_target
 
 from .conftest import MANIFEST, MODELS, SLOTS
@@ -291,7 +291,7 @@ def test_repair_output_bytes(case, tmp_path, fakes):
     fakes(ref, draft=draft and bool(e["draft_model"]))
     out = tmp_path / "out.slot"
     target = None if dry else resolve_target(src, out)
-    r = run(cmd, str(src), target, Options(**kw), dry_run=dry)
+    r = run(cmd, str(src), target, RepairOptions(**kw), dry_run=dry)
     got = _digest(r, out, tmp_path)
     if not EXPECTED:
         print(f"    {case!r}: {got!r},")

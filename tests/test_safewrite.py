@@ -198,7 +198,7 @@ def test_input_is_only_opened_read_only(tmp_path, monkeypatch):
     """Every open of the input, by every command, is read-only; its bytes and mtime stay."""
     from slotfile import repair
     from slotfile.cli.repair_cmd import exit_code
-    from slotfile.repair import Options
+    from slotfile.repair import RepairOptions
 
     src = tmp_path / "in.slot"
     cut = (SLOTS / "llama_draft_sdft.slot").read_bytes()[:30000]
@@ -221,7 +221,7 @@ def test_input_is_only_opened_read_only(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "open", spy_os_open)
     for cmd, out in (("truncate-recover", "a.slot"), ("strip-draft", "b.slot")):
         inp = src if cmd == "truncate-recover" else tmp_path / "a.slot"
-        r = repair.run(cmd, str(inp), resolve_target(inp, tmp_path / out), Options())
+        r = repair.run(cmd, str(inp), resolve_target(inp, tmp_path / out), RepairOptions())
         assert exit_code(r) == 0, r.reason
     monkeypatch.undo()
     assert opened

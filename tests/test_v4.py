@@ -16,7 +16,7 @@ import pytest
 from slotfile.format.reader import open_slot_file, parse_buffer
 from slotfile.model.bridge import load_model_info
 from slotfile.model.expect import expect_from_model, rotation_widths
-from slotfile.repair import Options, run
+from slotfile.repair import RepairOptions, run
 from slotfile.safewrite import resolve_target
 
 from .conftest import FIXTURES, SLOTS, slotfile_cli
@@ -183,7 +183,7 @@ def test_a_v4_body_labelled_3_is_told_apart():
 
 
 def _repair(command: str, src: Path, out: Path, **kw: Any) -> Any:
-    return run(command, str(src), resolve_target(src, out), Options(**kw))
+    return run(command, str(src), resolve_target(src, out), RepairOptions(**kw))
 
 
 @pytest.mark.parametrize("name", ["llama_draft_sdft.slot", "gemma3_iswa_nofa.slot", "extra-jamba.slot"])

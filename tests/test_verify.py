@@ -85,7 +85,7 @@ def test_damaged_copies(verifiers, corpus, d):
     first = next((k for k in LEVELS if statuses[k] == "fail"), None)
     assert first == d.first_fail, (statuses, r.first_problem)
     assert r.level_reached == d.level_reached
-    codes = {p["code"] for p in r.levels[first].problems} if first else set()
+    codes = {p.code for p in r.levels[first].problems} if first else set()
     assert set(d.codes) <= codes, (codes, r.first_problem)
     if d.verdict == "fail":
         assert r.first_problem and r.first_problem.startswith(f"{first}: ")
@@ -123,23 +123,19 @@ def test_damage_in_detail(verifiers, corpus):
     v = verifiers.get("models/llama.gguf")
     # the swap shows in layer 0 only, in K and in V
     deep = v.verify(corpus["kv-swapped-layer0"]).levels["deep"]
-    bad = {(p["message"].split(" (")[0]) for p in deep.problems if p["code"] == "deep-mismatch"}
+    bad = {(p.message.split(" (")[0]) for p in deep.problems if p.code == "deep-mismatch"}
     assert bad == {"K layer 0", "V layer 0"}
     # one zeroed V row: that row, 100 % off
     deep = v.verify(corpus["v-row-zeroed"]).levels["deep"]
-    (p,) = [p for p in deep.problems if p["code"] == "deep-mismatch"]
-    assert (
-        "V layer 1" in p["message"]
-        and "cell 10 (position 10)" in p["message"]
-        and "relative difference 100%" in p["message"]
-    )
+    (p,) = [p for p in deep.problems if p.code == "deep-mismatch"]
+    assert "V layer 1" in p.message and "cell 10 (position 10)" in p.message and "relative difference 100%" in p.message
     # a changed token: the KV from that position on no longer matches, and the logits differ
     deep = v.verify(corpus["token-changed"]).levels["deep"]
-    assert any("cell 20 (position 20)" in p["message"] for p in deep.problems)
-    assert any(p["code"] == "deep-logits" for p in deep.problems)
+    assert any("cell 20 (position 20)" in p.message for p in deep.problems)
+    assert any(p.code == "deep-logits" for p in deep.problems)
     # the checkpoint one byte long: the server would abort on it
     load = v.verify(corpus["checkpoint-len-plus-one"]).levels["load"]
-    assert load.status == "fail" and "GGML_ABORT" in load.problems[0]["message"]
+    assert load.status == "fail" and "GGML_ABORT" in load.problems[0].message
     # the corrupt SCKP count: the body itself still restores (only the appendix is dropped)
     r = v.verify(corpus["sckp-count-corrupt"])
     assert r.levels["load"].details["body_bytes"] == 14780 and r.levels["deep"].status == "pass"
@@ -150,8 +146,8 @@ def test_crash_is_contained_in_a_run(verifiers, corpus):
     v = verifiers.get("models/extra-mamba.gguf")
     reports = v.run([corpus["recurrent-two-cells"], SLOTS / "extra-mamba.slot"])
     crash, good = reports
-    (p,) = [p for p in crash.levels["load"].problems if p["severity"] == "error"]
-    assert p["code"] == "crashed" and "SIGABRT" in p["message"] and "GGML_ASSERT" in p["message"]
+    (p,) = [p for p in crash.levels["load"].problems if p.severity == "error"]
+    assert p.code == "crashed" and "SIGABRT" in p.message and "GGML_ASSERT" in p.message
     assert crash.levels["load"].details["crashed"] is True
     assert good.verdict == "pass" and good.level_reached == 4
 
@@ -163,7 +159,7 @@ def test_wrong_model_of_the_same_shape(tmp_path):
         r = v.verify(damage.BASE)
     statuses = {k: lv.status for k, lv in r.levels.items()}
     assert statuses == {"structure": "pass", "model": "pass", "load": "pass", "deep": "fail"}
-    assert any(p["code"] == "deep-mismatch" and "K layer 0" in p["message"] for p in r.levels["deep"].problems)
+    assert any(p.code == "deep-mismatch" and "K layer 0" in p.message for p in r.levels["deep"].problems)
 
 
 def test_version_message_is_plain():
@@ -458,9 +454,9 @@ def test_model_level_token_and_position_checks():
     # a token id beyond the 320-token vocabulary: the server's validate() rejects it
     bad_tok = damage.change_token(data, Path("."), index=7, new=999)
     lv = level_model(parse_buffer(bad_tok), side, None)
-    (p,) = [p for p in lv.problems if p["code"] == "token-out-of-vocab"]
+    (p,) = [p for p in lv.problems if p.code == "token-out-of-vocab"]
     assert (
-        lv.status == "fail" and "token 7 is id 999" in p["message"] and p["offset"] == 12 + 12 + 4 * 7
+        lv.status == "fail" and "token 7 is id 999" in p.message and p.offset == 12 + 12 + 4 * 7
     )  # header, packed prefix, 7 tokens
     # the last cell at position 300, beyond the model's 256-token training context
     sf = parse_buffer(data)
@@ -468,12 +464,12 @@ def test_model_level_token_and_position_checks():
     off = cells.offset + (cells.cells.size - 1) * 12
     moved = data[:off] + (300).to_bytes(4, "little", signed=True) + data[off + 4 :]
     lv = level_model(parse_buffer(moved), side, None)
-    assert any(p["code"] == "position-beyond-context" and "256" in p["message"] for p in lv.problems)
+    assert any(p.code == "position-beyond-context" and "256" in p.message for p in lv.problems)
     # without a draft model, draft blobs are reported as not checked (a warning)
     lv = level_model(open_slot_file(SLOTS / "llama_draft_sdft.slot"), side, None)
-    assert lv.status == "pass" and any(p["code"] == "draft-not-checked" for p in lv.problems)
+    assert lv.status == "pass" and any(p.code == "draft-not-checked" for p in lv.problems)
     dside = model_side(str(MODELS / "draft.gguf"))
     assert not level_model(open_slot_file(SLOTS / "llama_draft_sdft.slot"), side, dside).problems
     # the draft model used as the target: every layer's row size is wrong
     lv = level_model(parse_buffer(data), dside, None)
-    assert lv.status == "fail" and any(p["code"] == "model-mismatch" for p in lv.problems)
+    assert lv.status == "fail" and any(p.code == "model-mismatch" for p in lv.problems)

@@ -1,6 +1,5 @@
-"""The version registry (slotfile/format/versions.py): its facts, and that the older tables
-(reader.GGSQ_VERSIONS / GGSN_VERSIONS, verify.LOADER_LINES, grammar.ROT_*_VERSION,
-migrate.PAIRS, reader.TRIAL_AHEAD, layout.EXT_SIZES) say the same, so they can be replaced by it."""
+"""The version registry (slotfile/format/versions.py): its facts, and that the reader, the grammar,
+layout detection and migrate read them from it (migrate.PAIRS is held equal to it)."""
 
 from __future__ import annotations
 
@@ -66,19 +65,19 @@ def test_layout_features_by_version():
 
 
 # ---------------------------------------------------------------------------------------
-# the older tables agree (issue 21 phase B replaces them with the registry)
+# the readers of the registry (the older tables are gone)
 # ---------------------------------------------------------------------------------------
 
 
-def test_reader_tables_agree():
-    for fmt, table in (("GGSQ", reader.GGSQ_VERSIONS), ("GGSN", reader.GGSN_VERSIONS)):
-        assert table == {v.version: v.writer for v in V.VERSIONS.values() if v.format == fmt}, fmt
-    assert reader.TRIAL_AHEAD == V.TRIAL_AHEAD
-
-
-def test_grammar_rotation_versions_agree():
-    assert V.first_with_rotation("GGSQ") == g.ROT_STATE_VERSION
-    assert V.first_with_rotation("GGSN") == g.ROT_SESSION_VERSION
+def test_the_older_tables_are_gone():
+    """The reader's GGSQ_VERSIONS / GGSN_VERSIONS / TRIAL_AHEAD and the grammar's ROT_*_VERSION
+    were second copies of the registry's facts; everything reads slotfile.format.versions now."""
+    for mod, names in (
+        (reader, ("GGSQ_VERSIONS", "GGSN_VERSIONS", "TRIAL_AHEAD")),
+        (read_version, ("GGSQ_VERSIONS", "GGSN_VERSIONS", "TRIAL_AHEAD")),
+        (g, ("ROT_STATE_VERSION", "ROT_SESSION_VERSION")),
+    ):
+        assert not [n for n in names if hasattr(mod, n)], mod.__name__
 
 
 def test_migrate_versions_agree():
@@ -91,8 +90,17 @@ def test_migrate_versions_agree():
     assert V.first_with_rotation("GGSQ") == migrate.ROT_STATE
 
 
-def test_layout_ext_sizes_cover_the_registry():
-    assert set(layout.EXT_SIZES) == {e for v in V.VERSIONS.values() for e in v.cell_ext}
+def test_layout_ext_sizes_are_the_registry_s():
+    assert set(V.CELL_EXT_SIZES) == {e for v in V.VERSIONS.values() for e in v.cell_ext}
+    assert layout.EXT_SIZES == V.CELL_EXT_SIZES == (0, 12, 8)  # the newest line's sizes tried first
+
+
+def test_versions_in_messages_come_from_the_registry():
+    unknown = parse_buffer(_with_version((SLOTS / "gemma3_iswa_fa.slot").read_bytes(), 2 + V.newest("GGSQ") + 1))
+    (p,) = [p for p in unknown.errors if p.code == "bad-version"]
+    assert p.message.endswith(f"(known: {', '.join(map(str, V.known('GGSQ')))})")
+    assert read_version.rot_matters(SlotFile("x", 0, FileFormat.GGSQ, version=V.first_with_rotation("GGSQ") - 1))
+    assert not read_version.rot_matters(SlotFile("x", 0, FileFormat.GGSQ, version=V.first_with_rotation("GGSQ") - 2))
 
 
 @pytest.mark.parametrize("key", list(V.VERSIONS))

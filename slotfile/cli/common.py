@@ -33,17 +33,6 @@ def err_console() -> Console:
     return Console(stderr=True, highlight=False, markup=False)
 
 
-def __getattr__(name: str) -> Any:
-    """``out`` / ``err`` for a module that still imports them by name (the verify command):
-    a fresh console on each import, never one kept here.  The other commands call
-    :func:`out_console` / :func:`err_console` in their run function."""
-    if name == "out":
-        return out_console()
-    if name == "err":
-        return err_console()
-    raise AttributeError(name)
-
-
 def progress_bar(disable: bool = False, console: Console | None = None) -> Any:
     """The progress bar of the commands that walk many files: on stderr (``console``, or a
     fresh one), gone when done, off when stderr is not a terminal; rich.progress is imported

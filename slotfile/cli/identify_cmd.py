@@ -90,7 +90,9 @@ def run_identify(args: IdentifyArgs) -> int:
 
 
 def _render(results: list[Identification], quiet: bool) -> None:
-    from slotfile.cli.common import out
+    from slotfile.cli.common import out_console
+
+    out = out_console()
 
     for ident in results:
         if ident.error is not None:

@@ -12,11 +12,12 @@ from rich.text import Text
 
 from slotfile.cli.common import exit_code, load_model_or_report, open_or_report, out_console
 from slotfile.cli.terminal import escape_text, human_size
-from slotfile.diagnosis import CAUSE_WORDS, Cause, facts_of, file_cause, next_step, refs_of
+from slotfile.diagnosis import CAUSE_WORDS, Cause, facts_of, file_cause, next_step
 from slotfile.exitcodes import OPERATIONAL
-from slotfile.format.reader import GGSN_VERSIONS, GGSQ_VERSIONS
-from slotfile.format.records import MemoryBlock, SlotFile
+from slotfile.format import versions
+from slotfile.format.records import FileFormat, MemoryBlock, MemoryKind, SlotFile, TokenForm
 from slotfile.model.bridge import ModelInfo
+from slotfile.problems import Severity
 from slotfile.report import flash_attn_of
 
 PREVIEW_CHARS = 160
@@ -61,11 +62,13 @@ def render(
     summary = Table(show_header=False, box=None, pad_edge=False)
     summary.add_column(no_wrap=True)
     summary.add_column()
-    known = GGSQ_VERSIONS if sf.format == "GGSQ" else GGSN_VERSIONS
-    kind = {"GGSQ": "slot file (GGSQ)", "GGSN": "session file (GGSN)"}.get(sf.format, "not a slot file")
+    vinfo = versions.version_info(sf.format, sf.version)
+    kind = {FileFormat.GGSQ: "slot file (GGSQ)", FileFormat.GGSN: "session file (GGSN)"}.get(
+        sf.format, "not a slot file"
+    )
     _kv(summary, "format", f"{kind}, version {sf.version}" if sf.version is not None else kind)
-    if sf.version in known:
-        _kv(summary, "written by", known[sf.version])
+    if vinfo is not None:
+        _kv(summary, "written by", vinfo.writer)
     _kv(summary, "size", f"{sf.size} bytes ({human_size(sf.size)})")
     if sf.arch is not None:
         _kv(summary, "architecture", escape_text(sf.arch))
@@ -85,7 +88,11 @@ def _tokens(t: Table, sf: SlotFile, model: ModelInfo | None) -> None:
     tp = sf.tokens
     if tp is None:
         return
-    form = {"packed": "packed server_tokens v1", "plain": "plain token ids", "empty": "none"}[tp.form]
+    form = {
+        TokenForm.PACKED: "packed server_tokens v1",
+        TokenForm.PLAIN: "plain token ids",
+        TokenForm.EMPTY: "none",
+    }[tp.form]
     media = f", {len(tp.media)} media chunks" if tp.media else ""
     _kv(t, "tokens", f"{tp.tokens.size} ({form}, {tp.n_words} words{media})")
     if model is not None and tp.tokens.size:
@@ -131,7 +138,7 @@ def rotation_words(body: object) -> str:
     one phrase when all agree, else per block (and stream)."""
     found: list[tuple[str, str]] = []
     for b in getattr(body, "blocks", []):
-        for st in b.active_streams() if b.kind == "KV" else []:
+        for st in b.active_streams() if b.kind == MemoryKind.KV else []:
             if st.rot_offset is not None:
                 name = b.role if len(b.active_streams()) == 1 else f"{b.role} stream {st.index}"
                 found.append((name, _rot_words(int(st.n_rot_k or 0), int(st.n_rot_v or 0))))
@@ -145,7 +152,7 @@ def rotation_words(body: object) -> str:
 def _block_line(b: MemoryBlock) -> str:
     pos = b.positions()
     prange = f", positions {int(pos.min())}..{int(pos.max())}" if pos.size else ""
-    if b.kind == "KV":
+    if b.kind == MemoryKind.KV:
         active = b.active_streams()
         first = active[0] if active else None
         n_layer = first.n_layer if first else 0
@@ -267,8 +274,7 @@ def _verdict(con: Console, sf: SlotFile, model_path: Path | None = None) -> None
     """The verdict names the cause (damaged, does not match this model, not a slot file), then
     every problem, then the next step for a file that fails."""
     style = {"ok": "bold green", "ok with warnings": "bold yellow"}.get(sf.verdict, "bold red")
-    refs = refs_of(sf)
-    cause = file_cause(refs)
+    cause = file_cause(sf.problems)
     line = Text("verdict: ", style="bold")
     line.append(CAUSE_WORDS.get(cause, sf.verdict) if cause is not None else sf.verdict, style=style)
     n = len(sf.problems)
@@ -276,12 +282,12 @@ def _verdict(con: Console, sf: SlotFile, model_path: Path | None = None) -> None
         line.append(f" ({n} problem{'s' if n > 1 else ''})")
     con.print(line)
     for p in sf.problems:
-        mark = "error" if p.severity == "error" else "warning"
+        mark = "error" if p.severity == Severity.ERROR else "warning"
         # one problem, one line, never wrapped: people grep for these
         con.print(
             Text(f"  {mark}: {escape_text(p.line())}", style="red" if mark == "error" else "yellow"), soft_wrap=True
         )
-    step = next_step(cause, refs, facts_of(sf, str(model_path) if model_path else None))
+    step = next_step(cause, sf.problems, facts_of(sf, str(model_path) if model_path else None))
     if step is not None and cause != Cause.NOT_SLOT_FILE:  # a wrong input says what to pass in its problem
         con.print(
             Text(escape_text(f"next step: {step.text}" + (f": {step.command}" if step.command else "")), style="cyan"),

@@ -13,7 +13,7 @@ from slotfile.cli.common import fail, out_console
 from slotfile.cli.terminal import escape_text
 from slotfile.exitcodes import OK, OPERATIONAL, PROBLEMS, USAGE
 from slotfile.format.types import KV_CACHE_TYPES
-from slotfile.repair import Options, Outcome, Report, run
+from slotfile.repair import Outcome, RepairOptions, Report, run
 from slotfile.safewrite import WriteRefused, resolve_target
 
 EXIT_CODES = {
@@ -86,9 +86,9 @@ class RepairArgs:
     llama_lib: Path | None = None
     to_version: int | None = None
 
-    def options(self) -> Options:
+    def options(self) -> RepairOptions:
         """The repair library's options; raises ValueError with the option's name for a bad value."""
-        opts = Options(
+        opts = RepairOptions(
             model=str(self.model) if self.model else None,
             draft_model=str(self.draft_model) if self.draft_model else None,
             flash_attn=_on_off(self.flash_attn, "--flash-attn"),

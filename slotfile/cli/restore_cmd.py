@@ -39,6 +39,7 @@ from slotfile.cli.dir_batch import outdir_usage, report_batch, settle_batch
 from slotfile.cli.server_common import server_and_model, server_dict, wide_console
 from slotfile.cli.terminal import escape_text, human_size
 from slotfile.exitcodes import OK, OPERATIONAL, PROBLEMS, USAGE
+from slotfile.slotdir.restore import Fate
 from slotfile.slotdir.serverargs import ServerSettings
 from slotfile.slotdir.walk import SETTLE_SECONDS, SETTLE_WAIT_SECONDS, Tally, settle_problem
 
@@ -167,7 +168,7 @@ def run_restore_check(args: RestoreCheckArgs) -> int:
             fail(s.error, "verify")
     if found.errors or any(r is None for _, r in results):
         rc = OPERATIONAL
-    elif found.busy or not all(r is not None and r.fate == "restores as is" for _, r in results):
+    elif found.busy or not all(r is not None and r.fate == Fate.AS_IS for _, r in results):
         rc = PROBLEMS
     else:
         rc = OK
@@ -246,7 +247,7 @@ def _render_restore(
             wide_console(out).print(table)
     else:
         for s, r in results:
-            if r is not None and r.fate != "restores as is":
+            if r is not None and r.fate != Fate.AS_IS:
                 out.print(escape_text(f"{s.path}: {r.fate}: {r.reason}"), soft_wrap=True)
     counts: dict[str, int] = {}
     for _, r in results:

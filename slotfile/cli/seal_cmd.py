@@ -95,7 +95,9 @@ def run_seal(args: SealArgs) -> int:
 
 
 def _render(res: SealResult, quiet: bool) -> None:
-    from slotfile.cli.common import out
+    from slotfile.cli.common import out_console
+
+    out = out_console()
 
     if not quiet:
         for label, items in (("new", res.added), ("changed", res.changed), ("removed", res.removed)):

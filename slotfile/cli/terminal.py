@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import re
-from typing import Any
+
+from slotfile.problems import Problem
 
 # what escape_text rewrites: a text without any of it is printed as it is
 _NEEDS_ESCAPE = re.compile(r"[\\\x00-\x1f\x7f-\x9f\u2028-\u202e\u2066-\u2069]")
@@ -42,8 +43,6 @@ def human_size(n: int) -> str:
     return str(n)
 
 
-def problem_line(level: str, p: dict[str, Any]) -> str:
+def problem_line(level: str, p: Problem) -> str:
     """'<level>: <section> at offset <o>: <message>', the form verify's first_problem has."""
-    sec, off = p.get("section"), p.get("offset")
-    where = f"{sec} at offset {off}: " if sec and off is not None else (f"{sec}: " if sec else "")
-    return f"{level}: {where}{p['message']}"
+    return f"{level}: {p.where()}{p.message}"

@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any
 
 from slotfile.exitcodes import OK, OPERATIONAL, PROBLEMS, USAGE
 from slotfile.slotdir.walk import SETTLE_SECONDS
+from slotfile.verify.records import Verdict
 
 if TYPE_CHECKING:
     from slotfile.llama.loader import LoaderPool
@@ -135,7 +136,7 @@ def _start_pool(req: VerifyRequest) -> LoaderPool | None:
 
 
 def _run_verify(req: VerifyRequest, pool: LoaderPool | None) -> int:
-    from slotfile.cli.common import err, fail
+    from slotfile.cli.common import err_console, fail
     from slotfile.verify import Verifier, VerifyError, collect
 
     usage = req.usage_error()
@@ -162,7 +163,7 @@ def _run_verify(req: VerifyRequest, pool: LoaderPool | None) -> int:
     paths = req.paths
     show = (
         not req.quiet
-        and err.is_terminal
+        and err_console().is_terminal
         and (any(p.is_dir() for p in paths) or req.model is not None or len(files) > 1)
     )
     reports: list[FileReport] = []
@@ -270,9 +271,11 @@ def _emit(
         base = paths[0] if len(paths) == 1 and paths[0].is_dir() else None
         render(reports, loaders, elapsed, structure_only=opts.model is None, quiet=req.quiet, base=base)
     if check is not None and not req.json_out:
-        from slotfile.cli.common import out
+        from slotfile.cli.common import out_console
         from slotfile.cli.terminal import escape_text
         from slotfile.seal.verify_hook import lines
+
+        out = out_console()
 
         for line in lines(check, req.quiet):
             out.print(escape_text(line), soft_wrap=True)
@@ -281,9 +284,9 @@ def _emit(
 
 def _exit_code(errors: list[str], reports: list[FileReport]) -> int:
     """OPERATIONAL when a file could not be read or checked, PROBLEMS when one fails, else OK."""
-    if errors or any(r.verdict == "error" for r in reports):
+    if errors or any(r.verdict == Verdict.ERROR for r in reports):
         return OPERATIONAL
-    if any(r.verdict == "fail" for r in reports):
+    if any(r.verdict == Verdict.FAIL for r in reports):
         return PROBLEMS
     return OK
 

@@ -11,12 +11,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from rich.console import Console
 from rich.text import Text
 
-from slotfile.cli.common import out
+from slotfile.cli.common import out_console
 from slotfile.cli.terminal import escape_text, human_size, problem_line
 from slotfile.diagnosis import CAUSE_SHORT, Cause
+from slotfile.problems import Severity
 from slotfile.verify import DEEP_JUDGMENT, LEVELS, SCHEMA, FileReport, VerifyOptions
+from slotfile.verify.records import Status, Verdict
 
 STRUCTURE_ONLY = "(structure only; add --model to test-load)"
 
@@ -29,7 +32,7 @@ def document(
     elapsed: float,
     rc: int,
 ) -> dict[str, Any]:
-    counts = {v: sum(1 for r in reports if r.verdict == v) for v in ("pass", "fail", "error")}
+    counts = {v: sum(1 for r in reports if r.verdict == v) for v in Verdict}
     return {
         "schema": SCHEMA,
         "loader": loaders[0] if loaders else None,
@@ -45,13 +48,13 @@ def document(
     }
 
 
-_VERDICT_STYLE = {"pass": "bold green", "fail": "bold red", "error": "bold magenta"}
-_STATUS_MARK = {"pass": "ok", "fail": "FAIL", "skipped": "-"}
+_VERDICT_STYLE = {Verdict.PASS: "bold green", Verdict.FAIL: "bold red", Verdict.ERROR: "bold magenta"}
+_STATUS_MARK = {Status.PASS: "ok", Status.FAIL: "FAIL", Status.SKIPPED: "-"}
 DETAIL_INDENT = "    "
 
 
 def _warnings(r: FileReport) -> list[str]:
-    return [problem_line(name, p) for name in LEVELS for p in r.levels[name].problems if p["severity"] == "warning"]
+    return [problem_line(name, p) for name in LEVELS for p in r.levels[name].problems if p.severity == Severity.WARNING]
 
 
 def _verdict_word(r: FileReport) -> str:
@@ -107,14 +110,17 @@ def render(
     structure_only: bool = False,
     quiet: bool = False,
     base: Path | None = None,
+    console: Console | None = None,
 ) -> None:
+    """The text report on stdout (``console``: the invocation's, by default a fresh one)."""
+    out = console if console is not None else out_console()
     if quiet:  # the failing files, one line each, then the summary (unreadable ones are on stderr already)
         for r in reports:
-            if r.verdict == "fail":
+            if r.verdict == Verdict.FAIL:
                 out.print(escape_text(f"{r.path}: {r.verdict}: {r.first_problem}"), soft_wrap=True)
     elif out.is_terminal or os.environ.get("COLUMNS"):
         cols = os.environ.get("COLUMNS", "")
-        _listing(reports, base, int(cols) if cols.isdigit() else out.width)
+        _listing(out, reports, base, int(cols) if cols.isdigit() else out.width)
     else:  # a pipe or a file: one line per file, nothing wrapped
         for r in reports:
             _pipe_line(r, base)
@@ -122,13 +128,13 @@ def render(
 
 
 def summary_line(reports: list[FileReport], loaders: list[dict[str, Any]], elapsed: float, structure_only: bool) -> str:
-    counts = {v: sum(1 for r in reports if r.verdict == v) for v in ("pass", "fail", "error")}
-    line = f"{len(reports)} file(s): {counts['pass']} pass, {counts['fail']} fail"
+    counts = {v: sum(1 for r in reports if r.verdict == v) for v in Verdict}
+    line = f"{len(reports)} file(s): {counts[Verdict.PASS]} pass, {counts[Verdict.FAIL]} fail"
     causes = [CAUSE_SHORT.get(c, str(c)) for c in (r.cause for r in reports) if c is not None]
     if causes:
         line += " (" + ", ".join(f"{causes.count(c)} {c}" for c in dict.fromkeys(causes)) + ")"
-    if counts["error"]:
-        line += f", {counts['error']} unreadable"
+    if counts[Verdict.ERROR]:
+        line += f", {counts[Verdict.ERROR]} unreadable"
     unchecked = sum(1 for r in reports if r.unchecked)
     if unchecked:
         line += f", {unchecked} not fully checkable here"
@@ -144,7 +150,7 @@ def summary_line(reports: list[FileReport], loaders: list[dict[str, Any]], elaps
     return line
 
 
-def _listing(reports: list[FileReport], base: Path | None, width: int) -> None:
+def _listing(out: Console, reports: list[FileReport], base: Path | None, width: int) -> None:
     """One row per file (verdict, levels, size, tokens, then the path, which is never folded),
     and under a row that has something to say its first problem and next step, wrapped to the
     terminal at word boundaries."""
@@ -165,7 +171,9 @@ def _listing(reports: list[FileReport], base: Path | None, width: int) -> None:
     for r, row in zip(reports, rows, strict=True):
         line = Text(fmt.format(*row))
         line.stylize(
-            _VERDICT_STYLE[r.verdict] if r.verdict != "pass" or not _warnings(r) else "bold yellow", 0, len(row[0])
+            _VERDICT_STYLE[r.verdict] if r.verdict != Verdict.PASS or not _warnings(r) else "bold yellow",
+            0,
+            len(row[0]),
         )
         if len(line) >= width:  # the path would wrap mid-word at the edge: it goes on its own line
             line = line[: len(line) - len(row[4])]
@@ -206,8 +214,8 @@ def write_junit(path: Path, reports: list[FileReport], errors: list[str], opts: 
     """JUnit XML: one testcase per file (and one per missing path)."""
     import xml.etree.ElementTree as ET  # only for --junit
 
-    failures = sum(1 for r in reports if r.verdict == "fail")
-    errs = sum(1 for r in reports if r.verdict == "error") + len(errors)
+    failures = sum(1 for r in reports if r.verdict == Verdict.FAIL)
+    errs = sum(1 for r in reports if r.verdict == Verdict.ERROR) + len(errors)
     total = len(reports) + len(errors)
     root = ET.Element(
         "testsuites",
@@ -250,19 +258,19 @@ def _junit_case(ET: Any, suite: Any, r: FileReport) -> None:
         lv = r.levels[name]
         lines.append(f"{name}: {lv.status}" + (f" ({lv.reason})" if lv.reason else ""))
         for p in lv.problems:
-            off = f" at offset {p['offset']}" if p.get("offset") is not None else ""
-            lines.append(f"  {p['severity']}: {p['section']}{off}: {p['message']}")
+            off = f" at offset {p.offset}" if p.offset is not None else ""
+            lines.append(f"  {p.severity}: {p.section}{off}: {p.message}")
     step = r.next_step
     if r.cause is not None:
         lines.append(f"cause: {r.cause}")
     if step is not None:
         lines.append(f"next step: {step.text}" + (f": {step.command}" if step.command else ""))
     body = "\n".join(_x(ln) for ln in lines)
-    if r.verdict == "error":
+    if r.verdict == Verdict.ERROR:
         el = ET.SubElement(tc, "error", message=_x(r.error), type="unreadable")
         el.text = _x(r.error)
-    elif r.verdict == "fail":
-        lvl = next(n for n in LEVELS if r.levels[n].status == "fail")
+    elif r.verdict == Verdict.FAIL:
+        lvl = next(n for n in LEVELS if r.levels[n].status == Status.FAIL)
         el = ET.SubElement(tc, "failure", message=_x(r.first_problem), type=lvl)
         el.text = body
     ET.SubElement(tc, "system-out").text = body

@@ -55,8 +55,6 @@ from slotfile.format.grammar_core import (
     MTMD_SERIALIZATION_VERSION,
     PACKED_MARKER,
     REC_CELL_DTYPE,
-    ROT_SESSION_VERSION,
-    ROT_STATE_VERSION,
     SCKP_VERSION,
     SDFT_VERSION,
     SERVER_TOKENS_VERSION,
@@ -108,6 +106,7 @@ from slotfile.format.grammar_memory import (
 )
 from slotfile.format.grammar_variant import SlotGrammar
 from slotfile.format.magics import DSV4_MAGIC, GGSN_MAGIC, GGSQ_MAGIC, IO_MAGIC, SCKP_MAGIC, SDFT_MAGIC
+from slotfile.problems import ProblemCode
 
 # The grammars of the building blocks and the memory blocks live in grammar_core and
 # grammar_memory; this module is the one entry every caller imports them from.
@@ -128,8 +127,6 @@ __all__ = [
     "PACKED_MARKER",
     "REC_CELL_DTYPE",
     "REC_CELL_HEAD",
-    "ROT_SESSION_VERSION",
-    "ROT_STATE_VERSION",
     "SCKP_MAGIC",
     "SCKP_VERSION",
     "SDFT_MAGIC",
@@ -264,7 +261,7 @@ MtmdChunk = Struct(
     Ensure(
         lambda c: c.version == MTMD_SERIALIZATION_VERSION,
         lambda c: f"mtmd chunk version {c.version} (must be 2)",
-        code="bad-version",
+        code=ProblemCode.BAD_VERSION,
     ),
     "type" / Int32ul,
     Ensure(lambda c: c.type < 3, lambda c: f"mtmd chunk type {c.type} (0 text, 1 image, 2 audio)"),
@@ -317,7 +314,7 @@ PackedTokens = Struct(
     Ensure(
         lambda c: c.version == SERVER_TOKENS_VERSION,
         lambda c: f"server_tokens version {c.version} (only 1 is known)",
-        code="bad-version",
+        code=ProblemCode.BAD_VERSION,
     ),
     "n_tokens" / Int32ul,
     "tokens" / NumpyArray("<i4", this.n_tokens, "tokens"),
@@ -329,7 +326,7 @@ PackedTokens = Struct(
     Ensure(
         lambda c: c.padding.length < 4,
         lambda c: f"{c.padding.length} bytes after the last media chunk (the server refuses 4 or more)",
-        code="trailing-bytes",
+        code=ProblemCode.TRAILING_BYTES,
     ),
 )
 
@@ -343,7 +340,7 @@ SeqBlobPrefix = Struct(
     Ensure(
         lambda c: c.io_magic == IO_MAGIC,
         lambda c: f"blob magic 0x{c.io_magic:08x} (must be 0x{IO_MAGIC:08x})",
-        code="bad-magic",
+        code=ProblemCode.BAD_MAGIC,
     ),
     "seq_id" / Int32sl,
 )
@@ -407,7 +404,7 @@ SdftBody = Struct(
 ArchString = Struct(
     "offset" / Tell,
     "length" / Int32ul,
-    Ensure(lambda c: c.length <= 256, lambda c: f"arch name of {c.length} bytes (over 256)", code="over-cap"),
+    Ensure(lambda c: c.length <= 256, lambda c: f"arch name of {c.length} bytes (over 256)", code=ProblemCode.OVER_CAP),
     "data" / Rows(this.length, "arch name"),
 )
 

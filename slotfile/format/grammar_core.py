@@ -19,6 +19,7 @@ from construct import (
 from construct.core import evaluate
 
 from slotfile.format.types import TYPES
+from slotfile.problems import ProblemCode
 
 # ---------------------------------------------------------------------------------------
 # versions and caps (the magics are in slotfile.format.magics)
@@ -29,10 +30,6 @@ SERVER_TOKENS_VERSION = 1
 SCKP_VERSION = 1  # SLOT_CKPT_VERSION (PR #26004)
 SDFT_VERSION = 1
 MTMD_SERIALIZATION_VERSION = 2
-
-# The first versions whose KV streams carry the rotation words (llama.cpp of 2026-10-05 on).
-ROT_STATE_VERSION = 4  # LLAMA_STATE_SEQ_VERSION
-ROT_SESSION_VERSION = 11  # LLAMA_SESSION_VERSION
 
 MAX_STREAMS = 256  # LLAMA_MAX_SEQ
 MAX_LAYERS = 4096
@@ -94,7 +91,7 @@ class ViewStream(io.RawIOBase):
 class FormatError(ConstructError):
     """A problem found while parsing, with the file offset and the location inside the grammar."""
 
-    def __init__(self, message: str, offset: int, code: str = "invalid", loc: str = "") -> None:
+    def __init__(self, message: str, offset: int, code: ProblemCode = ProblemCode.INVALID, loc: str = "") -> None:
         super().__init__(message)
         self.message = message
         self.offset = offset
@@ -119,7 +116,7 @@ def require_bytes(stream: Any, n: int, what: str) -> None:
         raise FormatError(
             f"{what} needs {n} bytes, {have} remain",
             stream.tell(),
-            code="truncated",
+            code=ProblemCode.TRUNCATED,
             loc=stream_loc(stream),
         )
 
@@ -218,7 +215,12 @@ class ExtraWords(NumpyArray):
 class Ensure(Construct):
     """Fail the parse with a clear message when ``predicate(context)`` is false."""
 
-    def __init__(self, predicate: Callable[[Any], bool], message: Callable[[Any], str], code: str = "invalid") -> None:
+    def __init__(
+        self,
+        predicate: Callable[[Any], bool],
+        message: Callable[[Any], str],
+        code: ProblemCode = ProblemCode.INVALID,
+    ) -> None:
         super().__init__()
         self.flagbuildnone = True
         self.predicate = predicate
@@ -374,7 +376,7 @@ class CellMeta(Construct):
             raise FormatError(
                 f"cell {i}: negative position {int(cells['pos'][i])}",
                 start + i * dtype.itemsize,
-                code="bad-position",
+                code=ProblemCode.BAD_POSITION,
                 loc=stream_loc(stream),
             )
         if avail == n and not bad.size:
@@ -390,7 +392,7 @@ class CellMeta(Construct):
             raise FormatError(
                 f"cell {i}: n_seq_id {int(cells['n_seq_id'][i])} in a single-sequence save (must be {fixed})",
                 start + i * dtype.itemsize + 4,
-                code="invalid",
+                code=ProblemCode.INVALID,
                 loc=stream_loc(stream),
             )
         require_bytes(stream, n * dtype.itemsize, f"metadata of {n} cells")

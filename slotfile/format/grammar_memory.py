@@ -40,6 +40,7 @@ from slotfile.format.grammar_core import (
     type_ok,
 )
 from slotfile.format.types import TRANSPOSABLE, TYPES
+from slotfile.problems import ProblemCode
 
 # ---------------------------------------------------------------------------------------
 # KV block: llama_kv_cache::state_write
@@ -65,9 +66,9 @@ KVLayerTHead = Struct(
 KVLayer = Struct(
     "offset" / Tell,
     "type" / Int32sl,
-    Ensure(lambda c: type_ok(c.type), type_msg("type"), code="bad-type"),
+    Ensure(lambda c: type_ok(c.type), type_msg("type"), code=ProblemCode.BAD_TYPE),
     "row_size" / Int64ul,
-    Ensure(lambda c: row_ok(c.type, c.row_size), row_msg("row_size", "type"), code="bad-row-size"),
+    Ensure(lambda c: row_ok(c.type, c.row_size), row_msg("row_size", "type"), code=ProblemCode.BAD_ROW_SIZE),
     "cell_count" / Computed(this._.cell_count),
     "data" / Rows(this.row_size * this.cell_count, "rows"),
 )
@@ -80,13 +81,13 @@ KVLayerT = Struct(
     Ensure(
         lambda c: c.type in TRANSPOSABLE,
         lambda c: f"transposed V of type {type_name(c.type)} (only f32/f16/bf16 can be)",
-        code="bad-type",
+        code=ProblemCode.BAD_TYPE,
     ),
     "el_size" / Int32ul,
     Ensure(
         lambda c: c.el_size == TYPES[c.type].type_size,
         lambda c: f"el_size {c.el_size} does not match {type_name(c.type)}",
-        code="bad-row-size",
+        code=ProblemCode.BAD_ROW_SIZE,
     ),
     "n_embd" / Int32ul,
     "cell_count" / Computed(this._.cell_count),
@@ -125,7 +126,7 @@ def _kv_stream_data(has_v: bool, legacy: bool = False) -> Struct:
         Ensure(
             lambda c: c.n_layer <= MAX_LAYERS,
             lambda c: f"n_layer {c.n_layer} over the cap {MAX_LAYERS}",
-            code="over-cap",
+            code=ProblemCode.OVER_CAP,
         ),
         # GGSQ 4 / GGSN 11 (param ``rot``): the K and V Hadamard rotation widths of the cache,
         # 0 when not rotated (llama_kv_cache::state_write_data, llama.cpp of 2026-10-06)
@@ -158,7 +159,7 @@ def kv_block(has_v: bool = True) -> Struct:
         Ensure(
             lambda c: 1 <= c.n_stream <= MAX_STREAMS,
             lambda c: f"n_stream {c.n_stream} (must be 1..{MAX_STREAMS})",
-            code="over-cap",
+            code=ProblemCode.OVER_CAP,
         ),
         "streams" / Seq("stream", this.n_stream, _kv_stream(has_v), 4),
         "end" / Tell,
@@ -223,7 +224,7 @@ def rec_block(n_rec: int, has_p: bool = False) -> Struct:
         Ensure(
             lambda c: c.cell_count <= (MAX_STREAMS if c._params.get("whole") else 1),
             lambda c: f"recurrent cell_count {c.cell_count} (a single-sequence save has at most 1)",
-            code="over-cap",
+            code=ProblemCode.OVER_CAP,
         ),
         "meta" / Named("cells", CellMeta(this.cell_count, rec=True)),
         "s_trans_offset" / Tell,
@@ -233,7 +234,7 @@ def rec_block(n_rec: int, has_p: bool = False) -> Struct:
         Ensure(
             lambda c: c.n_layer <= MAX_LAYERS,
             lambda c: f"n_layer {c.n_layer} over the cap {MAX_LAYERS}",
-            code="over-cap",
+            code=ProblemCode.OVER_CAP,
         ),
         Ensure(lambda c: n_rec <= max(c.n_layer, 1), lambda c: f"{n_rec} recurrent entries for n_layer {c.n_layer}"),
         "r" / r,

@@ -17,6 +17,7 @@ from typing import Any
 
 from construct import ConstructError
 
+from slotfile.format import versions
 from slotfile.format.grammar import (
     COUNT,
     LAYER_HEAD,
@@ -32,6 +33,7 @@ from slotfile.format.grammar import (
     row_ok,
     type_ok,
 )
+from slotfile.problems import ProblemCode
 
 
 class MemoryKind(StrEnum):
@@ -169,7 +171,7 @@ ARCH_SEQUENCES: dict[str, tuple[Kinds, ...]] = {
     "lfm2": ((KV, REC), (KV, KV, REC)),
 }
 
-EXT_SIZES = (0, 12, 8)
+EXT_SIZES = versions.CELL_EXT_SIZES  # (0, 12, 8): every version's cell ext sizes
 # How far past a complete-but-short parse a truncated candidate must reach to win.  Zero: a
 # killed save (the common damage) must never read as "a shorter layout plus trailing bytes";
 # garbage after a body rarely gets a candidate to a short read (the caps stop it first).
@@ -195,7 +197,7 @@ class Failure:
 
     offset: int
     message: str
-    code: str
+    code: ProblemCode
     loc: str
     layout: str
 
@@ -222,7 +224,7 @@ class _Deepest:
         f = failure_of(exc, stream, layout())
         if self.best is None or f.offset > self.best.offset:
             self.best = f
-        if f.code == "truncated" and (self.cut is None or f.offset > self.cut.offset):
+        if f.code == ProblemCode.TRUNCATED and (self.cut is None or f.offset > self.cut.offset):
             self.cut = f
 
 
@@ -233,8 +235,8 @@ def failure_of(exc: Exception, stream: ViewStream, layout: str = "") -> Failure:
         return Failure(exc.offset, exc.message, exc.code, exc.loc or loc, layout)
     if stream.short is not None:
         off, want, have = stream.short
-        return Failure(off, f"needs {want} bytes, {have} remain", "truncated", loc, layout)
-    return Failure(stream.tell(), str(exc).split("\n")[0], "invalid", loc, layout)
+        return Failure(off, f"needs {want} bytes, {have} remain", ProblemCode.TRUNCATED, loc, layout)
+    return Failure(stream.tell(), str(exc).split("\n")[0], ProblemCode.INVALID, loc, layout)
 
 
 def _parse_kv(
@@ -501,7 +503,11 @@ def _fallback(partial: list[_Parse], deep: _Deepest, start: int, end: int, exact
         lay, _, e = max(partial, key=lambda a: a[2])
         if e > deep.best.offset:
             deep.best = Failure(
-                e, f"body ends at {e}, {end - e} bytes before the end of the blob", "trailing-bytes", "", lay.describe()
+                e,
+                f"body ends at {e}, {end - e} bytes before the end of the blob",
+                ProblemCode.TRAILING_BYTES,
+                "",
+                lay.describe(),
             )
     return Detection(None, [], start, Confidence.NONE, [], deep.best)
 

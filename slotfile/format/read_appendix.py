@@ -23,6 +23,7 @@ from slotfile.format.records import (
     Section,
     SlotFile,
 )
+from slotfile.problems import ProblemCode, Severity
 
 
 def parse_appendices(sf: SlotFile, view: memoryview, off: int) -> None:
@@ -34,8 +35,8 @@ def parse_appendices(sf: SlotFile, view: memoryview, off: int) -> None:
             name = names[0].lower() if len(names) == 1 else "appendix"
             sf.sections.append(Section(name, off, end - off, "cut inside the magic"))
             sf.problem(
-                "error",
-                "truncated",
+                Severity.ERROR,
+                ProblemCode.TRUNCATED,
                 name,
                 off,
                 f"{' or '.join(names)} appendix cut after {len(magic)} bytes of its magic",
@@ -60,8 +61,8 @@ def parse_appendices(sf: SlotFile, view: memoryview, off: int) -> None:
         # The loader ignores these bytes, so the body still restores; but they are no known
         # appendix, which is how a cut or overwritten SCKP/SDFT looks: an error to report.
         sf.problem(
-            "error",
-            "trailing-bytes",
+            Severity.ERROR,
+            ProblemCode.TRAILING_BYTES,
             "trailing",
             off,
             f"{end - off} bytes after the last section ({what}); the loader ignores them",
@@ -76,7 +77,7 @@ def _appendix_header(sf: SlotFile, head: Any, name: str, off: int, end: int) -> 
     """An appendix header from the walker; a cut one is reported and gives None."""
     if isinstance(head, Failure):
         sf.sections.append(Section(name, off, end - off, "damaged"))
-        sf.problem("error", head.code, name, head.offset, f"{name.upper()} header: {head.message}")
+        sf.problem(Severity.ERROR, head.code, name, head.offset, f"{name.upper()} header: {head.message}")
         return None
     return head
 
@@ -92,8 +93,8 @@ def _parse_sckp(sf: SlotFile, view: memoryview, off: int) -> int | None:
     if h.version != g.SCKP_VERSION:
         sf.sections.append(Section("sckp", off, end - off, f"version {h.version}"))
         sf.problem(
-            "error",
-            "bad-version",
+            Severity.ERROR,
+            ProblemCode.BAD_VERSION,
             "sckp",
             off + 4,
             f"SCKP version {h.version} (only 1 is known; the server ignores the appendix)",
@@ -103,8 +104,8 @@ def _parse_sckp(sf: SlotFile, view: memoryview, off: int) -> int | None:
     if h.count > g.MAX_CHECKPOINTS:
         sf.sections.append(Section("sckp", off, end - off, "count over cap"))
         sf.problem(
-            "error",
-            "over-cap",
+            Severity.ERROR,
+            ProblemCode.OVER_CAP,
             "sckp",
             off + 8,
             f"checkpoint count {h.count} over the cap {g.MAX_CHECKPOINTS} (the server drops the appendix)",
@@ -131,7 +132,7 @@ def _parse_checkpoints(sf: SlotFile, view: memoryview, app: Appendix, h: Any) ->
                 app.complete, app.end = False, end
                 sf.sections.append(Section("sckp", off, end - off, f"{i} of {h.count} checkpoints complete"))
                 sf.problem(
-                    "error",
+                    Severity.ERROR,
                     f.code,
                     f"sckp.{f.loc or f'checkpoint[{i}]'}",
                     f.offset,
@@ -166,14 +167,16 @@ def _parse_sdft(sf: SlotFile, view: memoryview, off: int) -> int | None:
     if h.version != g.SDFT_VERSION:
         app.complete = False
         sf.sections.append(Section("sdft", off, end - off, f"version {h.version}"))
-        sf.problem("error", "bad-version", "sdft", off + 4, f"SDFT version {h.version} (only 1 is known)")
+        sf.problem(
+            Severity.ERROR, ProblemCode.BAD_VERSION, "sdft", off + 4, f"SDFT version {h.version} (only 1 is known)"
+        )
         return None
     b = ap.sdft_body(view, h, end)
     if isinstance(b, Failure):
         app.complete = False
         sf.sections.append(Section("sdft", off, end - off, "damaged"))
         sf.problem(
-            "error",
+            Severity.ERROR,
             b.code,
             f"sdft.{b.loc}" if b.loc else "sdft",
             b.offset,
@@ -195,7 +198,11 @@ def _parse_checkpoint_blobs(sf: SlotFile, view: memoryview) -> None:
         sec = f"sckp.checkpoint[{ck.index}]"
         if ck.tgt.length == 0:
             sf.problem(
-                "error", "empty-blob", sec, ck.tgt.offset, "data_tgt is empty (the server drops the whole appendix)"
+                Severity.ERROR,
+                ProblemCode.EMPTY_BLOB,
+                sec,
+                ck.tgt.offset,
+                "data_tgt is empty (the server drops the whole appendix)",
             )
         else:
             parse_seq_blob(sf, view, ck.tgt, f"{sec}.data_tgt", partial=partial, exp=sf.expect, exp_partial=True)
@@ -225,13 +232,17 @@ def parse_seq_blob(
     start, end = blob.data_offset, blob.data_offset + blob.length
     seq_id = ap.blob_seq_id(view, start, end)
     if isinstance(seq_id, Failure):
-        sf.problem("error", seq_id.code, section, seq_id.offset, f"blob prefix: {seq_id.message}")
+        sf.problem(Severity.ERROR, seq_id.code, section, seq_id.offset, f"blob prefix: {seq_id.message}")
         return
     blob.seq_id = seq_id
     if is_dsv4(view, start + 8, end):
         blob.body = Body(start + 8, end, None, "none")
         sf.problem(
-            "error", "unsupported-layout", section, start + 8, "DeepSeek-V4 (DSV4) state frame: not supported yet"
+            Severity.ERROR,
+            ProblemCode.UNSUPPORTED_LAYOUT,
+            section,
+            start + 8,
+            "DeepSeek-V4 (DSV4) state frame: not supported yet",
         )
         return
     seqs = [partial] + [q for q in SEQUENCES if q != partial] if partial else list(SEQUENCES)
@@ -255,16 +266,16 @@ def parse_seq_blob(
         f = det.failure
         msg = f"{f.message} ({f.layout}{', ' + f.loc if f.loc else ''})" if f else "no known layout fills the blob"
         sf.problem(
-            "error",
-            f.code if f else "unknown-layout",
+            Severity.ERROR,
+            f.code if f else ProblemCode.UNKNOWN_LAYOUT,
             section,
             f.offset if f else start + 8,
             f"blob body does not parse: {msg}",
         )
     elif partial is not None and det.layout.kinds != partial:
         sf.problem(
-            "warning",
-            "unexpected-layout",
+            Severity.WARNING,
+            ProblemCode.UNEXPECTED_LAYOUT,
             section,
             start + 8,
             f"blob holds {det.layout.describe()}; a PARTIAL_ONLY blob of this body should be "

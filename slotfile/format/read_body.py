@@ -9,6 +9,7 @@ import numpy as np
 from construct import ConstructError
 
 from slotfile.format import grammar as g
+from slotfile.format import versions
 from slotfile.format.layout import (
     ARCH_SEQUENCES,
     SEQUENCES,
@@ -40,6 +41,7 @@ from slotfile.format.records import (
     TokenForm,
     TokenPayload,
 )
+from slotfile.problems import ProblemCode, Severity
 
 
 def parse_tokens(sf: SlotFile, view: memoryview, n: int, packed_allowed: bool) -> None:
@@ -58,7 +60,7 @@ def parse_tokens(sf: SlotFile, view: memoryview, n: int, packed_allowed: bool) -
     except ConstructError as e:
         f = failure_of(e, s)
         where = f" ({f.loc})" if f.loc else ""
-        sf.problem("error", f.code, "tokens", f.offset, f"packed server_tokens payload{where}: {f.message}")
+        sf.problem(Severity.ERROR, f.code, "tokens", f.offset, f"packed server_tokens payload{where}: {f.message}")
         sf.tokens = TokenPayload(
             TokenForm.PACKED, start, n, np.empty(0, np.int32), version=int(words[1]) if n > 1 else None
         )
@@ -82,11 +84,12 @@ def parse_session_prefix(sf: SlotFile, view: memoryview, off: int) -> int | None
         a = g.ArchString.parse_stream(s)
     except ConstructError as e:
         f = failure_of(e, s)
-        sf.problem("error", f.code, "arch", f.offset, f"architecture name: {f.message}")
+        sf.problem(Severity.ERROR, f.code, "arch", f.offset, f"architecture name: {f.message}")
         return None
     sf.arch = bytes(a.data.view).decode("utf-8", "replace")
     sf.sections.append(Section("arch", off, s.tell() - off, sf.arch))
-    if sf.version == 9:
+    vinfo = versions.version_info(sf.format, sf.version)
+    if vinfo is not None and vinfo.session_outputs:  # session version 9 (slot-format.md §7)
         start = s.tell()
         try:
             g.GgsnV9Extra.parse_stream(s)
@@ -106,15 +109,21 @@ def parse_body(sf: SlotFile, view: memoryview, start: int) -> None:
     what is odd about it (legacy layout, trial version, unreadable, K-only, ambiguous)."""
     end = len(view)
     if is_dsv4(view, start, end):
-        sf.problem("error", "unsupported-layout", "body", start, "DeepSeek-V4 (DSV4) state frame: not supported yet")
+        sf.problem(
+            Severity.ERROR,
+            ProblemCode.UNSUPPORTED_LAYOUT,
+            "body",
+            start,
+            "DeepSeek-V4 (DSV4) state frame: not supported yet",
+        )
         sf.body = Body(start, end, None, Confidence.NONE)
         return
     det = _detect_body(sf, view, start, end)
     sf.body = body_from(det, start)
     if det.layout is not None and det.layout.legacy:
         sf.problem(
-            "warning",
-            "legacy-layout",
+            Severity.WARNING,
+            ProblemCode.LEGACY_LAYOUT,
             "body",
             start,
             f"{sf.format} {sf.version} body in the layout of llama.cpp before mid-2025 (KV blocks without "
@@ -126,12 +135,14 @@ def parse_body(sf: SlotFile, view: memoryview, start: int) -> None:
     if det.layout is None:
         f = det.failure
         if f is None:
-            sf.problem("error", "unknown-layout", "body", start, "no known block layout parses this body")
+            sf.problem(
+                Severity.ERROR, ProblemCode.UNKNOWN_LAYOUT, "body", start, "no known block layout parses this body"
+            )
         else:
             where = f"{f.layout}, {f.loc}" if f.loc else f.layout
-            sev = "truncated" if f.code == "truncated" else f.code
-            msg = f"{'truncated' if f.code == 'truncated' else 'damaged'} inside the body ({where}): {f.message}"
-            sf.problem("error", sev, "body", f.offset, msg)
+            what = "truncated" if f.code == ProblemCode.TRUNCATED else "damaged"
+            msg = f"{what} inside the body ({where}): {f.message}"
+            sf.problem(Severity.ERROR, f.code, "body", f.offset, msg)
         sf.sections.append(Section("body", start, end - start, "unreadable"))
         return
     sf.sections.append(Section("body", start, det.end - start, det.layout.describe()))
@@ -141,8 +152,8 @@ def parse_body(sf: SlotFile, view: memoryview, start: int) -> None:
     if det.confidence == Confidence.AMBIGUOUS:
         alts = "; ".join(a.describe() for a in det.alternatives)
         sf.problem(
-            "warning",
-            "ambiguous-layout",
+            Severity.WARNING,
+            ProblemCode.AMBIGUOUS_LAYOUT,
             "body",
             start,
             f"the bytes also parse as {alts}; chose {det.layout.describe()} (give --model to decide)",
@@ -158,8 +169,8 @@ def _warn_k_only(sf: SlotFile, at_eof: bool) -> None:
     for b in sf.body.blocks:
         if b.kind == MemoryKind.KV and not b.has_v and b.n_cells():
             sf.problem(
-                "warning",
-                "k-only",
+                Severity.WARNING,
+                ProblemCode.K_ONLY,
                 f"body.{b.role}",
                 b.end,
                 "KV block without V (an MLA or indexer cache); for any other model the file "

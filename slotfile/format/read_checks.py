@@ -17,6 +17,7 @@ from slotfile.format.records import (
     TokenForm,
 )
 from slotfile.format.types import TYPES
+from slotfile.problems import ProblemCode, Severity
 
 
 def check_semantics(sf: SlotFile) -> None:
@@ -25,8 +26,8 @@ def check_semantics(sf: SlotFile) -> None:
         return
     if not body.blocks:
         sf.problem(
-            "warning",
-            "empty-body",
+            Severity.WARNING,
+            ProblemCode.EMPTY_BODY,
             "body",
             body.offset,
             "no memory state: a model without memory, or a file cut right after the tokens",
@@ -50,8 +51,8 @@ def check_block(sf: SlotFile, blk: MemoryBlock, sec: str) -> None:
         active = blk.active_streams()
         if len(active) > 1 and sf.format == FileFormat.GGSQ:
             sf.problem(
-                "error",
-                "invalid",
+                Severity.ERROR,
+                ProblemCode.INVALID,
                 sec,
                 blk.offset,
                 f"{len(active)} non-empty streams in a single-sequence save (at most 1)",
@@ -65,8 +66,8 @@ def check_block(sf: SlotFile, blk: MemoryBlock, sec: str) -> None:
             seq = np.unique(ct.seq_ids)
             if sf.format == FileFormat.GGSQ and seq.size > 1:
                 sf.problem(
-                    "warning",
-                    "invalid",
+                    Severity.WARNING,
+                    ProblemCode.INVALID,
                     f"{sec}.stream[{st.index}]",
                     ct.offset,
                     f"cells carry {seq.size} different seq ids in a single-sequence save",
@@ -76,8 +77,8 @@ def check_block(sf: SlotFile, blk: MemoryBlock, sec: str) -> None:
     for run in blk.runs():
         if run.type_id not in TYPES:
             sf.problem(
-                "warning",
-                "unknown-type",
+                Severity.WARNING,
+                ProblemCode.UNKNOWN_TYPE,
                 sec,
                 run.offset,
                 f"{run.part} layer {run.index}: ggml type id {run.type_id} is not known to this "
@@ -98,8 +99,8 @@ def _check_rotation(sf: SlotFile, st: KVStream, sec: str) -> None:
         v = int(value or 0)
         if v and not (64 <= v <= MAX_ROT and v & (v - 1) == 0):
             sf.problem(
-                "error",
-                "bad-rotation",
+                Severity.ERROR,
+                ProblemCode.BAD_ROTATION,
                 sec,
                 st.rot_offset + 4 * i,
                 f"{name} {v} is not a rotation width (0, or a power of two from 64); "
@@ -113,7 +114,13 @@ def _check_positions(sf: SlotFile, pos: np.ndarray, off: int, stride: int, sec: 
     neg = np.flatnonzero(pos < 0)
     if neg.size:
         i = int(neg[0])
-        sf.problem("error", "bad-position", sec, off + i * stride, f"cell {i} has negative position {int(pos[i])}")
+        sf.problem(
+            Severity.ERROR,
+            ProblemCode.BAD_POSITION,
+            sec,
+            off + i * stride,
+            f"cell {i} has negative position {int(pos[i])}",
+        )
     # Cells are written in cell-index order (state_write_meta walks the cell ranges), not in
     # position order: after an SWA ring wraps or freed cells are reused, positions go back.
     # That is normal, so their order is not checked.
@@ -134,16 +141,16 @@ def _check_tokens_vs_cells(sf: SlotFile) -> None:
         n = first.n_cells()
         if n != t:
             sf.problem(
-                "warning",
-                "token-mismatch",
+                Severity.WARNING,
+                ProblemCode.TOKEN_MISMATCH,
                 f"body.{first.role}",
                 first.offset,
                 f"token payload holds {t} tokens but the cache holds {n} cells",
             )
     if pos.size and int(pos.max()) + 1 > t and not sf.tokens.media:
         sf.problem(
-            "warning",
-            "token-mismatch",
+            Severity.WARNING,
+            ProblemCode.TOKEN_MISMATCH,
             "body",
             sf.body.offset,
             f"highest cell position {int(pos.max())} is beyond the {t} stored tokens",
@@ -156,15 +163,25 @@ def _check_checkpoints(sf: SlotFile) -> None:
     for ck in sf.checkpoints:
         sec = f"sckp.checkpoint[{ck.index}]"
         if ck.pos_min > ck.pos_max or ck.pos_min < 0:
-            sf.problem("error", "bad-position", sec, ck.offset + 8, f"position range {ck.pos_min}..{ck.pos_max}")
+            sf.problem(
+                Severity.ERROR,
+                ProblemCode.BAD_POSITION,
+                sec,
+                ck.offset + 8,
+                f"position range {ck.pos_min}..{ck.pos_max}",
+            )
         if ck.n_tokens < 0 or (t and ck.n_tokens > t):
             sf.problem(
-                "warning", "token-mismatch", sec, ck.offset, f"n_tokens {ck.n_tokens} is beyond the {t} stored tokens"
+                Severity.WARNING,
+                ProblemCode.TOKEN_MISMATCH,
+                sec,
+                ck.offset,
+                f"n_tokens {ck.n_tokens} is beyond the {t} stored tokens",
             )
         if ck.n_tokens < prev:
             sf.problem(
-                "warning",
-                "checkpoint-order",
+                Severity.WARNING,
+                ProblemCode.CHECKPOINT_ORDER,
                 sec,
                 ck.offset,
                 f"n_tokens {ck.n_tokens} after {prev} (checkpoints are written oldest first)",

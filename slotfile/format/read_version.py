@@ -6,7 +6,6 @@ helpers tell that apart from damage and describe it."""
 
 from __future__ import annotations
 
-from slotfile.format import grammar as g
 from slotfile.format import versions
 from slotfile.format.layout import (
     Detection,
@@ -16,12 +15,7 @@ from slotfile.format.records import (
     Section,
     SlotFile,
 )
-
-# The writer line of each known version, from the one version registry (slotfile.format.versions).
-GGSQ_VERSIONS = {v.version: v.writer for v in versions.VERSIONS.values() if v.format == "GGSQ"}
-GGSN_VERSIONS = {v.version: v.writer for v in versions.VERSIONS.values() if v.format == "GGSN"}
-TRIAL_AHEAD = versions.TRIAL_AHEAD
-
+from slotfile.problems import ProblemCode, Severity
 
 # ---------------------------------------------------------------------------------------
 
@@ -37,7 +31,7 @@ def may_be_legacy(sf: SlotFile) -> bool:
 
 
 def _newest(sf: SlotFile) -> int:
-    return max(GGSN_VERSIONS if sf.format == FileFormat.GGSN else GGSQ_VERSIONS)
+    return versions.newest(sf.format)
 
 
 def has_rot(sf: SlotFile) -> bool:
@@ -64,20 +58,19 @@ def rot_matters(sf: SlotFile) -> bool:
     where a body with the other layout is told apart rather than called damaged."""
     if sf.version is None or sf.format not in (FileFormat.GGSQ, FileFormat.GGSN):
         return False
-    first = g.ROT_SESSION_VERSION if sf.format == FileFormat.GGSN else g.ROT_STATE_VERSION
-    return sf.version >= first - 1
+    return sf.version >= versions.first_with_rotation(sf.format) - 1
 
 
 def report_version_layout(sf: SlotFile, body_rot: bool) -> None:
-    first = g.ROT_SESSION_VERSION if sf.format == FileFormat.GGSN else g.ROT_STATE_VERSION
+    first = versions.first_with_rotation(sf.format)
     what = (
         f"every KV stream carries the rotation words of version {first}"
         if body_rot
         else f"no KV stream carries the rotation words version {sf.version} has"
     )
     sf.problem(
-        "error",
-        "version-layout",
+        Severity.ERROR,
+        ProblemCode.VERSION_LAYOUT,
         "header",
         4,
         f"the header says {sf.format} version {sf.version}, but {what}: the version word was changed "
@@ -90,7 +83,7 @@ def trial_version(sf: SlotFile) -> bool:
     """A version a little newer than the newest slotfile knows: read by trial, with a warning."""
     if sf.format not in (FileFormat.GGSQ, FileFormat.GGSN) or sf.version is None:
         return False
-    return _newest(sf) < sf.version <= _newest(sf) + TRIAL_AHEAD
+    return _newest(sf) < sf.version <= _newest(sf) + versions.TRIAL_AHEAD
 
 
 def report_trial(sf: SlotFile, det: Detection, start: int, end: int) -> bool:
@@ -99,8 +92,8 @@ def report_trial(sf: SlotFile, det: Detection, start: int, end: int) -> bool:
     if det.layout is None:
         f = det.failure
         sf.problem(
-            "error",
-            "unsupported-version",
+            Severity.ERROR,
+            ProblemCode.UNSUPPORTED_VERSION,
             "body",
             f.offset if f else start,
             f"{sf.format} version {sf.version} is newer than slotfile knows (up to {newest}) and no trial "
@@ -117,8 +110,8 @@ def report_trial(sf: SlotFile, det: Detection, start: int, end: int) -> bool:
         else f"exactly like version {like}"
     )
     sf.problem(
-        "warning",
-        "trial-version",
+        Severity.WARNING,
+        ProblemCode.TRIAL_VERSION,
         "body",
         start,
         f"{sf.format} version {sf.version} parsed by trial, {how} (slotfile knows versions up to {newest}); "

@@ -16,11 +16,12 @@ from typing import TYPE_CHECKING, Any
 from construct import ConstructError
 
 from slotfile.format import grammar as g
+from slotfile.format import versions
 from slotfile.format.foreign import TEXT_SAMPLE, recognise_foreign
 from slotfile.format.read_appendix import parse_appendices
 from slotfile.format.read_body import parse_body, parse_session_prefix, parse_tokens
 from slotfile.format.read_checks import check_semantics
-from slotfile.format.read_version import GGSN_VERSIONS, GGSQ_VERSIONS, TRIAL_AHEAD, has_rot, trial_version
+from slotfile.format.read_version import has_rot, trial_version
 from slotfile.format.records import (
     Appendix,
     BlobInfo,
@@ -46,9 +47,6 @@ if TYPE_CHECKING:
 # The records are re-exported: ``from slotfile.format.reader import SlotFile`` is the public path
 # next to open_slot_file, and the version tables and has_rot are the reader's word on versions.
 __all__ = [
-    "GGSN_VERSIONS",
-    "GGSQ_VERSIONS",
-    "TRIAL_AHEAD",
     "Appendix",
     "BlobInfo",
     "Body",
@@ -110,7 +108,7 @@ def parse_buffer(
 
             sf.problems += check_against_model(sf, sf.expect, sf.draft_expect)
     except (ConstructError, ValueError, OverflowError, IndexError) as e:  # a reader bug, never a crash
-        sf.problem("error", "internal", "file", 0, f"reader error: {type(e).__name__}: {e}")
+        sf.problem(Severity.ERROR, ProblemCode.INTERNAL, "file", 0, f"reader error: {type(e).__name__}: {e}")
     return sf
 
 
@@ -132,8 +130,8 @@ def _parse_file(sf: SlotFile, view: memoryview) -> None:
     size, n = len(view), sf.n_token_count or 0
     if n > (size - 12) // 4:  # the same check as llama_context::state_seq_load_file
         sf.problem(
-            "error",
-            "truncated",
+            Severity.ERROR,
+            ProblemCode.TRUNCATED,
             "tokens",
             12,
             f"header declares {n} token words ({4 * n} bytes), {size - 12} bytes remain",
@@ -152,8 +150,8 @@ def _parse_file(sf: SlotFile, view: memoryview) -> None:
             sf.trailing = (end, size - end)
             sf.sections.append(Section("trailing", end, size - end))
             sf.problem(
-                "error",
-                "trailing-bytes",
+                Severity.ERROR,
+                ProblemCode.TRAILING_BYTES,
                 "trailing",
                 end,
                 f"{size - end} bytes after the session state (the loader refuses them)",
@@ -173,12 +171,12 @@ def _parse_header(sf: SlotFile, view: memoryview) -> bool:
     if size and not any(m.startswith(magic) for m in slot_magics):  # a cut magic ("qs") is a cut slot file
         foreign = recognise_foreign(bytes(view[:TEXT_SAMPLE]), size, sf.path)
         if foreign is not None:
-            sf.problem("error", ProblemCode.NOT_SLOT_FILE, "header", 0, foreign)
+            sf.problem(Severity.ERROR, ProblemCode.NOT_SLOT_FILE, "header", 0, foreign)
             return False
     if size == 0:
         sf.problem(
-            "error",
-            "truncated",
+            Severity.ERROR,
+            ProblemCode.TRUNCATED,
             "header",
             0,
             "empty file (0 bytes): nothing was saved in it (a save that "
@@ -186,7 +184,7 @@ def _parse_header(sf: SlotFile, view: memoryview) -> bool:
         )
         return False
     if size < 12:
-        sf.problem("error", "truncated", "header", size, f"file of {size} bytes: a header needs 12")
+        sf.problem(Severity.ERROR, ProblemCode.TRUNCATED, "header", size, f"file of {size} bytes: a header needs 12")
         if magic in (b"qsgg", b"nsgg"):
             sf.format = FileFormat.GGSQ if magic == b"qsgg" else FileFormat.GGSN
         return False
@@ -201,10 +199,8 @@ def _check_magic_version(sf: SlotFile, view: memoryview, magic: int, version: in
     neither known nor readable by trial."""
     if magic == g.GGSQ_MAGIC:
         sf.format = FileFormat.GGSQ
-        known = GGSQ_VERSIONS
     elif magic == g.GGSN_MAGIC:
         sf.format = FileFormat.GGSN
-        known = GGSN_VERSIONS
     else:
         zeros = (
             " (all its first bytes are zero: the data was never written, or was wiped)"
@@ -212,17 +208,18 @@ def _check_magic_version(sf: SlotFile, view: memoryview, magic: int, version: in
             else ""
         )
         sf.problem(
-            "error",
-            "bad-magic",
+            Severity.ERROR,
+            ProblemCode.BAD_MAGIC,
             "header",
             0,
             f"magic 0x{magic:08x} is neither GGSQ (slot file) nor GGSN (session file){zeros}",
         )
         return False
+    known = versions.known(sf.format)
     if version not in known and not trial_version(sf):
         sf.problem(
-            "error",
-            "bad-version",
+            Severity.ERROR,
+            ProblemCode.BAD_VERSION,
             "header",
             4,
             f"{sf.format} version {version} is unknown (known: {', '.join(map(str, known))})",

@@ -400,8 +400,7 @@ class SlotFile:
     def n_tokens(self) -> int:
         return int(self.tokens.tokens.size) if self.tokens is not None else 0
 
-    def problem(
-        self, severity: Severity | str, code: ProblemCode | str, section: str, offset: int, message: str
-    ) -> None:
-        """Add a structure problem; a string code must be registered (slotfile.problems), else ValueError."""
+    def problem(self, severity: Severity, code: ProblemCode, section: str, offset: int, message: str) -> None:
+        """Add a structure problem.  The code is a :class:`ProblemCode` member, so an unregistered one is
+        a type error; a plain string still passes at run time only when it is registered (ValueError)."""
         self.problems.append(Problem(Severity(severity), ProblemCode(code), section, offset, message))

@@ -25,6 +25,7 @@ from types import MappingProxyType
 from typing import Literal
 
 __all__ = [
+    "CELL_EXT_SIZES",
     "READER_SUPPORTED_VERSIONS",
     "TRIAL_AHEAD",
     "VERSIONS",
@@ -64,7 +65,7 @@ class Version:
     # the per-cell ext sizes (llama_kv_cell_ext) a KV block's cells may carry: 12 (x, y, tok) when
     # the model uses M-RoPE/IMROPE or PLE (llama_kv_cache::has_cell_ext, from 2026); 8 (x, y) from
     # some 2026 trees, mostly forks, that say version 2 or 3 (unverified which, slot-format.md §12).
-    # The reader tries every size for every version (slotfile.format.layout.EXT_SIZES).
+    # The reader tries every size for every version (CELL_EXT_SIZES).
     cell_ext: tuple[int, ...]
     # checkpoint and draft blobs (llama_state_seq_get_data_ext) open with u32 io_magic 0xaf143cd8 and
     # i32 seq_id (llama_context::state_seq_get_data); older builds wrote the bare body (§5)
@@ -141,6 +142,12 @@ if len(VERSIONS) != len(_ALL):  # pragma: no cover - import-time guard
 
 READER_SUPPORTED_VERSIONS: Mapping[str, tuple[int, ...]] = MappingProxyType(
     {fmt: tuple(sorted(v.version for v in _ALL if v.format == fmt)) for fmt in ("GGSQ", "GGSN")}
+)
+
+# Every per-cell ext size any version's KV cells may carry, the newest line's first: the reader
+# tries them all for every version (slotfile.format.layout.detect), in this order.
+CELL_EXT_SIZES: tuple[int, ...] = tuple(
+    dict.fromkeys(e for v in sorted(_ALL, key=lambda v: -v.state_version) for e in v.cell_ext)
 )
 
 # How far past the newest known version a file is still read by trial (as the newest layout

@@ -14,7 +14,7 @@ from typing import Any, BinaryIO
 
 from slotfile.format import grammar as g
 from slotfile.format.grammar_variant import SlotGrammar
-from slotfile.format.records import Body, SlotFile
+from slotfile.format.records import Body, FileFormat, MemoryKind, SlotFile, TokenForm
 
 
 def _raw(sf: SlotFile, start: int, end: int) -> memoryview:
@@ -27,7 +27,7 @@ def body_chunks(body: Body, *, whole: bool = False) -> Iterator[bytes]:
     grammar = SlotGrammar.of_layout(body.layout, whole)
     for spec, blk in zip(body.layout.blocks, body.blocks, strict=False):
         out = io.BytesIO()
-        if spec.kind == "KV":
+        if spec.kind == MemoryKind.KV:
             grammar.build_kv(blk.raw, out, spec.has_v)
         else:
             grammar.build_rec(blk.raw, out, spec.n_rec, spec.has_p)
@@ -41,7 +41,7 @@ def serialize(sf: SlotFile) -> Iterator[bytes | memoryview]:
         return
     yield g.FileHeader.build(
         {
-            "magic": g.GGSQ_MAGIC if sf.format == "GGSQ" else g.GGSN_MAGIC,
+            "magic": g.GGSQ_MAGIC if sf.format == FileFormat.GGSQ else g.GGSN_MAGIC,
             "version": sf.version,
             "n_token_count": sf.n_token_count,
         }
@@ -49,9 +49,9 @@ def serialize(sf: SlotFile) -> Iterator[bytes | memoryview]:
     pos = 12
     tp = sf.tokens
     if tp is not None:
-        if tp.form == "packed" and tp.raw is not None:
+        if tp.form == TokenForm.PACKED and tp.raw is not None:
             yield g.build(g.PackedTokens, tp.raw)
-        elif tp.form == "plain":
+        elif tp.form == TokenForm.PLAIN:
             yield tp.tokens.tobytes()
         else:
             yield _raw(sf, tp.offset, tp.offset + tp.size)
@@ -62,7 +62,7 @@ def serialize(sf: SlotFile) -> Iterator[bytes | memoryview]:
         return
     if body.offset > pos:  # the GGSN arch string (and v9 outputs): carried over as read
         yield _raw(sf, pos, body.offset)
-    yield from body_chunks(body, whole=sf.format == "GGSN")
+    yield from body_chunks(body, whole=sf.format == FileFormat.GGSN)
     pos = body.end
     for app in sorted([a for a in (sf.sckp, sf.draft) if a is not None], key=lambda a: a.offset):
         if not app.complete:

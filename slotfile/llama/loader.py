@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from slotfile.llama.library import (
     LIB_ENV,
-    LIB_NAME,
     Library,
     LoaderError,
     library_dir,
@@ -31,9 +30,6 @@ from slotfile.llama.library import (
     server_library,
 )
 from slotfile.llama.pool import (
-    PACKAGE_ROOT,
-    START_TIMEOUT,
-    WORKER_MODULE,
     DeepResult,
     LoaderPool,
     LoadResult,
@@ -41,19 +37,14 @@ from slotfile.llama.pool import (
     telling_line,
     test_load,
 )
-from slotfile.llama.settings import F16, draft_settings_for, settings_for
+from slotfile.llama.settings import settings_for
 from slotfile.llama.worker.settings import LoadSettings
 
 # The loader in three modules: slotfile.llama.library (which libllama), slotfile.llama.settings
 # (the context a file needs) and slotfile.llama.pool (the worker processes); this module is the
 # one entry callers import from.
 __all__ = [
-    "F16",
     "LIB_ENV",
-    "LIB_NAME",
-    "PACKAGE_ROOT",
-    "START_TIMEOUT",
-    "WORKER_MODULE",
     "DeepResult",
     "Library",
     "LoadResult",
@@ -61,7 +52,6 @@ __all__ = [
     "LoaderError",
     "LoaderPool",
     "WorkerProcess",
-    "draft_settings_for",
     "library_dir",
     "library_label",
     "resolve_library",

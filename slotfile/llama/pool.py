@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from slotfile.format import versions
+from slotfile.format.records import FileFormat
 from slotfile.llama.library import Library, LoaderError, resolve_library
 from slotfile.llama.settings import draft_settings_for, settings_for
 from slotfile.llama.worker.settings import LoadSettings
@@ -59,10 +61,10 @@ class DeepResult:
     logits: dict[str, Any] | None = None
     recomputed: str | None = None
     restored_pos_max: int | None = None
-    floor: str | None = None  # the state with the last ``tail`` tokens decoded one per call
+    floor: str | None = None  # the state with the last ``n_stepwise`` tokens decoded one per call
     n_batch: int = 0
     n_ubatch: int = 0
-    tail: int = 0  # cells recomputed one by one for the noise floor (0: none)
+    n_stepwise: int = 0  # the last tokens decoded again one per call for the noise floor (0: none)
 
 
 def _signal_name(rc: int) -> str:
@@ -161,12 +163,11 @@ class WorkerProcess:
                 f"cannot tell which state version the llama.cpp library {lib} writes: "
                 f"{resp.get('version_error') or 'no answer'}"
             )
-        from slotfile.format.reader import GGSQ_VERSIONS  # the versions slotfile reads
-
-        if int(version) not in GGSQ_VERSIONS:
+        known = versions.known(FileFormat.GGSQ)  # the state versions slotfile reads
+        if int(version) not in known:
             return (
                 f"the llama.cpp library {lib} writes state version {version}, which slotfile does not know "
-                f"(it knows versions {', '.join(map(str, sorted(GGSQ_VERSIONS)))})"
+                f"(it knows versions {', '.join(map(str, known))})"
             )
         resp["library_dir"] = self.library.path or os.path.dirname(str(resp.get("library") or "")) or None
         resp["library_source"] = self.library.source
@@ -396,8 +397,13 @@ class LoaderPool:
     def loads_version_of(self, fmt: str | None, version: int | None) -> bool:
         """Whether this library's version is the file's (llama.cpp loads its own version only);
         True when either is unknown (the test-load then says what is wrong)."""
-        have = self.session_version if fmt == "GGSN" else self.state_seq_version
-        return version is None or have is None or fmt not in ("GGSQ", "GGSN") or int(version) == int(have)
+        have = self.session_version if fmt == FileFormat.GGSN else self.state_seq_version
+        return (
+            version is None
+            or have is None
+            or fmt not in (FileFormat.GGSQ, FileFormat.GGSN)
+            or int(version) == int(have)
+        )
 
     def describe(self) -> dict[str, Any]:
         """The loader as ``verify --json`` shows it."""
@@ -430,7 +436,7 @@ class LoaderPool:
             "op": "load",
             "path": str(Path(path).resolve()),
             "settings": s.to_dict(),
-            "format": "GGSN" if sf.format == "GGSN" else "GGSQ",
+            "format": FileFormat.GGSN if sf.format == FileFormat.GGSN else FileFormat.GGSQ,
             "draft_settings": ds.to_dict() if ds else None,
         }
         resp, died, log = self._call(req, timeout)
@@ -464,14 +470,15 @@ class LoaderPool:
         batch: int = 0,
         *,
         n_ubatch: int = 0,
-        tail: int = 0,
+        n_stepwise: int = 0,
         out_floor: str | None = None,
     ) -> DeepResult:
         """Restore ``path`` and recompute ``tokens`` from scratch with the same settings; the
         recomputed state is written to ``out`` (a GGSQ file with no tokens).  ``batch``: the
         prefill's n_batch (tokens per llama_decode call), ``n_ubatch`` its micro-batch (0: the
-        server's defaults, 2048 and 512).  With ``tail`` and ``out_floor``: the last ``tail``
-        tokens decoded again one per call, that state written to ``out_floor`` (the noise floor)."""
+        server's defaults, 2048 and 512).  With ``n_stepwise`` and ``out_floor``: the last
+        ``n_stepwise`` tokens decoded again one per call, that state written to ``out_floor`` (the
+        noise floor)."""
         if settings is None:
             from slotfile.format.reader import open_slot_file
 
@@ -485,7 +492,7 @@ class LoaderPool:
             "out": str(out),
             "n_batch": int(batch),
             "n_ubatch": int(n_ubatch),
-            "tail": int(tail),
+            "n_stepwise": int(n_stepwise),
             "out_floor": str(out_floor) if out_floor else None,
         }
         resp, died, log = self._call(req, timeout)
@@ -504,10 +511,10 @@ class LoaderPool:
             logits=resp.get("logits"),
             recomputed=str(out) if resp.get("ok") else None,
             restored_pos_max=resp.get("restored_pos_max"),
-            floor=str(out_floor) if resp.get("ok") and resp.get("tail") else None,
+            floor=str(out_floor) if resp.get("ok") and resp.get("n_stepwise") else None,
             n_batch=int(resp.get("n_batch") or 0),
             n_ubatch=int(resp.get("n_ubatch") or 0),
-            tail=int(resp.get("tail") or 0),
+            n_stepwise=int(resp.get("n_stepwise") or 0),
         )
 
     def close(self) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from slotfile.format.records import FileFormat, MemoryKind
 from slotfile.format.types import BY_NAME
 from slotfile.llama.worker.settings import LoadSettings, pad_ctx
 
@@ -19,7 +20,7 @@ F16 = BY_NAME["f16"].id
 
 def _first_active_kv(blocks: list[MemoryBlock]) -> Any:
     for b in blocks:
-        if b.kind == "KV":
+        if b.kind == MemoryKind.KV:
             for st in b.active_streams():
                 if st.k or st.v:
                     return b, st
@@ -34,8 +35,8 @@ SERVER_SLOTS = 4  # llama-server's default: --parallel auto = 4 slots with a uni
 def _derive(
     blocks: list[MemoryBlock], *, whole: bool, need: int, seq_hint: int | None, n_gpu_layers: int
 ) -> LoadSettings:
-    kv = [b for b in blocks if b.kind == "KV"]
-    rec = [b for b in blocks if b.kind == "REC"]
+    kv = [b for b in blocks if b.kind == MemoryKind.KV]
+    rec = [b for b in blocks if b.kind == MemoryKind.REC]
     n_stream = max((b.n_stream for b in kv), default=1) or 1
     seq_ids: list[int] = []
     for b in kv:
@@ -118,13 +119,15 @@ def settings_for(sf: SlotFile, n_gpu_layers: int = 0) -> LoadSettings:
     # context sized from those could ask for terabytes.  An unreadable body falls back to the
     # token count, capped.
     need = 0 if blocks else min(max(sf.n_tokens, 0), UNREADABLE_CAP)
-    s = _derive(blocks, whole=sf.format == "GGSN", need=need, seq_hint=_saved_seq(sf), n_gpu_layers=n_gpu_layers)
+    s = _derive(
+        blocks, whole=sf.format == FileFormat.GGSN, need=need, seq_hint=_saved_seq(sf), n_gpu_layers=n_gpu_layers
+    )
     # a checkpoint blob may hold more cells than the body (an older, longer prompt)
     extra = 0
     for ck in sf.checkpoints:
         if ck.tgt.body is not None:
             for b in _blocks(ck.tgt.body):
-                for st in b.active_streams() if b.kind == "KV" else []:
+                for st in b.active_streams() if b.kind == MemoryKind.KV else []:
                     extra = max(extra, st.cell_count + 1)
     per = s.n_ctx // (s.n_seq_max if not s.kv_unified and s.n_seq_max > 1 else 1)
     if extra > per:

@@ -38,16 +38,11 @@ from slotfile.repair.tail import (
 )
 from slotfile.repair.truncate import truncate_recover
 
-# The name the CLI used before the verify options got their own class; kept so that
-# ``from slotfile.repair import Options`` still works until its callers say RepairOptions.
-Options = RepairOptions
-
 __all__ = [
     "OPERATIONS",
     "SCHEMA",
     "BlobRef",
     "Operational",
-    "Options",
     "Outcome",
     "Planned",
     "Refused",

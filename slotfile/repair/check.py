@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from slotfile.format.reader import open_slot_file
-from slotfile.format.records import SlotFile
+from slotfile.format.records import FileFormat, SlotFile
 from slotfile.repair.common import Operational, RepairOptions
 from slotfile.repair.report import Report
 
@@ -124,7 +124,7 @@ class _TestLoad:
 
     def version_of(self, pool: Any) -> int | None:
         """The version of the pool's library that this file's kind needs (session files: GGSN)."""
-        return pool.info.get("session_version") if self.sf.format == "GGSN" else pool.state_seq_version
+        return pool.info.get("session_version") if self.sf.format == FileFormat.GGSN else pool.state_seq_version
 
     def load(self, pool: Any) -> Any:
         from slotfile.llama.loader import library_label, settings_for
@@ -150,7 +150,7 @@ class _TestLoad:
         from slotfile.llama.loader import library_label
 
         sf = self.sf
-        kind = "session" if sf.format == "GGSN" else "state"
+        kind = "session" if sf.format == FileFormat.GGSN else "state"
         self.report.test_load = {
             "ok": None,
             "message": f"skipped: the file has {kind} version {sf.version}, the "

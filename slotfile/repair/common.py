@@ -12,6 +12,7 @@ import numpy as np
 
 from slotfile.format.layout import PARTIAL_OF
 from slotfile.format.reader import SlotFile
+from slotfile.format.records import FileFormat, TokenForm
 from slotfile.repair.report import Report
 from slotfile.safewrite import Plan
 
@@ -108,12 +109,12 @@ def operation(command: str) -> Callable[[Planner], Operation]:
 
 def header_tokens_ok(sf: SlotFile) -> None:
     """Refuse files whose header or token payload is not readable (nothing can be saved)."""
-    if sf.format == "GGSN":
+    if sf.format == FileFormat.GGSN:
         raise Refused("a whole-context session file (GGSN): the repair commands handle slot files (GGSQ)")
-    if sf.format != "GGSQ":
+    if sf.format != FileFormat.GGSQ:
         raise Refused("not a slot file (no GGSQ magic)")
     bad = [p for p in sf.errors if p.section in ("header", "tokens") or p.section.startswith("tokens")]
-    if bad or sf.tokens is None or (sf.tokens.form == "packed" and sf.tokens.raw is None):
+    if bad or sf.tokens is None or (sf.tokens.form == TokenForm.PACKED and sf.tokens.raw is None):
         why = bad[0].line() if bad else "the token payload cannot be read"
         raise Refused(f"{why}: without the tokens nothing that would load can be saved")
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from slotfile.format import grammar as g
-from slotfile.format.records import Body, SlotFile
+from slotfile.format.records import Body, MemoryKind, SlotFile, TokenForm
 from slotfile.format.types import TRANSPOSABLE, TYPES, type_name
 from slotfile.repair.common import (
     Planned,
@@ -40,11 +40,11 @@ from slotfile.safewrite import Plan, create_temp
 def _new_words(sf: SlotFile, form: str | None) -> tuple[list[int], str]:
     assert sf.tokens is not None
     words = words_of(sf)
-    cur = sf.tokens.form if sf.tokens.form != "empty" else "plain"
+    cur = sf.tokens.form if sf.tokens.form != TokenForm.EMPTY else TokenForm.PLAIN
     if form is None or form == cur:
         return words, cur
     toks = tokens_of(sf)
-    if form == "plain":
+    if form == TokenForm.PLAIN:
         if sf.tokens.media:
             raise Refused(
                 f"the payload holds {len(sf.tokens.media)} media chunk(s): a plain token list cannot carry them"
@@ -73,7 +73,7 @@ def transpose_body(plan: Plan, sf: SlotFile, body: Body, start: int, end: int, t
     pos = start
     flipped = 0
     for blk in body.blocks:
-        if blk.kind != "KV" or not blk.has_v:
+        if blk.kind != MemoryKind.KV or not blk.has_v:
             continue
         for st, sc in zip(blk.streams, blk.raw.streams, strict=False):
             if not st.cell_count or sc.data is None or st.v_trans == to_v_trans:
@@ -166,7 +166,7 @@ class _Job:
         flip = file_fa is not None and new_fa != file_fa
         new_words, form = _new_words(sf, opts.tokens)
         tail = analyse_tail(sf, view_of(sf), sf.body.end, tgt_partial=tgt_partial(sf))
-        old_form = sf.tokens.form if sf.tokens is not None else "empty"
+        old_form = sf.tokens.form if sf.tokens is not None else TokenForm.EMPTY
         if new_words != words_of(sf):
             out.report.change(
                 "tokens", "form", old_form, form, words_before=sf.n_token_count, words_after=len(new_words)

@@ -9,7 +9,7 @@ import numpy as np
 
 from slotfile.format import grammar as g
 from slotfile.format.reader import has_rot
-from slotfile.format.records import Body, SlotFile
+from slotfile.format.records import Body, MemoryKind, SlotFile
 from slotfile.format.types import BY_NAME, KV_CACHE_TYPES, TRANSPOSABLE, TYPES, type_name
 from slotfile.repair.common import Refused, RepairOptions
 from slotfile.repair.tail import Tail
@@ -115,7 +115,7 @@ def kv_settings_of(body: Body | None) -> dict[str, Any]:
     if body is None:
         return out
     for blk in body.blocks:
-        if blk.kind != "KV":
+        if blk.kind != MemoryKind.KV:
             continue
         out.setdefault("n_stream", blk.n_stream)
         for st in blk.active_streams():

@@ -15,18 +15,18 @@ A file with cells in two streams of one block (a whole-context save) cannot be c
 from __future__ import annotations
 
 from slotfile.format import grammar as g
-from slotfile.format.records import BlobInfo, Body, SlotFile
+from slotfile.format.records import BlobInfo, Body, MemoryKind, SlotFile
 from slotfile.repair.common import Refused, body_ok
 from slotfile.safewrite import Plan
 
 
 def _kv_delta(body: Body, n_new: int) -> int:
-    return sum(4 * (n_new - blk.n_stream) for blk in body.blocks if blk.kind == "KV")
+    return sum(4 * (n_new - blk.n_stream) for blk in body.blocks if blk.kind == MemoryKind.KV)
 
 
 def _check(body: Body, where: str) -> None:
     for blk in body.blocks:
-        if blk.kind == "KV" and len(blk.active_streams()) > 1:
+        if blk.kind == MemoryKind.KV and len(blk.active_streams()) > 1:
             raise Refused(
                 f"{where}: {len(blk.active_streams())} streams hold cells; only a single-sequence save "
                 "can move to another stream count"
@@ -37,7 +37,7 @@ def rewrite_body(plan: Plan, path: str, body: Body, start: int, end: int, n_new:
     """Copy ``start..end`` (a body) with every KV block rewritten for ``n_new`` streams."""
     pos = start
     for blk in body.blocks:
-        if blk.kind != "KV":
+        if blk.kind != MemoryKind.KV:
             continue
         plan.copy(path, pos, blk.offset - pos)
         plan.literal(g.n_stream_word(n_new))

@@ -22,6 +22,7 @@ from slotfile.format.layout import Failure
 from slotfile.format.read_appendix import parse_seq_blob
 from slotfile.format.read_checks import check_block
 from slotfile.format.records import BlobInfo, CheckpointFields, FileFormat, SlotFile
+from slotfile.problems import ProblemCode, Severity
 from slotfile.repair.common import Retry, view_of
 
 MAX_SCAN_CANDIDATES = 4096
@@ -102,7 +103,7 @@ def check_blob(sf: SlotFile, view: memoryview, ref: BlobRef, section: str, parti
             for blk in info.body.blocks:
                 check_block(scratch, blk, f"{section}.{blk.role}")
     except (ConstructError, ValueError, OverflowError, IndexError, AttributeError) as e:
-        scratch.problem("error", "internal", section, ref.offset, f"{type(e).__name__}: {e}")
+        scratch.problem(Severity.ERROR, ProblemCode.INTERNAL, section, ref.offset, f"{type(e).__name__}: {e}")
     errs = scratch.errors
     ref.info = info
     if errs:

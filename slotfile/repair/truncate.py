@@ -11,7 +11,7 @@ from typing import Any
 from slotfile.format import grammar as g
 from slotfile.format.layout import PARTIAL_OF
 from slotfile.format.reader import has_rot, open_slot_file
-from slotfile.format.records import Body, SlotFile
+from slotfile.format.records import Body, MemoryKind, SlotFile
 from slotfile.repair.common import (
     Operational,
     Planned,
@@ -243,7 +243,7 @@ def _same_geometry(sf: SlotFile, view: memoryview, rebuilt: str, retry: Retry) -
         want = probe_body(view, sf.body.offset, len(view), rot=has_rot(sf))
         if (
             new.body.blocks
-            and new.body.blocks[0].kind == "KV"
+            and new.body.blocks[0].kind == MemoryKind.KV
             and len(new.body.blocks[0].streams) != want.get("n_stream", len(new.body.blocks[0].streams))
         ):
             raise Refused("the rebuilt state has another stream count than the file")

@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from slotfile.problems import ProblemCode
 from slotfile.seal.check import CheckResult, FileCheck, check, discover
 from slotfile.seal.manifest import Manifest, ManifestError, load
 
@@ -132,7 +133,7 @@ def _unfit(f: Path, ident: Any, n: int) -> Any:
         elif top.reasons:
             why = f"{top.model.label}: {top.reasons[0]}"
     msg = f"no candidate model fits ({n} tried)" + (f"; the closest, {why}" if why else "")
-    r.levels["model"].error("model-mismatch", "body", None, msg)
+    r.levels["model"].error(ProblemCode.MODEL_MISMATCH, "body", None, msg)
     r.levels["model"].finish()
     return r
 

@@ -20,7 +20,9 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
+from slotfile.format.records import FileFormat, MemoryKind
 from slotfile.format.types import BY_NAME, TRANSPOSABLE
+from slotfile.problems import Severity
 from slotfile.slotdir.serverargs import ServerSettings
 from slotfile.slotdir.walk import FileSummary, fill_summary
 
@@ -85,7 +87,7 @@ def predict(
     s: FileSummary, sf: SlotFile | None, server: ServerSettings, side: ModelSide | None, loader_version: int | None
 ) -> Restore:
     """The verdict from the structure (and the model's metadata), before any load."""
-    if s.format == "GGSN":
+    if s.format == FileFormat.GGSN:
         return Restore(Fate.CANNOT, "a whole-context session file (GGSN): the server restores slot files only")
     if s.damaged:
         return Restore(Fate.CANNOT, f"damaged: {s.first_problem} (truncate-recover keeps what is intact)")
@@ -125,7 +127,7 @@ def _ctx_why(server: ServerSettings, n_train: int) -> str:
 
 def _model_problem(sf: SlotFile, side: ModelSide) -> str | None:
     for p in sf.model_problems:  # open_slot_file(expect=...) ran slotfile.model.check
-        if p.severity == "error":
+        if p.severity == Severity.ERROR:
             return p.line()
     return None
 
@@ -172,7 +174,7 @@ def need_cells(sf: SlotFile) -> int:
         if body is None or body.layout is None:
             continue
         for blk in body.blocks:
-            if blk.kind == "KV":
+            if blk.kind == MemoryKind.KV:
                 for st in blk.active_streams():
                     n = max(n, st.cell_count)
     return max(n, sf.n_tokens or 0)

@@ -25,6 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from slotfile.format.records import MemoryKind
+from slotfile.problems import Severity
+
 SLOT_SUFFIXES = (".slot", ".bin")
 MAGICS = (b"qsgg", b"nsgg")  # GGSQ / GGSN as little-endian u32 (llama.cpp's LLAMA_STATE_*_MAGIC)
 SETTLE_SECONDS = 5.0  # a file modified this recently may still be being written
@@ -325,7 +328,7 @@ def fill_summary(s: FileSummary, sf: Any) -> None:
         _kv_facts(s, body)
     s.checkpoints = len(sf.checkpoints)
     s.draft = sf.draft is not None
-    errs = [p for p in sf.file_problems if p.severity == "error"]  # the model check is the caller's
+    errs = [p for p in sf.file_problems if p.severity == Severity.ERROR]  # the model check is the caller's
     s.damaged = bool(errs)
     s.first_problem = errs[0].line() if errs else None
 
@@ -334,7 +337,7 @@ def _kv_facts(s: FileSummary, body: Any) -> None:
     from slotfile.format.types import type_name
 
     for blk in body.blocks:
-        if blk.kind != "KV":
+        if blk.kind != MemoryKind.KV:
             continue
         act = blk.active_streams()
         s.active_streams = max(s.active_streams or 0, len(act))

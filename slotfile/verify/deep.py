@@ -19,9 +19,10 @@ from typing import Any
 import numpy as np
 
 from slotfile.format.reader import open_slot_file
-from slotfile.format.records import Body, SlotFile
+from slotfile.format.records import Body, FileFormat, MemoryKind, SlotFile
 from slotfile.llama.loader import DeepResult, LoaderPool, LoadSettings
 from slotfile.model.expect import attn_rot_disabled
+from slotfile.problems import CheckLevel, ProblemCode
 from slotfile.verify.judge import (
     LOGITS_MIN_FLOOR,
     MARGIN_LIMIT,
@@ -41,7 +42,7 @@ from slotfile.verify.stats import FLOAT_TYPES, cell_stats, tolerance_class
 
 def _deep_preconditions(sf: SlotFile, n_vocab: int) -> str | None:
     """Why the stored tokens cannot reproduce the state (None: they should)."""
-    if sf.format != "GGSQ":
+    if sf.format != FileFormat.GGSQ:
         return "session files (GGSN) hold every sequence; the deep check covers slot files"
     if sf.body is None or sf.body.layout is None or not sf.body.blocks:
         return "the body does not parse" if sf.body is None or sf.body.layout is None else "the file holds no state"
@@ -54,7 +55,7 @@ def _deep_preconditions(sf: SlotFile, n_vocab: int) -> str | None:
         return "token ids outside the model's vocabulary (see the model level)"
     n = int(tp.tokens.size)
     first = sf.body.blocks[0]
-    if first.kind == "KV":
+    if first.kind == MemoryKind.KV:
         act = first.active_streams()
         if len(act) != 1 or not np.array_equal(act[0].positions, np.arange(n)):
             return (
@@ -77,7 +78,7 @@ def rotation_check(file_body: Body, rec_body: Body, caches: Caches) -> dict[str,
     direct: list[float] = []
     other: list[float] = []
     for fb, rb in zip(file_body.blocks, rec_body.blocks, strict=False):
-        if fb.kind != "KV":
+        if fb.kind != MemoryKind.KV:
             continue
         cache = caches.get(fb.role)
         for _sec, fr, rr, _pos in layer_pairs(fb, rb):
@@ -119,7 +120,7 @@ def level_deep(
     call, as the server decodes generated tokens: that second state's difference from the
     first, per layer, is the noise floor each stored layer is judged against
     (:func:`slotfile.verify.judge.judge_run`).  ``caches``: the model's caches by role."""
-    lv = Level()
+    lv = Level(CheckLevel.DEEP)
     why = _skip_reason(sf, pool, load, opts)
     if why is not None:
         return lv.skip(*why)
@@ -127,7 +128,6 @@ def level_deep(
     tokens = [int(t) for t in sf.tokens.tokens]  # type: ignore[union-attr]
     body: Body = sf.body  # type: ignore[assignment]  # _deep_preconditions: a parsed body
     with _scratch_files(2) as (rec_out, floor_out):
-        # the worker request calls the stepwise tokens "tail" (slotfile.llama)
         res = pool.deep(
             path,
             tokens,
@@ -137,14 +137,14 @@ def level_deep(
             timeout=opts.timeout,
             batch=opts.n_batch,
             n_ubatch=opts.n_ubatch,
-            tail=STEPWISE_TOKENS,
+            n_stepwise=STEPWISE_TOKENS,
             out_floor=floor_out,
         )
         if res.ok:
             _judge_deep(lv, body, tokens, res, rec_out, caches)
         else:
             lv.error(
-                "crashed" if res.crashed else "deep-failed",
+                ProblemCode.CRASHED if res.crashed else ProblemCode.DEEP_FAILED,
                 "body",
                 body.offset,
                 ("llama.cpp crashed: " if res.crashed else "recompute failed: ") + res.message,
@@ -192,11 +192,11 @@ def _judge_deep(lv: Level, body: Body, tokens: list[int], res: DeepResult, rec_p
     rec = open_slot_file(rec_path)
     flo = open_slot_file(res.floor) if res.floor else None
     try:
-        inputs = DeepInputs(flo.body if flo else None, caches, len(tokens), res.tail)
+        inputs = DeepInputs(flo.body if flo else None, caches, len(tokens), res.n_stepwise)
         rot = rotation_check(body, rec.body, caches) if rec.body is not None else None
         rows: list[dict[str, Any]] = []
         if rot is not None and not rot["matches"]:
-            lv.error("deep-rotation", "body", body.offset, _rotation_message(rot))
+            lv.error(ProblemCode.DEEP_ROTATION, "body", body.offset, _rotation_message(rot))
         else:
             rows = compare_bodies(lv, body, rec.body, inputs)  # type: ignore[arg-type]
     finally:
@@ -212,7 +212,7 @@ def _judge_deep(lv: Level, body: Body, tokens: list[int], res: DeepResult, rec_p
         "probe_token": tokens[-1],
         "n_batch": res.n_batch,
         "n_ubatch": res.n_ubatch,
-        "tail": res.tail,  # the stepwise tokens (schema slotfile.verify/1)
+        "tail": res.n_stepwise,  # the JSON key of the stepwise tokens (schema slotfile.verify/1)
         "limit": MARGIN_LIMIT,
         "margin": worst["ratio"] if worst else 0.0,
         "worst": {k: worst[k] for k in ("section", "part", "layer", "ratio", "by", "worst_pos")} if worst else None,
@@ -246,10 +246,10 @@ def _check_logits(lv: Level, body: Body, lg: dict[str, Any]) -> tuple[float, flo
     lfloor = max(float(lg.get("floor_rel", 0.0)), LOGITS_MIN_FLOOR[tol_class])
     lratio = float(lg.get("rel", 0.0)) / lfloor
     if not lg.get("all_finite", True):
-        lv.error("deep-logits", "body", body.offset, "non-finite next-token logits after restoring the file")
-    elif lratio > MARGIN_LIMIT and not any(p["code"] == "deep-rotation" for p in lv.problems):
+        lv.error(ProblemCode.DEEP_LOGITS, "body", body.offset, "non-finite next-token logits after restoring the file")
+    elif lratio > MARGIN_LIMIT and not lv.has(ProblemCode.DEEP_ROTATION):
         lv.error(
-            "deep-logits",
+            ProblemCode.DEEP_LOGITS,
             "body",
             body.offset,
             f"next-token logits after restoring differ from those after recomputing the tokens by "

@@ -128,7 +128,7 @@ class Verifier:
         if self.opts.scan:
             scan_into(lv["structure"], sf, max(2, self.opts.jobs))
         lv["structure"].seconds = time.monotonic() - t
-        if any(p["class"] == Cause.NOT_SLOT_FILE for p in lv["structure"].problems):
+        if any(p.cls == Cause.NOT_SLOT_FILE for p in lv["structure"].problems):
             for name in LEVELS[1:]:  # nothing for a model or a loader to judge
                 lv[name].skip("not a slot file", SkipKind.BLOCKED)
         else:

@@ -15,8 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from slotfile.format.records import Body, CacheExpect, LayerRun, MemoryBlock, ModelExpect
+from slotfile.format.records import Body, CacheExpect, LayerRun, MemoryBlock, MemoryKind, ModelExpect
 from slotfile.model.expect import rotation_widths
+from slotfile.problems import ProblemCode
 from slotfile.verify.records import Level
 from slotfile.verify.stats import RowStats, cell_stats, tolerance_class
 
@@ -137,7 +138,7 @@ def layer_pairs(
     fb: MemoryBlock, rb: MemoryBlock
 ) -> Iterator[tuple[str, LayerRun | None, LayerRun | None, np.ndarray | None]]:
     """(section, file run, recomputed run, positions) for every layer entry of two blocks."""
-    if fb.kind == "KV":
+    if fb.kind == MemoryKind.KV:
         for fs, rs in zip(fb.streams, rb.streams, strict=False):
             if not fs.cell_count and not rs.cell_count:
                 continue
@@ -177,11 +178,11 @@ def compare_bodies(
     inp = inputs or DeepInputs()
     rows: list[dict[str, Any]] = []
     if rec_body.layout is None or file_body.layout is None:
-        lv.error("deep-internal", "body", file_body.offset, "the recomputed state does not parse")
+        lv.error(ProblemCode.DEEP_INTERNAL, "body", file_body.offset, "the recomputed state does not parse")
         return rows
     if file_body.layout.kinds != rec_body.layout.kinds:
         lv.error(
-            "deep-layout",
+            ProblemCode.DEEP_LAYOUT,
             "body",
             file_body.offset,
             f"the file holds {file_body.layout.describe()}; recomputing gives {rec_body.layout.describe()}",
@@ -196,14 +197,14 @@ def compare_bodies(
                 run = fr or rr
                 assert run is not None  # layer_pairs yields at least one side
                 lv.error(
-                    "deep-layout",
+                    ProblemCode.DEEP_LAYOUT,
                     sec,
                     fr.offset if fr else None,
                     f"{run.part} layer {run.index} present in only one of file and recomputed state",
                 )
             elif (fr.type_id, fr.row_size, fr.transposed) != (rr.type_id, rr.row_size, rr.transposed):
                 lv.error(
-                    "deep-layout",
+                    ProblemCode.DEEP_LAYOUT,
                     sec,
                     fr.offset,
                     f"{fr.part} layer {fr.index}: {fr.type_name} rows of "
@@ -232,25 +233,25 @@ def _cells_differ(lv: Level, fb: MemoryBlock, rb: MemoryBlock) -> bool:
     """Cell counts or positions of the file's block differ from the recomputed block's:
     problems into ``lv``; True when any was found."""
     before = len(lv.problems)
-    if fb.kind == "KV":
+    if fb.kind == MemoryKind.KV:
         for fs, rs in zip(fb.streams, rb.streams, strict=False):
             if fs.cell_count != rs.cell_count:
                 lv.error(
-                    "deep-cells",
+                    ProblemCode.DEEP_CELLS,
                     f"body.{fb.role}.stream[{fs.index}]",
                     fs.offset,
                     f"{fs.cell_count} cells; recomputing the tokens gives {rs.cell_count}",
                 )
             elif fs.cell_count and not np.array_equal(fs.positions, rs.positions):
                 lv.error(
-                    "deep-positions",
+                    ProblemCode.DEEP_POSITIONS,
                     f"body.{fb.role}.stream[{fs.index}]",
                     fs.offset,
                     "cell positions differ from those of the recomputed state",
                 )
     elif fb.cell_count != rb.cell_count:
         lv.error(
-            "deep-cells",
+            ProblemCode.DEEP_CELLS,
             f"body.{fb.role}",
             fb.offset,
             f"{fb.cell_count} cells; recomputing the tokens gives {rb.cell_count}",
@@ -296,14 +297,14 @@ def _compare_run(
     }
     if not s_st.finite:
         lv.error(
-            "deep-nonfinite",
+            ProblemCode.DEEP_NONFINITE,
             sec,
             fr.data.offset,
             f"{fr.part} layer {fr.index}: non-finite values (first in cell {cell})",
         )
     elif j["ratio"] > MARGIN_LIMIT:
         lv.error(
-            "deep-mismatch",
+            ProblemCode.DEEP_MISMATCH,
             sec,
             fr.data.offset + (cell * fr.row_size if not fr.transposed and cell >= 0 else 0),
             _mismatch_message(fr, j, cell, p, s_st.rel),

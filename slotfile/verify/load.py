@@ -8,18 +8,19 @@ from __future__ import annotations
 from typing import Any
 
 from slotfile.format import versions
-from slotfile.format.records import SlotFile
+from slotfile.format.records import FileFormat, SlotFile
 from slotfile.llama.loader import LIB_ENV, LoaderPool, LoadResult, library_label
+from slotfile.problems import CheckLevel, ProblemCode
 from slotfile.verify.records import Level, SkipKind
 
 
 def version_message(sf: SlotFile, loader_version: int | None, loader_name: str, tried: str | None = None) -> str | None:
     """A plain sentence when the file's state version is not the loader's.  ``tried``: what
     the search for another library found (the llama-server on PATH)."""
-    if sf.format != "GGSQ" or sf.version is None or loader_version is None or sf.version == loader_version:
+    if sf.format != FileFormat.GGSQ or sf.version is None or loader_version is None or sf.version == loader_version:
         return None
     v = sf.version
-    info = versions.version_info("GGSQ", v)
+    info = versions.version_info(FileFormat.GGSQ, v)
     who = info.writer if info else None
     line = info.loaders if info else None
     msg = f"this file has state version {v}, the loader ({loader_name}) only loads version {loader_version}"
@@ -37,7 +38,7 @@ def level_load(
 ) -> Level:
     """``pool``: the loader that test-loaded the file; ``tried``: what the search for a library
     of the file's version found when that loader's version differs (for the message)."""
-    lv = Level()
+    lv = Level(CheckLevel.LOAD)
     if pool is None or res is None:
         return lv.skip("no --model")
     info = pool.info
@@ -60,18 +61,23 @@ def level_load(
         if vmsg and not res.crashed and not explicit:
             return lv.skip(vmsg, SkipKind.CANNOT_CHECK)
         if vmsg and not res.crashed:
-            lv.error("version-mismatch", "header", 4, f"{vmsg} (llama.cpp: {res.message})")
+            lv.error(ProblemCode.VERSION_MISMATCH, "header", 4, f"{vmsg} (llama.cpp: {res.message})")
         else:
             lv.error(
-                "crashed" if res.crashed else "load-failed",
+                ProblemCode.CRASHED if res.crashed else ProblemCode.LOAD_FAILED,
                 "body",
                 sf.body.offset if sf.body else None,
                 ("llama.cpp crashed: " if res.crashed else "llama.cpp refused the file: ") + res.message,
             )
         return lv.finish()
-    if sf.format == "GGSQ" and sf.body is not None and sf.body.layout is not None and res.body_bytes != sf.body.end:
+    if (
+        sf.format == FileFormat.GGSQ
+        and sf.body is not None
+        and sf.body.layout is not None
+        and res.body_bytes != sf.body.end
+    ):
         lv.error(
-            "loader-disagrees",
+            ProblemCode.LOADER_DISAGREES,
             "body",
             sf.body.offset,
             f"llama.cpp's loader stopped at offset {res.body_bytes}; the reader's body ends at {sf.body.end}",
@@ -82,8 +88,8 @@ def level_load(
 
 def _load_version_message(sf: SlotFile, info: dict[str, Any], tried: str | None) -> str | None:
     """Why the loader's llama.cpp cannot judge a file of another state or session version."""
-    if sf.format == "GGSN" and sf.version is not None and sf.version != info.get("session_version"):
-        ginfo = versions.version_info("GGSN", sf.version)
+    if sf.format == FileFormat.GGSN and sf.version is not None and sf.version != info.get("session_version"):
+        ginfo = versions.version_info(FileFormat.GGSN, sf.version)
         known = ginfo.writer if ginfo else "no known llama.cpp line"
         return (
             f"this session file has version {sf.version}, the loader ({library_label(info)}) only loads session "
@@ -100,7 +106,7 @@ def _appendix_load_problems(lv: Level, sf: SlotFile, res: LoadResult, draft_mode
     body restored."""
     for note in res.notes:
         lv.warn(
-            "appendix-ignored",
+            ProblemCode.APPENDIX_IGNORED,
             "sckp" if "SCKP" in note or "checkpoint" in note else "sdft",
             None,
             f"{note} (the restore itself succeeds)",
@@ -108,20 +114,20 @@ def _appendix_load_problems(lv: Level, sf: SlotFile, res: LoadResult, draft_mode
     for i, (ok, msg) in enumerate(res.checkpoints):
         if not ok:
             off = sf.checkpoints[i].tgt.data_offset if i < len(sf.checkpoints) else None
-            lv.error("checkpoint-rejected", f"sckp.checkpoint[{i}].data_tgt", off, msg)
+            lv.error(ProblemCode.CHECKPOINT_REJECTED, f"sckp.checkpoint[{i}].data_tgt", off, msg)
     for i, (ok, msg) in enumerate(res.checkpoint_drafts):
         if not ok:
             off = sf.checkpoints[i].dft.data_offset if i < len(sf.checkpoints) else None
-            lv.error("checkpoint-draft-rejected", f"sckp.checkpoint[{i}].data_dft", off, msg)
+            lv.error(ProblemCode.CHECKPOINT_DRAFT_REJECTED, f"sckp.checkpoint[{i}].data_dft", off, msg)
     if res.draft is not None and not res.draft[0]:
         off = sf.draft.dft.data_offset if sf.draft is not None and sf.draft.dft is not None else None
-        lv.error("draft-rejected", "sdft.data_dft", off, res.draft[1])
+        lv.error(ProblemCode.DRAFT_REJECTED, "sdft.data_dft", off, res.draft[1])
     has_dft = (sf.draft is not None and sf.draft.dft is not None and sf.draft.dft.length) or any(
         ck.dft.length for ck in sf.checkpoints
     )
     if has_dft and not draft_model:
         lv.warn(
-            "draft-not-loaded",
+            ProblemCode.DRAFT_NOT_LOADED,
             "sdft" if sf.draft is not None else "sckp",
             None,
             "the file holds draft state; give --draft-model to test-load it",

@@ -12,6 +12,7 @@ from slotfile.format.records import ModelExpect, SlotFile
 from slotfile.model.bridge import ModelError, ModelInfo, load_model_info
 from slotfile.model.check import check_against_model
 from slotfile.model.expect import expect_from_model
+from slotfile.problems import CheckLevel, ProblemCode
 from slotfile.verify.records import Level, VerifyError
 
 
@@ -53,19 +54,19 @@ def level_model(sf: SlotFile, side: ModelSide | None, dside: ModelSide | None) -
     """The model check (slotfile.model.check, the same problems ``inspect --model`` lists), and
     what this run could not check: a model without an expectation, draft blobs without
     ``--draft-model``."""
-    lv = Level()
+    lv = Level(CheckLevel.MODEL)
     if side is None:
         return lv.skip("no --model")
     info, exp = side.info, side.expect
     dexp = dside.expect if dside is not None else None
     for s in (side, dside):
         if s is not None and s.note:
-            lv.warn("not-modelled", "body", sf.body.offset if sf.body else None, s.note)
+            lv.warn(ProblemCode.NOT_MODELLED, "body", sf.body.offset if sf.body else None, s.note)
     for p in check_against_model(sf, exp, dexp):
-        lv.add(p.severity, p.code, p.section, p.offset, p.message)
+        lv.problems.append(p)  # raised at the model level (slotfile.model.check)
     if exp is not None and sf.body is not None and sf.body.layout is None:
         lv.warn(
-            "not-checked",
+            ProblemCode.NOT_CHECKED,
             "body",
             sf.body.offset,
             "the body does not parse (see the structure level), so its layout is not compared with the model",
@@ -76,7 +77,7 @@ def level_model(sf: SlotFile, side: ModelSide | None, dside: ModelSide | None) -
     dft_blobs += [(ck.dft, f"sckp.checkpoint[{ck.index}].data_dft") for ck in sf.checkpoints if ck.dft.length]
     if dft_blobs and dside is None:
         lv.warn(
-            "draft-not-checked",
+            ProblemCode.DRAFT_NOT_CHECKED,
             dft_blobs[0][1],
             dft_blobs[0][0].offset,
             f"{len(dft_blobs)} draft blob(s) not checked (no --draft-model)",

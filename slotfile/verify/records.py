@@ -1,7 +1,8 @@
 """What ``slotfile verify`` reports: a :class:`Level` per check and a :class:`FileReport` per file.
 
-A level's problems are dicts (the JSON schema ``slotfile.verify/1`` writes them as they are);
-``class`` is :func:`slotfile.diagnosis.problem_class` of the code.
+A level's problems are :class:`~slotfile.problems.Problem` values, raised at the level's
+:class:`~slotfile.problems.CheckLevel`; the JSON schema ``slotfile.verify/1`` writes each as
+:meth:`Problem.to_dict` with its ``class`` (:func:`slotfile.problems.cause_of`).
 """
 
 from __future__ import annotations
@@ -10,8 +11,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from slotfile.diagnosis import Cause, Facts, NextStep, ProblemRef, file_cause, next_step, problem_class
-from slotfile.format.records import Severity
+from slotfile.diagnosis import Cause, Facts, NextStep, file_cause, next_step
+from slotfile.problems import CheckLevel, Problem, ProblemCode, Severity
 
 SCHEMA = "slotfile.verify/1"
 LEVELS = ("structure", "model", "load", "deep")
@@ -45,33 +46,28 @@ class Verdict(StrEnum):
 
 @dataclass
 class Level:
+    check: CheckLevel  # which level this is: its problems are raised at it
     status: Status = Status.SKIPPED
-    problems: list[dict[str, Any]] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)
     reason: str = ""  # why it was skipped
     skip_kind: SkipKind | None = None
     details: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
 
-    def add(self, severity: Severity, code: str, section: str, offset: int | None, message: str) -> None:
-        self.problems.append(
-            {
-                "severity": severity,
-                "code": code,
-                "section": section,
-                "offset": offset,
-                "message": message,
-                "class": problem_class(code, severity),
-            }
-        )
+    def add(self, severity: Severity, code: ProblemCode, section: str, offset: int | None, message: str) -> None:
+        self.problems.append(Problem(severity, code, section, offset, message, self.check))
 
-    def error(self, code: str, section: str, offset: int | None, message: str) -> None:
+    def error(self, code: ProblemCode, section: str, offset: int | None, message: str) -> None:
         self.add(Severity.ERROR, code, section, offset, message)
 
-    def warn(self, code: str, section: str, offset: int | None, message: str) -> None:
+    def warn(self, code: ProblemCode, section: str, offset: int | None, message: str) -> None:
         self.add(Severity.WARNING, code, section, offset, message)
 
+    def has(self, code: ProblemCode) -> bool:
+        return any(p.code == code for p in self.problems)
+
     def finish(self) -> Level:
-        self.status = Status.FAIL if any(p["severity"] == Severity.ERROR for p in self.problems) else Status.PASS
+        self.status = Status.FAIL if any(p.severity == Severity.ERROR for p in self.problems) else Status.PASS
         return self
 
     def skip(self, reason: str, kind: SkipKind = SkipKind.NOT_REQUESTED) -> Level:
@@ -79,7 +75,7 @@ class Level:
         return self
 
     def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"status": self.status, "problems": self.problems}
+        d: dict[str, Any] = {"status": self.status, "problems": [p.to_dict(with_class=True) for p in self.problems]}
         if self.reason:
             d["reason"] = self.reason
         if self.skip_kind is not None:
@@ -97,7 +93,7 @@ class FileReport:
     n_tokens: int | None = None
     format: str | None = None
     version: int | None = None
-    levels: dict[str, Level] = field(default_factory=lambda: {k: Level() for k in LEVELS})
+    levels: dict[str, Level] = field(default_factory=lambda: {k: Level(CheckLevel(k)) for k in LEVELS})
     error: str | None = None  # operational: the file could not be read at all
     seconds: float = 0.0
     facts: Facts | None = None  # what the next step depends on (set once the file is read)
@@ -124,28 +120,25 @@ class FileReport:
             return self.error
         for name in LEVELS:
             for p in self.levels[name].problems:
-                if p["severity"] == Severity.ERROR:
-                    return f"{name}: {_where(p)}{p['message']}"
+                if p.severity == Severity.ERROR:
+                    return f"{name}: {p.where()}{p.message}"
         return None
 
-    def problem_refs(self) -> list[ProblemRef]:
-        return [
-            ProblemRef(name, p["severity"], p["code"], p["section"] or "", p["message"])
-            for name in LEVELS
-            for p in self.levels[name].problems
-        ]
+    def problems(self) -> list[Problem]:
+        """Every level's problems, in level order."""
+        return [p for name in LEVELS for p in self.levels[name].problems]
 
     @property
     def cause(self) -> Cause | None:
         """Why the file fails (damaged, mismatch, not-a-slot-file, unsupported); None when it
         passes or could not be read."""
-        return None if self.error is not None else file_cause(self.problem_refs())
+        return None if self.error is not None else file_cause(self.problems())
 
     @property
     def next_step(self) -> NextStep | None:
         if self.error is not None or self.facts is None:
             return None
-        return next_step(self.cause, self.problem_refs(), self.facts)
+        return next_step(self.cause, self.problems(), self.facts)
 
     @property
     def unchecked(self) -> list[str]:
@@ -171,13 +164,6 @@ class FileReport:
             "error": self.error,
             "seconds": round(self.seconds, 4),
         }
-
-
-def _where(p: dict[str, Any]) -> str:
-    sec, off = p.get("section"), p.get("offset")
-    if sec and off is not None:
-        return f"{sec} at offset {off}: "
-    return f"{sec}: " if sec else ""
 
 
 class VerifyError(Exception):

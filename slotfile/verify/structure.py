@@ -4,14 +4,14 @@ K/V/R/S value checked finite."""
 from __future__ import annotations
 
 from slotfile.format.records import SlotFile
+from slotfile.problems import CheckLevel, ProblemCode
 from slotfile.verify.records import Level
 
 
 def level_structure(sf: SlotFile) -> Level:
     """The reader's problems, less the model check's (the model level reports those)."""
-    lv = Level()
-    for p in sf.file_problems:
-        lv.add(p.severity, p.code, p.section, p.offset, p.message)
+    lv = Level(CheckLevel.STRUCTURE)
+    lv.problems.extend(sf.file_problems)
     lv.details = {
         "format": sf.format,
         "version": sf.version,
@@ -28,8 +28,8 @@ def scan_into(lv: Level, sf: SlotFile, jobs: int) -> None:
 
     found, scanned, unchecked = scan(sf, jobs=jobs)
     for f in found:
-        lv.error("non-finite", f.section, f.offset, f.message())
+        lv.error(ProblemCode.NON_FINITE, f.section, f.offset, f.message())
     lv.details["scanned_bytes"] = scanned
     if unchecked:
-        lv.warn("unscanned-type", "body", None, f"values of type {', '.join(unchecked)} cannot be checked")
+        lv.warn(ProblemCode.UNSCANNED_TYPE, "body", None, f"values of type {', '.join(unchecked)} cannot be checked")
     lv.finish()

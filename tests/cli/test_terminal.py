@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from slotfile.cli.terminal import escape_text, human_size, problem_line
+from slotfile.problems import Problem, ProblemCode, Severity
 
 
 def test_escape_text():
@@ -24,7 +27,7 @@ def test_human_size():
 
 
 def test_problem_line():
-    p = {"severity": "error", "code": "truncated", "section": "body", "offset": 244, "message": "cut"}
+    p = Problem(Severity.ERROR, ProblemCode.TRUNCATED, "body", 244, "cut")
     assert problem_line("structure", p) == "structure: body at offset 244: cut"
-    assert problem_line("load", {**p, "offset": None}) == "load: body: cut"
-    assert problem_line("load", {**p, "section": "", "offset": None}) == "load: cut"
+    assert problem_line("load", replace(p, offset=None)) == "load: body: cut"
+    assert problem_line("load", replace(p, section="", offset=None)) == "load: cut"

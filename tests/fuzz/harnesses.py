@@ -219,9 +219,9 @@ def _write_input(data: bytes, name: str) -> str:
 
 def _run_dry(command: str, path: str) -> None:
     """``repair.run`` as the CLI calls it, in dry-run mode, with no model."""
-    from slotfile.repair import Options, run
+    from slotfile.repair import RepairOptions, run
 
-    report = run(command, path, None, Options(), dry_run=True)
+    report = run(command, path, None, RepairOptions(), dry_run=True)
     json.dumps(report.to_json())
     report.lines()
     if report.outcome not in ("dry-run", "refused"):
@@ -232,7 +232,7 @@ def _plan(op_name: str, sf: SlotFile, workdir: str, with_model: bool) -> None:
     """One planner called directly on an open file, in dry-run mode.  ``with_model``: a model
     is named (never loaded in a dry run), so the planning goes past the "needs --model"
     refusals."""
-    from slotfile.repair import Options, Refused
+    from slotfile.repair import Refused, RepairOptions
     from slotfile.repair.resave import resave
     from slotfile.repair.strip_draft import strip_draft
     from slotfile.repair.truncate import truncate_recover
@@ -240,11 +240,11 @@ def _plan(op_name: str, sf: SlotFile, workdir: str, with_model: bool) -> None:
     model = os.path.join(workdir, "model.gguf")
     op = {"truncate-recover": truncate_recover, "strip-draft": strip_draft, "re-save": resave}[op_name]
     if not with_model:
-        opts = Options()
+        opts = RepairOptions()
     elif op_name == "re-save":
-        opts = Options(model=model, flash_attn=False, tokens="plain")
+        opts = RepairOptions(model=model, flash_attn=False, tokens="plain")
     else:
-        opts = Options(model=model, flash_attn=True, type_k="q8_0", checkpoint_at=[1, 2])
+        opts = RepairOptions(model=model, flash_attn=True, type_k="q8_0", checkpoint_at=[1, 2])
     try:
         planned = op(sf, opts, workdir, dry_run=True)
         json.dumps(planned.report.to_json())

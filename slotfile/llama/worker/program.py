@@ -36,7 +36,7 @@ Requests (``op``); every context comes from :func:`~slotfile.llama.worker.runtim
 * ``deep``: restore the file and decode a probe token (logits A); then prefill the given
   tokens in a cleared context with the same settings and the server's batch sizes, save the
   recomputed state as a GGSQ file for the parent to compare, and decode the same probe
-  (logits B); then the last ``tail`` tokens again one per call, the noise floor (logits C).
+  (logits B); then the last ``n_stepwise`` tokens again one per call, the noise floor (logits C).
 * ``prefill``: decode the stored tokens into a fresh context with the file's settings (what a
   damaged file no longer shows is completed from the model or refused), taking PARTIAL_ONLY
   checkpoint blobs at the requested n_tokens on the way (and draft blobs with a draft model),
@@ -224,16 +224,16 @@ class Worker:
         """Restore the file and decode the probe (logits A); recompute the tokens in the same
         context, cleared, with the server's batch sizes (``n_batch``/``n_ubatch``, default
         2048/512 as common/common.h), write that state to ``out`` and decode the probe (logits
-        B).  With ``tail`` > 0 and ``out_floor``: drop the last ``tail`` cells, decode those
+        B).  With ``n_stepwise`` > 0 and ``out_floor``: drop the last ``n_stepwise`` cells, decode those
         tokens again one per llama_decode call (the path the server's generated tokens take),
         write that state to ``out_floor`` and decode the probe (logits C): the parent's noise
-        floor, at the cost of ``tail`` single-token decodes."""
+        floor, at the cost of ``n_stepwise`` single-token decodes."""
         path, s, tokens = req["path"], request_settings(req["settings"]), [int(t) for t in req["tokens"]]
         probe = int(req["probe"])
         n_batch = int(req.get("n_batch") or DEEP_N_BATCH)
         n_ubatch = int(req.get("n_ubatch") or DEEP_N_UBATCH)
         n = len(tokens)
-        tail = min(int(req.get("tail") or 0), n // 2) if req.get("out_floor") else 0
+        n_stepwise = min(int(req.get("n_stepwise") or 0), n // 2) if req.get("out_floor") else 0
         seq = s.seq_id
         out: dict[str, Any] = {"ok": False, "message": ""}
         try:
@@ -259,10 +259,10 @@ class Worker:
             recomputed = self._logits(ctx)
             floor = None
             # a recurrent state cannot drop its last cells (llama_memory_seq_rm says no): no floor
-            if tail > 0 and not (self.model.recurrent or self.model.hybrid):
-                if not rt.L.llama_memory_seq_rm(mem, seq, n - tail, -1):
-                    raise Failed(f"llama_memory_seq_rm refused to drop positions {n - tail}..{n - 1}")
-                decode_one_thread(ctx, tokens[n - tail :], n - tail, seq)
+            if n_stepwise > 0 and not (self.model.recurrent or self.model.hybrid):
+                if not rt.L.llama_memory_seq_rm(mem, seq, n - n_stepwise, -1):
+                    raise Failed(f"llama_memory_seq_rm refused to drop positions {n - n_stepwise}..{n - 1}")
+                decode_one_thread(ctx, tokens[n - n_stepwise :], n - n_stepwise, seq)
                 self._write_state(ctx, seq, req["out_floor"])
                 decode_one_thread(ctx, [probe], n, seq, True)
                 floor = self._logits(ctx)
@@ -272,8 +272,8 @@ class Worker:
         finally:
             rt.L.llama_memory_clear(mem, True)
         lg = _compare_logits(after_restore, recomputed, floor)
-        tail = tail if floor is not None else 0
-        out.update(ok=True, message="recomputed", logits=lg, n_batch=n_batch, n_ubatch=n_ubatch, tail=tail)
+        n_stepwise = n_stepwise if floor is not None else 0
+        out.update(ok=True, message="recomputed", logits=lg, n_batch=n_batch, n_ubatch=n_ubatch, n_stepwise=n_stepwise)
         return out
 
     def _write_state(self, ctx: Any, seq: int, path: str) -> None:
