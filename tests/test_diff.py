@@ -17,7 +17,7 @@ from slotfile.diff import SCHEMA, Status, Verdict, diff_files
 from slotfile.diff.rawbytes import bytes_equal
 from slotfile.format.reader import open_slot_file
 from slotfile.model.bridge import load_model_info
-from slotfile.repair import Options, Outcome, run
+from slotfile.repair import Outcome, RepairOptions, run
 from slotfile.safewrite import resolve_target
 
 from .conftest import MODELS, SLOTS, slotfile_cli
@@ -52,7 +52,7 @@ def _bad(rep: Any) -> list[Any]:
 
 def _migrate(src: Path, out: Path, to: int, model: Path | None = None) -> Path:
     rep = run(
-        "migrate", str(src), resolve_target(src, out), Options(model=str(model) if model else None, to_version=to)
+        "migrate", str(src), resolve_target(src, out), RepairOptions(model=str(model) if model else None, to_version=to)
     )
     assert rep.outcome == Outcome.REPAIRED, rep.reason
     return out

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import typer
 
-from slotfile.cli.app import app
 from slotfile.cli.options import (
     HELP,
     LLAMA_LIB,
@@ -18,6 +17,7 @@ from slotfile.cli.options import (
     json_option,
     model_option,
 )
+from slotfile.cli.root import app
 
 
 @app.command(
