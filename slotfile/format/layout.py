@@ -432,9 +432,108 @@ def detect(
     ``rot``: every KV stream carries the rotation words (state version 4, session version 11);
     a property of the file's version, so it applies to ``fixed`` too.
     """
-    deep = _Deepest()
     if start == end or (not exact and appendix_at(view, start, end)):
         return Detection(Layout(()), [], start, Confidence.UNIQUE)
+    sequences, ext_sizes, extras = tuple(sequences), tuple(ext_sizes), tuple(extras)
+    if fixed is not None:
+        return _detect(view, start, end, whole, exact, sequences, ext_sizes, fixed, extras, legacy, rot)
+    # Files of one server share a few shapes: the search below, repeated for each, was 85 % of
+    # a directory listing.  A shape's detection is cached and re-checked against every file's
+    # own bytes (_recheck); anything that does not match exactly takes the full search.
+    key = (end - start, whole, exact, sequences, ext_sizes, extras, legacy, rot)
+    hit = _SHAPES.get(key)
+    if hit is not None:
+        det = _recheck(view, start, end, whole, exact, rot, hit)
+        if det is not None:
+            return det
+    det = _detect(view, start, end, whole, exact, sequences, ext_sizes, None, extras, legacy, rot)
+    if det.confidence == Confidence.UNIQUE and det.layout is not None and not _weak(tuple(det.blocks)):
+        if len(_SHAPES) >= _SHAPES_MAX:  # bounded: memory stays flat whatever the directory holds
+            _SHAPES.pop(next(iter(_SHAPES)))
+        f = det.failure
+        _SHAPES[key] = _Shape(
+            det.layout, _shape_of(det.blocks, start), det.end - start, f and replace(f, offset=f.offset - start)
+        )
+    return det
+
+
+@dataclass(frozen=True, slots=True)
+class _Shape:
+    """A detection that a file of this size and these arguments had: the layout, the
+    structure its blocks read (every count, type, row size and offset, relative to the body's
+    start), where the body ended, and the deepest failure of the other candidates."""
+
+    layout: Layout
+    shape: tuple[Any, ...]
+    end: int
+    failure: Failure | None
+
+
+_SHAPES: dict[tuple[Any, ...], _Shape] = {}
+_SHAPES_MAX = 256
+_SHAPE_INTS = frozenset(
+    ("offset", "end", "v_trans_offset", "n_stream", "cell_count", "v_trans", "n_layer", "n_rot_k", "n_rot_v")
+)
+_SHAPE_POS = frozenset(("offset", "end", "v_trans_offset"))
+
+
+def _shape_of(blocks: Iterable[Any], start: int) -> tuple[Any, ...]:
+    """Every structural word of parsed blocks (counts, types, row sizes, offsets relative to
+    ``start``), tensor data and cell positions left out: two bodies with equal shapes were
+    cut into the same pieces by the same layout."""
+    out: list[Any] = []
+
+    def visit(x: Any) -> None:
+        if isinstance(x, list):
+            out.append(len(x))
+            for y in x:
+                visit(y)
+        elif isinstance(x, dict):  # construct's Container
+            for k, v in x.items():
+                if k in _SHAPE_INTS or k in ("type", "row_size"):
+                    out.append((k, None if v is None else int(v) - (start if k in _SHAPE_POS else 0)))
+                elif isinstance(v, list | dict):
+                    out.append(k)
+                    visit(v)
+
+    for b in blocks:
+        visit(b)
+    return tuple(out)
+
+
+def _recheck(view: Any, start: int, end: int, whole: bool, exact: bool, rot: bool, hit: _Shape) -> Detection | None:
+    """The cached layout parsed in full from this file's bytes (every block through the
+    grammar, as the search parses it), accepted only when it ends where the cached one ended
+    and its blocks have the same shape; None sends the file to the full search."""
+    lay = hit.layout
+    w = _Walk(view, end, lay.ext, whole, _Deepest(), lay.extra, lay.legacy, rot)
+    for specs, blocks, e in _walk(w, start, lay.kinds, tuple(b.has_v for b in lay.blocks)):
+        if specs != lay.blocks or e - start != hit.end:
+            continue
+        if not (e == end or (not exact and appendix_at(view, e, end))):
+            continue
+        if _shape_of(blocks, start) != hit.shape:
+            return None
+        f = hit.failure
+        return Detection(lay, list(blocks), e, Confidence.UNIQUE, [], f and replace(f, offset=f.offset + start))
+    return None
+
+
+def _detect(
+    view: Any,
+    start: int,
+    end: int,
+    whole: bool,
+    exact: bool,
+    sequences: tuple[tuple[str, ...], ...],
+    ext_sizes: tuple[int, ...],
+    fixed: Layout | None,
+    extras: tuple[tuple[int, int], ...],
+    legacy: bool,
+    rot: bool,
+) -> Detection:
+    """The full search: every candidate layout parsed (see :func:`detect`)."""
+    deep = _Deepest()
     accepted: list[_Parse] = []
     partial: list[_Parse] = []
     for kinds, hv, ext, x, old in _plans(fixed, sequences, ext_sizes, extras, legacy):
