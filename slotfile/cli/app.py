@@ -160,6 +160,12 @@ def verify(
         "--settle",
         help="DIR: a file modified within this many seconds is waited for; one still being written is set aside.",
     ),
+    require: list[str] | None = typer.Option(
+        None,
+        "--require",
+        help="Levels that must run on every file (structure|model|load|deep; repeat or comma list): "
+        "a file where one was skipped fails, naming the option that would check it.",
+    ),
 ) -> None:
     """Structure, model metadata, a real test-load and (--deep) a recompute, each reported per file."""
     if server_args is not None:
@@ -177,6 +183,7 @@ def verify(
                 junit=junit,
                 scan=scan,
                 draft_model=draft_model,
+                require=bool(require),
             )
         )
     from slotfile.cli.verify_cmd import VerifyRequest, run_verify
@@ -197,6 +204,7 @@ def verify(
         n_batch=n_batch,
         n_ubatch=n_ubatch,
         settle=settle,
+        require=tuple(v.strip().lower() for r in require or () for v in r.split(",")),
     )
     raise typer.Exit(run_verify(request))
 

@@ -22,9 +22,11 @@ JSON (``--json``), schema ``slotfile.verify/1``; keys are only ever added::
         "level_reached": 0..4,       # highest n with levels 1..n all "pass"
         "verdict": "pass" | "fail" | "error",   # error: the file could not be read
         "first_problem": str | null, # "<level>: <section> at offset <o>: <message>"
+        "unmet_requirements": [{"level", "reason", "skip_kind", "hint"}],  # --require levels skipped
         "error": str | null, "seconds": float}],
      "errors": [str],                # paths that do not exist
-     "summary": {"files": n, "pass": n, "fail": n, "error": n, "seconds": float},
+     "require": [level, ...],        # --require, with the levels below the highest one named
+     "summary": {"files": n, "pass": n, "fail": n, "error": n, "unmet_requirements": n, "seconds": float},
      "exit_code": 0 | 4 | 8}
 
 ``details``: structure {format, version, layout, checkpoints, draft}; model {arch, n_vocab,
@@ -73,8 +75,14 @@ class VerifyRequest:
     n_batch: int = 0  # the deep recompute's; 0: the server's default
     n_ubatch: int = 0
     settle: float = SETTLE_SECONDS  # a directory's files modified more recently are set aside
+    require: tuple[str, ...] = ()  # --require values, comma lists split (levels that must run)
 
     def usage_error(self) -> str | None:
+        from slotfile.verify.options import require_usage
+
+        why = require_usage(self.require, self.model is not None, self.deep)
+        if why is not None:
+            return why
         if self.deep and self.model is None:
             return "--deep needs --model (the recompute runs the model)"
         if self.draft_model is not None and self.model is None:
@@ -97,6 +105,7 @@ class VerifyRequest:
             llama_lib=str(self.llama_lib) if self.llama_lib is not None else None,
             n_batch=self.n_batch,
             n_ubatch=self.n_ubatch,
+            require=self.require,
         )
 
 

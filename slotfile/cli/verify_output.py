@@ -17,6 +17,7 @@ from slotfile.cli.common import out
 from slotfile.cli.terminal import escape_text, human_size, problem_line
 from slotfile.diagnosis import CAUSE_SHORT, Cause
 from slotfile.verify import DEEP_JUDGMENT, LEVELS, SCHEMA, FileReport, VerifyOptions
+from slotfile.verify.options import required_levels
 
 STRUCTURE_ONLY = "(structure only; add --model to test-load)"
 
@@ -40,7 +41,13 @@ def document(
         "tolerances": DEEP_JUDGMENT,
         "files": [r.to_dict() for r in reports],
         "errors": errors,
-        "summary": {"files": len(reports), **counts, "seconds": round(elapsed, 3)},
+        "require": list(required_levels(opts.require)),
+        "summary": {
+            "files": len(reports),
+            **counts,
+            "unmet_requirements": sum(1 for r in reports if r.unmet),
+            "seconds": round(elapsed, 3),
+        },
         "exit_code": rc,
     }
 
@@ -61,6 +68,8 @@ def _verdict_word(r: FileReport) -> str:
     cause = r.cause
     if cause is not None:
         return CAUSE_SHORT.get(cause, "fail")
+    if r.unmet:
+        return "not checked"
     n = len(_warnings(r))
     return f"pass, {n} warning{'s' if n > 1 else ''}" if n else "pass"
 
@@ -90,8 +99,21 @@ def _details(r: FileReport) -> list[tuple[str, str]]:
         lines.append(("red", r.first_problem))
     elif not r.error and _warnings(r):
         lines.append(("yellow", f"warning: {_warnings(r)[0]}"))
+    unmet = {u["level"] for u in r.unmet}
     for u in r.unchecked:
-        lines.append(("yellow", f"not checked here: {u}"))
+        if u.split(":")[0] not in unmet:
+            lines.append(("yellow", f"not checked here: {u}"))
+    for m in r.unmet:  # the first one's reason is the first problem above
+        if m is not r.unmet[0] or not (r.first_problem or "").startswith(f"{m['level']}: required"):
+            lines.append(("red", f"required {m['level']} not checked: {m['reason']}"))
+        lines.append(
+            (
+                "cyan",
+                f"to check {m['level']}: pass {m['hint']}"
+                if m["hint"].startswith("--")
+                else f"to check {m['level']}: {m['hint']}",
+            )
+        )
     step = r.next_step
     if step is not None and r.cause != Cause.NOT_SLOT_FILE:
         lines.append(("cyan", f"next step: {step.text}" + (":" if step.command else "")))
@@ -129,7 +151,10 @@ def summary_line(reports: list[FileReport], loaders: list[dict[str, Any]], elaps
         line += " (" + ", ".join(f"{causes.count(c)} {c}" for c in dict.fromkeys(causes)) + ")"
     if counts["error"]:
         line += f", {counts['error']} unreadable"
-    unchecked = sum(1 for r in reports if r.unchecked)
+    unmet = sum(1 for r in reports if r.unmet)
+    if unmet:
+        line += f", {unmet} with a required level not checked (--require)"
+    unchecked = sum(1 for r in reports if r.unchecked and not r.unmet)
     if unchecked:
         line += f", {unchecked} not fully checkable here"
     if structure_only:
@@ -249,6 +274,8 @@ def _junit_case(ET: Any, suite: Any, r: FileReport) -> None:
     for name in LEVELS:
         lv = r.levels[name]
         lines.append(f"{name}: {lv.status}" + (f" ({lv.reason})" if lv.reason else ""))
+        for m in (m for m in r.unmet if m["level"] == name):
+            lines.append(f"  required (--require) but not checked; to check it: {m['hint']}")
         for p in lv.problems:
             off = f" at offset {p['offset']}" if p.get("offset") is not None else ""
             lines.append(f"  {p['severity']}: {p['section']}{off}: {p['message']}")
@@ -262,7 +289,7 @@ def _junit_case(ET: Any, suite: Any, r: FileReport) -> None:
         el = ET.SubElement(tc, "error", message=_x(r.error), type="unreadable")
         el.text = _x(r.error)
     elif r.verdict == "fail":
-        lvl = next(n for n in LEVELS if r.levels[n].status == "fail")
+        lvl = next((n for n in LEVELS if r.levels[n].status == "fail"), "require")
         el = ET.SubElement(tc, "failure", message=_x(r.first_problem), type=lvl)
         el.text = body
     ET.SubElement(tc, "system-out").text = body
