@@ -158,7 +158,13 @@ def verify(
     settle: float = typer.Option(
         5.0,
         "--settle",
-        help="DIR: a file modified within this many seconds is waited for; one still being written is set aside.",
+        help="DIR: seconds since the last write before a file counts as complete (newer ones are waited for).",
+    ),
+    settle_wait: float = typer.Option(
+        30.0,
+        "--settle-wait",
+        help="DIR: seconds to wait for files still being written; one still changing then is named "
+        "and the exit code is 4 (0 to 86400).",
     ),
     require: list[str] | None = typer.Option(
         None,
@@ -204,6 +210,7 @@ def verify(
         n_batch=n_batch,
         n_ubatch=n_ubatch,
         settle=settle,
+        settle_wait=settle_wait,
         require=tuple(v.strip().lower() for r in require or () for v in r.split(",")),
     )
     raise typer.Exit(run_verify(request))

@@ -27,6 +27,8 @@ JSON (``--json``), schema ``slotfile.verify/1``; keys are only ever added::
      "errors": [str],                # paths that do not exist
      "require": [level, ...],        # --require, with the levels below the highest one named
      "summary": {"files": n, "pass": n, "fail": n, "error": n, "unmet_requirements": n, "seconds": float},
+     "tally": {"handled": n, "skipped": n, "failed": n},   # as ls, prune and re-save DIR count
+     "still_being_written": [str],   # files still changing after --settle-wait (exit 4)
      "exit_code": 0 | 4 | 8}
 
 ``details``: structure {format, version, layout, checkpoints, draft}; model {arch, n_vocab,
@@ -49,11 +51,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from slotfile.exitcodes import OK, OPERATIONAL, PROBLEMS, USAGE
-from slotfile.slotdir.walk import SETTLE_SECONDS
+from slotfile.slotdir.walk import SETTLE_SECONDS, SETTLE_WAIT_SECONDS, Tally
 
 if TYPE_CHECKING:
     from slotfile.llama.loader import LoaderPool
     from slotfile.verify import FileReport, Verifier, VerifyOptions
+    from slotfile.verify.collect import Collected
 
 
 @dataclass(frozen=True)
@@ -74,13 +77,16 @@ class VerifyRequest:
     llama_lib: Path | None = None  # the folder holding the libllama.so the workers load
     n_batch: int = 0  # the deep recompute's; 0: the server's default
     n_ubatch: int = 0
-    settle: float = SETTLE_SECONDS  # a directory's files modified more recently are set aside
+    settle: float = SETTLE_SECONDS  # a directory's files modified more recently are waited for
+    settle_wait: float = SETTLE_WAIT_SECONDS  # ... up to this long; then named, and the run fails
     require: tuple[str, ...] = ()  # --require values, comma lists split (levels that must run)
 
     def usage_error(self) -> str | None:
+        from slotfile.slotdir.walk import settle_problem
         from slotfile.verify.options import require_usage
 
         why = require_usage(self.require, self.model is not None, self.deep)
+        why = why or settle_problem(self.settle, self.settle_wait)
         if why is not None:
             return why
         if self.deep and self.model is None:
@@ -137,7 +143,7 @@ def _start_pool(req: VerifyRequest) -> LoaderPool | None:
 
 
 def _run_verify(req: VerifyRequest, pool: LoaderPool | None) -> int:
-    from slotfile.cli.common import err, fail
+    from slotfile.cli.common import err, fail, say_waiting
     from slotfile.verify import Verifier, VerifyError, collect
 
     usage = req.usage_error()
@@ -145,11 +151,10 @@ def _run_verify(req: VerifyRequest, pool: LoaderPool | None) -> int:
         fail(usage)
         return USAGE
     t0 = time.monotonic()
-    files, errors, notes = collect(list(req.paths), settle=req.settle)
-    for e in errors:
+    col = collect(list(req.paths), settle=req.settle, settle_wait=req.settle_wait, on_wait=say_waiting("verify"))
+    files, errors = col.files, col.errors
+    for e in errors + col.busy + col.notes:
         fail(e)
-    for n in notes:
-        fail(n)
     opts = req.options()
     try:
         verifier = Verifier(opts, pool)
@@ -175,19 +180,29 @@ def _run_verify(req: VerifyRequest, pool: LoaderPool | None) -> int:
     for r in reports:
         if r.error:
             fail(r.error)
-    return _emit(req, reports, errors, loaders, elapsed)
+    return _emit(req, reports, col, loaders, elapsed)
+
+
+def tally(col: Collected, reports: list[FileReport]) -> Tally:
+    """handled: files verified (pass or fail); skipped: temp names and symlinks under a
+    directory; failed: unreadable files, missing paths, unreadable directories and files still
+    being written after --settle-wait."""
+    unread = sum(1 for r in reports if r.verdict == "error")
+    return Tally(len(reports) - unread, col.skipped, unread + len(col.errors) + len(col.busy))
 
 
 def _emit(
-    req: VerifyRequest, reports: list[FileReport], errors: list[str], loaders: list[dict[str, Any]], elapsed: float
+    req: VerifyRequest, reports: list[FileReport], col: Collected, loaders: list[dict[str, Any]], elapsed: float
 ) -> int:
     """The JUnit file, then the JSON document or the listing; the exit code."""
     from slotfile.cli.common import fail
     from slotfile.cli.verify_output import document, render, write_junit
 
     opts = req.options()
-    rc = _exit_code(errors, reports)
-    doc = document(reports, errors, opts, loaders, elapsed, rc)
+    errors = col.errors
+    rc = _exit_code(errors, reports, col.busy)
+    t = tally(col, reports)
+    doc = document(reports, errors, opts, loaders, elapsed, rc, tally=t.to_dict(), busy=col.busy_paths)
     if req.junit is not None:
         try:
             write_junit(req.junit, reports, errors, opts, elapsed)
@@ -202,15 +217,24 @@ def _emit(
     elif reports:  # nothing verified: the error lines on stderr say why, stdout stays empty
         paths = req.paths
         base = paths[0] if len(paths) == 1 and paths[0].is_dir() else None
-        render(reports, loaders, elapsed, structure_only=opts.model is None, quiet=req.quiet, base=base)
+        render(
+            reports,
+            loaders,
+            elapsed,
+            structure_only=opts.model is None,
+            quiet=req.quiet,
+            base=base,
+            tally=t.line() if col.dirs else None,
+        )
     return rc
 
 
-def _exit_code(errors: list[str], reports: list[FileReport]) -> int:
-    """OPERATIONAL when a file could not be read or checked, PROBLEMS when one fails, else OK."""
+def _exit_code(errors: list[str], reports: list[FileReport], busy: list[str] | None = None) -> int:
+    """OPERATIONAL when a file could not be read or checked, PROBLEMS when one fails or a file
+    was still being written after --settle-wait (left out: never a pass), else OK."""
     if errors or any(r.verdict == "error" for r in reports):
         return OPERATIONAL
-    if any(r.verdict == "fail" for r in reports):
+    if busy or any(r.verdict == "fail" for r in reports):
         return PROBLEMS
     return OK
 

@@ -29,6 +29,8 @@ def document(
     loaders: list[dict[str, Any]],
     elapsed: float,
     rc: int,
+    tally: dict[str, int] | None = None,
+    busy: list[str] | None = None,
 ) -> dict[str, Any]:
     counts = {v: sum(1 for r in reports if r.verdict == v) for v in ("pass", "fail", "error")}
     return {
@@ -48,6 +50,10 @@ def document(
             "unmet_requirements": sum(1 for r in reports if r.unmet),
             "seconds": round(elapsed, 3),
         },
+        "tally": tally
+        if tally is not None
+        else {"handled": counts["pass"] + counts["fail"], "skipped": 0, "failed": counts["error"] + len(errors)},
+        "still_being_written": busy or [],
         "exit_code": rc,
     }
 
@@ -129,6 +135,7 @@ def render(
     structure_only: bool = False,
     quiet: bool = False,
     base: Path | None = None,
+    tally: str | None = None,
 ) -> None:
     if quiet:  # the failing files, one line each, then the summary (unreadable ones are on stderr already)
         for r in reports:
@@ -140,7 +147,8 @@ def render(
     else:  # a pipe or a file: one line per file, nothing wrapped
         for r in reports:
             _pipe_line(r, base)
-    out.print(summary_line(reports, loaders, elapsed, structure_only), soft_wrap=True)
+    line = summary_line(reports, loaders, elapsed, structure_only)
+    out.print(line + (f"; {tally}" if tally else ""), soft_wrap=True)
 
 
 def summary_line(reports: list[FileReport], loaders: list[dict[str, Any]], elapsed: float, structure_only: bool) -> str:
