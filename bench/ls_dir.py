@@ -5,7 +5,9 @@ in the same run (the machine is shared: compare ratios, and read the load averag
 The directory holds N copies (real files, not links) of the fixture slot files of both state
 versions (fixtures/slots/*.slot, fixtures/slots/v4/*.slot: ~30 shapes), spread over 20
 subdirectories.  Each command runs as a child process (start-up included), ``--runs`` times;
-the best run is reported, with the child's peak RSS (ru_maxrss of that child alone).
+the best run is reported, with the child's peak RSS (ru_maxrss of that child alone) and its
+CPU seconds (user + system): on a loaded machine the files per CPU second say what an idle
+core gives, the wall-clock rate what this run got.
 
     python bench/ls_dir.py                       # 100, 2000 and 20000 files
     python bench/ls_dir.py --files 2000 --runs 5
@@ -46,8 +48,9 @@ def build(d: Path, n: int) -> int:
     return total
 
 
-def child(args: list[str]) -> tuple[float, int, dict]:
-    """One slotfile command with --json: (seconds, peak RSS in KiB of that child, document)."""
+def child(args: list[str]) -> tuple[float, int, dict, float]:
+    """One slotfile command with --json: (seconds, peak RSS in KiB of that child, document,
+    CPU seconds of that child: what an idle core would take, whatever the load)."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     t0 = time.perf_counter()
     p = subprocess.Popen(
@@ -60,7 +63,7 @@ def child(args: list[str]) -> tuple[float, int, dict]:
     rc = os.waitstatus_to_exitcode(status)
     if rc not in (0, 4):
         raise SystemExit(f"slotfile {' '.join(args)} failed ({rc})")
-    return dt, ru.ru_maxrss, json.loads(data)
+    return dt, ru.ru_maxrss, json.loads(data), ru.ru_utime + ru.ru_stime
 
 
 def measure(n: int, runs: int) -> dict:
@@ -89,6 +92,10 @@ def measure(n: int, runs: int) -> dict:
             "verify_seconds": round(vb[0], 3),
             "verify_files_per_s": round(n / vb[0]),
             "verify_peak_rss_mib": round(vb[1] / 1024, 1),
+            "ls_cpu_seconds": round(lsb[3], 3),
+            "ls_files_per_cpu_s": round(n / lsb[3]),
+            "verify_cpu_seconds": round(vb[3], 3),
+            "verify_files_per_cpu_s": round(n / vb[3]),
             "ls_time_over_cat": round(lsb[0] / cb, 1),
             "verify_time_over_cat": round(vb[0] / cb, 1),
         }
