@@ -457,7 +457,8 @@ def detect(
     if det.confidence == Confidence.UNIQUE and det.layout is not None and not _weak(tuple(det.blocks)):
         # bounded: memory stays flat whatever the directory holds
         if key not in _SHAPES and len(_SHAPES) >= _SHAPES_MAX:
-            _SHAPES.pop(next(iter(_SHAPES)))
+            # verify --jobs reads files on threads: another may have evicted this one already
+            _SHAPES.pop(next(iter(_SHAPES), ()), None)
         f = det.failure
         runs: list[tuple[int, int]] = []
         template = [_template(b, start, runs) for b in det.blocks]
