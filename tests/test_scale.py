@@ -87,3 +87,21 @@ def test_prune_damaged_still_finds_damaged_copies_among_many_clean_ones(tmp_path
     for p, s in sums.items():
         layout._SHAPES.clear()
         assert summarize(next(e for e in scan.slots if e.path == p)).first_problem == s.first_problem
+
+
+def test_the_cache_is_bounded_and_holds_no_file_open(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Memory stays flat in the number of files: at most _SHAPES_MAX sizes are kept, and no
+    cached shape keeps a file's buffer (every file is closed after its summary)."""
+    monkeypatch.setattr(layout, "_SHAPES_MAX", 3)
+    layout._SHAPES.clear()
+    for i, p in enumerate(FIXTURES):
+        shutil.copyfile(p, tmp_path / f"{i:02d}.slot")
+    old = time.time() - 3600
+    for p in tmp_path.iterdir():
+        os.utime(p, (old, old))
+    scan = scan_dir(tmp_path, settle=0)
+    for e in scan.slots:
+        s = summarize(e)  # opens, reads and closes the file (an mmap with a live export would raise)
+        assert s.error is None
+    assert 0 < len(layout._SHAPES) <= 3
+    assert all(len(v) <= layout._SHAPES_PER_KEY for v in layout._SHAPES.values())
