@@ -121,6 +121,15 @@ class Verifier:
             rep.error = f"{path}: {e.strerror or e}"
             return rep
         rep.size, rep.n_tokens, rep.format, rep.version = sf.size, sf.n_tokens, sf.format, sf.version
+        try:
+            self._levels(rep, sf, path)
+        finally:
+            sf.close()  # now, not when the garbage collector finds the cycle: a DIR run maps every file
+        rep.unmet = unmet_requirements(rep, self.opts.require)
+        rep.seconds = time.monotonic() - t0
+        return rep
+
+    def _levels(self, rep: FileReport, sf: SlotFile, path: Path) -> None:
         rep.facts = facts_of(sf, self.opts.model)
         lv = rep.levels
         t = time.monotonic()
@@ -133,9 +142,6 @@ class Verifier:
                 lv[name].skip("not a slot file", SkipKind.BLOCKED)
         else:
             self._model_load_deep(rep, sf, path)
-        rep.unmet = unmet_requirements(rep, self.opts.require)
-        rep.seconds = time.monotonic() - t0
-        return rep
 
     def _model_load_deep(self, rep: FileReport, sf: SlotFile, path: Path) -> None:
         """Levels 2 to 4 of a slot file, each timed into its level."""
