@@ -197,13 +197,14 @@ def test_directory_collection(tmp_path):
     os.symlink(tmp_path / "a.slot", tmp_path / "link.slot")
     files, errors, notes = collect([tmp_path, tmp_path / "missing.slot"], settle=0)
     assert [p.relative_to(tmp_path).as_posix() for p in files] == ["a.slot", "b.bin", "slot0", "sub/d.slot"]
-    assert errors == [f"{tmp_path / 'missing.slot'}: no such file or directory"] and notes == []
+    assert errors == [f"{tmp_path / 'missing.slot'}: no such file or directory"]
+    assert notes == [f"{tmp_path}: skipped: 1 symlink(s) not followed (not verified)"]  # counted, as ls does
 
 
 def test_directory_walk_sets_temp_and_busy_files_aside(tmp_path):
     """``verify DIR`` walks as ``ls`` and ``prune`` do (slotfile.slotdir.walk): slotfile's own
-    temp files and partial downloads are not verified, nor files still being written (modified
-    within ``settle`` seconds, and again while the walk waits for them); a note says so."""
+    temp files and partial downloads are skipped; a file still being written is waited for (up
+    to --settle-wait) and verified once settled, or named, and the run fails (exit 4)."""
     shutil.copy(damage.BASE, tmp_path / "old.slot")
     shutil.copy(damage.BASE, tmp_path / ".old.slot.slotfile-123-0123456789ab.tmp")
     shutil.copy(damage.BASE, tmp_path / "down.slot.part")
@@ -211,24 +212,30 @@ def test_directory_walk_sets_temp_and_busy_files_aside(tmp_path):
     now = os.stat(tmp_path / "new.slot").st_mtime
     for name in ("old.slot", ".old.slot.slotfile-123-0123456789ab.tmp", "down.slot.part"):
         os.utime(tmp_path / name, (now - 3600, now - 3600))
-    files, errors, notes = collect([tmp_path], settle=60, wait=False)
+    col = collect([tmp_path], settle=60, settle_wait=0)
+    files, errors, notes = col
     assert [p.name for p in files] == ["old.slot"] and errors == []
-    assert notes == [
-        f"{tmp_path}: set aside: 2 temp file(s), 1 file(s) still being written (modified within 60 s, --settle) not verified"
-    ]
+    assert notes == [f"{tmp_path}: skipped: 2 temp file(s) (not verified)"] and col.skipped == 2
+    assert col.busy_paths == [str(tmp_path / "new.slot")] and "still being written" in col.busy[0]
     # a file that stops changing is verified once it has settled: the walk waits for it
     os.utime(tmp_path / "new.slot")  # written just now
     t0 = time.monotonic()
-    files, errors, notes = collect([tmp_path], settle=2)
+    files, errors, notes = collect([tmp_path], settle=2, settle_wait=30)
     assert [p.name for p in files] == ["new.slot", "old.slot"] and 1.5 < time.monotonic() - t0 < 30
-    assert notes == [f"{tmp_path}: set aside: 2 temp file(s) not verified"]
-    # only files being written: nothing to verify, which fails the run as an empty directory does
-    (tmp_path / "old.slot").unlink()
+    assert notes == [f"{tmp_path}: skipped: 2 temp file(s) (not verified)"]
+    # still being written after the bound: named, exit 4, the tally counts it failed
     os.utime(tmp_path / "new.slot")
-    files, errors, notes = collect([tmp_path], settle=60, wait=False)
-    assert files == [] and notes == [] and errors[0].startswith(f"no slot files found under {tmp_path} (set aside: ")
+    r = cli(tmp_path, "--settle", "60", "--settle-wait", "0.2", "--json")
+    assert r.exit_code == 4, r.output
+    doc = json.loads(r.stdout)
+    assert doc["still_being_written"] == [str(tmp_path / "new.slot")] and doc["exit_code"] == 4
+    assert doc["tally"] == {"handled": 1, "skipped": 2, "failed": 1}
+    assert "new.slot: still being written" in r.stderr and "waiting up to 0.2 s" in r.stderr
     r = cli(tmp_path, "--settle", "0")
-    assert r.exit_code == 0 and "1 file(s): 1 pass" in r.stdout  # the temp files stay aside
+    assert r.exit_code == 0 and "2 file(s): 2 pass" in r.stdout  # the temp files stay aside
+    assert "2 handled, 2 skipped, 0 failed" in r.stdout
+    for bad in (["--settle-wait", "-1"], ["--settle-wait", "1e9"], ["--settle", "nan"]):
+        assert cli(tmp_path, *bad).exit_code == 2
 
 
 def test_directory_without_slot_files_is_an_error(tmp_path):

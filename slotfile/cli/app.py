@@ -131,7 +131,19 @@ def verify(
     settle: float = typer.Option(
         5.0,
         "--settle",
-        help="DIR: a file modified within this many seconds is waited for; one still being written is set aside.",
+        help="DIR: seconds since the last write before a file counts as complete (newer ones are waited for).",
+    ),
+    settle_wait: float = typer.Option(
+        30.0,
+        "--settle-wait",
+        help="DIR: seconds to wait for files still being written; one still changing then is named "
+        "and the exit code is 4 (0 to 86400).",
+    ),
+    require: list[str] | None = typer.Option(
+        None,
+        "--require",
+        help="Levels that must run on every file (structure|model|load|deep; repeat or comma list): "
+        "a file where one was skipped fails, naming the option that would check it.",
     ),
     manifest: Path | None = typer.Option(
         None, "--manifest", help="Check against this manifest (slotfile seal); default: DIR/slotfile-manifest.json."
@@ -156,6 +168,7 @@ def verify(
                 junit=junit,
                 scan=scan,
                 draft_model=draft_model,
+                require=bool(require),
             )
         )
     from slotfile.cli.verify_cmd import VerifyRequest, run_verify
@@ -178,6 +191,8 @@ def verify(
         settle=settle,
         manifest=manifest,
         models=tuple(models or ()),
+        settle_wait=settle_wait,
+        require=tuple(v.strip().lower() for r in require or () for v in r.split(",")),
     )
     raise typer.Exit(run_verify(request))
 

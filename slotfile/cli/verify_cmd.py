@@ -22,9 +22,13 @@ JSON (``--json``), schema ``slotfile.verify/1``; keys are only ever added::
         "level_reached": 0..4,       # highest n with levels 1..n all "pass"
         "verdict": "pass" | "fail" | "error",   # error: the file could not be read
         "first_problem": str | null, # "<level>: <section> at offset <o>: <message>"
+        "unmet_requirements": [{"level", "reason", "skip_kind", "hint"}],  # --require levels skipped
         "error": str | null, "seconds": float}],
      "errors": [str],                # paths that do not exist
-     "summary": {"files": n, "pass": n, "fail": n, "error": n, "seconds": float},
+     "require": [level, ...],        # --require, with the levels below the highest one named
+     "summary": {"files": n, "pass": n, "fail": n, "error": n, "unmet_requirements": n, "seconds": float},
+     "tally": {"handled": n, "skipped": n, "failed": n},   # as ls, prune and re-save DIR count
+     "still_being_written": [str],   # files still changing after --settle-wait (exit 4)
      "exit_code": 0 | 4 | 8}
 
 ``details``: structure {format, version, layout, checkpoints, draft}; model {arch, n_vocab,
@@ -47,13 +51,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from slotfile.exitcodes import OK, OPERATIONAL, PROBLEMS, USAGE
-from slotfile.slotdir.walk import SETTLE_SECONDS
+from slotfile.slotdir.walk import SETTLE_SECONDS, SETTLE_WAIT_SECONDS, Tally
 from slotfile.verify.records import Verdict
 
 if TYPE_CHECKING:
     from slotfile.llama.loader import LoaderPool
     from slotfile.seal.check import CheckResult
     from slotfile.verify import FileReport, Verifier, VerifyOptions
+    from slotfile.verify.collect import Collected
 
 
 @dataclass(frozen=True)
@@ -74,11 +79,20 @@ class VerifyRequest:
     llama_lib: Path | None = None  # the folder holding the libllama.so the workers load
     n_batch: int = 0  # the deep recompute's; 0: the server's default
     n_ubatch: int = 0
-    settle: float = SETTLE_SECONDS  # a directory's files modified more recently are set aside
+    settle: float = SETTLE_SECONDS  # a directory's files modified more recently are waited for
+    settle_wait: float = SETTLE_WAIT_SECONDS  # ... up to this long; then named, and the run fails
+    require: tuple[str, ...] = ()  # --require values, comma lists split (levels that must run)
     manifest: Path | None = None  # check against this manifest (default: the directory's own, slotfile.seal)
     models: tuple[Path, ...] = ()  # candidate models: each file's picked by identify (slotfile.seal)
 
     def usage_error(self) -> str | None:
+        from slotfile.slotdir.walk import settle_problem
+        from slotfile.verify.options import require_usage
+
+        why = require_usage(self.require, self.model is not None, self.deep)
+        why = why or settle_problem(self.settle, self.settle_wait)
+        if why is not None:
+            return why
         if self.deep and self.model is None:
             return "--deep needs --model (the recompute runs the model)"
         if self.draft_model is not None and self.model is None:
@@ -105,6 +119,7 @@ class VerifyRequest:
             llama_lib=str(self.llama_lib) if self.llama_lib is not None else None,
             n_batch=self.n_batch,
             n_ubatch=self.n_ubatch,
+            require=self.require,
         )
 
 
@@ -136,7 +151,7 @@ def _start_pool(req: VerifyRequest) -> LoaderPool | None:
 
 
 def _run_verify(req: VerifyRequest, pool: LoaderPool | None) -> int:
-    from slotfile.cli.common import err_console, fail
+    from slotfile.cli.common import err_console, fail, say_waiting
     from slotfile.verify import Verifier, VerifyError, collect
 
     usage = req.usage_error()
@@ -144,17 +159,16 @@ def _run_verify(req: VerifyRequest, pool: LoaderPool | None) -> int:
         fail(usage)
         return USAGE
     t0 = time.monotonic()
-    files, errors, notes = collect(list(req.paths), settle=req.settle)
-    for e in errors:
+    col = collect(list(req.paths), settle=req.settle, settle_wait=req.settle_wait, on_wait=say_waiting("verify"))
+    files, errors = col.files, col.errors
+    for e in errors + col.busy + col.notes:
         fail(e)
-    for n in notes:
-        fail(n)
     opts = req.options()
     check = _manifest_check(req)
     if isinstance(check, int):
         return check
     if req.models:
-        return _run_with_models(req, files, errors, check, t0)
+        return _run_with_models(req, files, col, check, t0)
     try:
         verifier = Verifier(opts, pool)
     except VerifyError as e:
@@ -179,7 +193,7 @@ def _run_verify(req: VerifyRequest, pool: LoaderPool | None) -> int:
     for r in reports:
         if r.error:
             fail(r.error)
-    return _emit(req, reports, errors, loaders, elapsed, check)
+    return _emit(req, reports, col, loaders, elapsed, check)
 
 
 def _manifest_check(req: VerifyRequest) -> CheckResult | int | None:
@@ -207,7 +221,7 @@ def _manifest_check(req: VerifyRequest) -> CheckResult | int | None:
 
 
 def _run_with_models(
-    req: VerifyRequest, files: list[Path], errors: list[str], check: CheckResult | None, t0: float
+    req: VerifyRequest, files: list[Path], col: Collected, check: CheckResult | None, t0: float
 ) -> int:
     """--models: each file verified with the model identify picks for it (slotfile.seal.verify_hook)."""
     from slotfile.cli.common import fail
@@ -223,13 +237,21 @@ def _run_with_models(
     for r in reports:
         if r.error:
             fail(r.error)
-    return _emit(req, reports, errors, [], time.monotonic() - t0, check, idents)
+    return _emit(req, reports, col, [], time.monotonic() - t0, check, idents)
+
+
+def tally(col: Collected, reports: list[FileReport]) -> Tally:
+    """handled: files verified (pass or fail); skipped: temp names and symlinks under a
+    directory; failed: unreadable files, missing paths, unreadable directories and files still
+    being written after --settle-wait."""
+    unread = sum(1 for r in reports if r.verdict == Verdict.ERROR)
+    return Tally(len(reports) - unread, col.skipped, unread + len(col.errors) + len(col.busy))
 
 
 def _emit(
     req: VerifyRequest,
     reports: list[FileReport],
-    errors: list[str],
+    col: Collected,
     loaders: list[dict[str, Any]],
     elapsed: float,
     check: CheckResult | None = None,
@@ -240,8 +262,10 @@ def _emit(
     from slotfile.cli.verify_output import document, render, write_junit
 
     opts = req.options()
-    rc = _exit_code(errors, reports)
-    doc = document(reports, errors, opts, loaders, elapsed, rc)
+    errors = col.errors
+    rc = _exit_code(errors, reports, col.busy)
+    t = tally(col, reports)
+    doc = document(reports, errors, opts, loaders, elapsed, rc, tally=t.to_dict(), busy=col.busy_paths)
     if check is not None or idents is not None:
         from slotfile.seal.verify_hook import annotate, exit_code
 
@@ -269,7 +293,15 @@ def _emit(
     elif reports:  # nothing verified: the error lines on stderr say why, stdout stays empty
         paths = req.paths
         base = paths[0] if len(paths) == 1 and paths[0].is_dir() else None
-        render(reports, loaders, elapsed, structure_only=opts.model is None, quiet=req.quiet, base=base)
+        render(
+            reports,
+            loaders,
+            elapsed,
+            structure_only=opts.model is None,
+            quiet=req.quiet,
+            base=base,
+            tally=t.line() if col.dirs else None,
+        )
     if check is not None and not req.json_out:
         from slotfile.cli.common import out_console
         from slotfile.cli.terminal import escape_text
@@ -282,11 +314,12 @@ def _emit(
     return rc
 
 
-def _exit_code(errors: list[str], reports: list[FileReport]) -> int:
-    """OPERATIONAL when a file could not be read or checked, PROBLEMS when one fails, else OK."""
+def _exit_code(errors: list[str], reports: list[FileReport], busy: list[str] | None = None) -> int:
+    """OPERATIONAL when a file could not be read or checked, PROBLEMS when one fails or a file
+    was still being written after --settle-wait (left out: never a pass), else OK."""
     if errors or any(r.verdict == Verdict.ERROR for r in reports):
         return OPERATIONAL
-    if any(r.verdict == Verdict.FAIL for r in reports):
+    if busy or any(r.verdict == Verdict.FAIL for r in reports):
         return PROBLEMS
     return OK
 

@@ -19,6 +19,7 @@ from slotfile.cli.terminal import escape_text, human_size, problem_line
 from slotfile.diagnosis import CAUSE_SHORT, Cause
 from slotfile.problems import Severity
 from slotfile.verify import DEEP_JUDGMENT, LEVELS, SCHEMA, FileReport, VerifyOptions
+from slotfile.verify.options import required_levels
 from slotfile.verify.records import Status, Verdict
 
 STRUCTURE_ONLY = "(structure only; add --model to test-load)"
@@ -31,6 +32,8 @@ def document(
     loaders: list[dict[str, Any]],
     elapsed: float,
     rc: int,
+    tally: dict[str, int] | None = None,
+    busy: list[str] | None = None,
 ) -> dict[str, Any]:
     counts = {v: sum(1 for r in reports if r.verdict == v) for v in Verdict}
     return {
@@ -43,7 +46,21 @@ def document(
         "tolerances": DEEP_JUDGMENT,
         "files": [r.to_dict() for r in reports],
         "errors": errors,
-        "summary": {"files": len(reports), **counts, "seconds": round(elapsed, 3)},
+        "require": list(required_levels(opts.require)),
+        "summary": {
+            "files": len(reports),
+            **counts,
+            "unmet_requirements": sum(1 for r in reports if r.unmet),
+            "seconds": round(elapsed, 3),
+        },
+        "tally": tally
+        if tally is not None
+        else {
+            "handled": counts[Verdict.PASS] + counts[Verdict.FAIL],
+            "skipped": 0,
+            "failed": counts[Verdict.ERROR] + len(errors),
+        },
+        "still_being_written": busy or [],
         "exit_code": rc,
     }
 
@@ -64,6 +81,8 @@ def _verdict_word(r: FileReport) -> str:
     cause = r.cause
     if cause is not None:
         return CAUSE_SHORT.get(cause, "fail")
+    if r.unmet:
+        return "not checked"
     n = len(_warnings(r))
     return f"pass, {n} warning{'s' if n > 1 else ''}" if n else "pass"
 
@@ -93,8 +112,21 @@ def _details(r: FileReport) -> list[tuple[str, str]]:
         lines.append(("red", r.first_problem))
     elif not r.error and _warnings(r):
         lines.append(("yellow", f"warning: {_warnings(r)[0]}"))
+    unmet = {u["level"] for u in r.unmet}
     for u in r.unchecked:
-        lines.append(("yellow", f"not checked here: {u}"))
+        if u.split(":")[0] not in unmet:
+            lines.append(("yellow", f"not checked here: {u}"))
+    for m in r.unmet:  # the first one's reason is the first problem above
+        if m is not r.unmet[0] or not (r.first_problem or "").startswith(f"{m['level']}: required"):
+            lines.append(("red", f"required {m['level']} not checked: {m['reason']}"))
+        lines.append(
+            (
+                "cyan",
+                f"to check {m['level']}: pass {m['hint']}"
+                if m["hint"].startswith("--")
+                else f"to check {m['level']}: {m['hint']}",
+            )
+        )
     step = r.next_step
     if step is not None and r.cause != Cause.NOT_SLOT_FILE:
         lines.append(("cyan", f"next step: {step.text}" + (":" if step.command else "")))
@@ -111,6 +143,7 @@ def render(
     quiet: bool = False,
     base: Path | None = None,
     console: Console | None = None,
+    tally: str | None = None,
 ) -> None:
     """The text report on stdout (``console``: the invocation's, by default a fresh one)."""
     out = console if console is not None else out_console()
@@ -124,7 +157,8 @@ def render(
     else:  # a pipe or a file: one line per file, nothing wrapped
         for r in reports:
             _pipe_line(r, base)
-    out.print(summary_line(reports, loaders, elapsed, structure_only), soft_wrap=True)
+    line = summary_line(reports, loaders, elapsed, structure_only)
+    out.print(line + (f"; {tally}" if tally else ""), soft_wrap=True)
 
 
 def summary_line(reports: list[FileReport], loaders: list[dict[str, Any]], elapsed: float, structure_only: bool) -> str:
@@ -135,7 +169,10 @@ def summary_line(reports: list[FileReport], loaders: list[dict[str, Any]], elaps
         line += " (" + ", ".join(f"{causes.count(c)} {c}" for c in dict.fromkeys(causes)) + ")"
     if counts[Verdict.ERROR]:
         line += f", {counts[Verdict.ERROR]} unreadable"
-    unchecked = sum(1 for r in reports if r.unchecked)
+    unmet = sum(1 for r in reports if r.unmet)
+    if unmet:
+        line += f", {unmet} with a required level not checked (--require)"
+    unchecked = sum(1 for r in reports if r.unchecked and not r.unmet)
     if unchecked:
         line += f", {unchecked} not fully checkable here"
     if structure_only:
@@ -257,6 +294,8 @@ def _junit_case(ET: Any, suite: Any, r: FileReport) -> None:
     for name in LEVELS:
         lv = r.levels[name]
         lines.append(f"{name}: {lv.status}" + (f" ({lv.reason})" if lv.reason else ""))
+        for m in (m for m in r.unmet if m["level"] == name):
+            lines.append(f"  required (--require) but not checked; to check it: {m['hint']}")
         for p in lv.problems:
             off = f" at offset {p.offset}" if p.offset is not None else ""
             lines.append(f"  {p.severity}: {p.section}{off}: {p.message}")
@@ -270,7 +309,7 @@ def _junit_case(ET: Any, suite: Any, r: FileReport) -> None:
         el = ET.SubElement(tc, "error", message=_x(r.error), type="unreadable")
         el.text = _x(r.error)
     elif r.verdict == Verdict.FAIL:
-        lvl = next(n for n in LEVELS if r.levels[n].status == Status.FAIL)
+        lvl = next((n for n in LEVELS if r.levels[n].status == Status.FAIL), "require")
         el = ET.SubElement(tc, "failure", message=_x(r.first_problem), type=lvl)
         el.text = body
     ET.SubElement(tc, "system-out").text = body

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
-from construct import ConstructError
+import numpy as np
+from construct import ConstructError, Container
 
 from slotfile.format import versions
 from slotfile.format.grammar import (
@@ -26,7 +27,9 @@ from slotfile.format.grammar import (
     REC_CELL_HEAD,
     SCKP_MAGIC,
     SDFT_MAGIC,
+    CellTable,
     FormatError,
+    Run,
     SlotGrammar,
     ViewStream,
     read_fixed,
@@ -431,9 +434,240 @@ def detect(
     ``rot``: every KV stream carries the rotation words (state version 4, session version 11);
     a property of the file's version, so it applies to ``fixed`` too.
     """
-    deep = _Deepest()
     if start == end or (not exact and appendix_at(view, start, end)):
         return Detection(Layout(()), [], start, Confidence.UNIQUE)
+    sequences, ext_sizes, extras = tuple(sequences), tuple(ext_sizes), tuple(extras)
+    if fixed is not None:
+        return _detect(view, start, end, whole, exact, sequences, ext_sizes, fixed, extras, legacy, rot)
+    # Files of one server share a few shapes: the search below, repeated for each, was 85 % of
+    # a directory listing.  A shape's detection is cached and re-checked against every file's
+    # own bytes (_same_bytes, _reparse); anything that does not match exactly takes the full search.
+    key = (end - start, whole, exact, sequences, ext_sizes, extras, legacy, rot)
+    hits = _SHAPES.get(key, [])
+    for hit in hits:  # a file whose structure bytes are those of a cached shape
+        det = _same_bytes(view, start, hit)
+        if det is not None:
+            return det
+    for hit in hits:
+        det = _reparse(view, start, end, whole, exact, rot, hit)
+        if det is not None:
+            return det
+    det = _detect(view, start, end, whole, exact, sequences, ext_sizes, None, extras, legacy, rot)
+    if det.confidence == Confidence.UNIQUE and det.layout is not None and not _weak(tuple(det.blocks)):
+        # bounded: memory stays flat whatever the directory holds
+        if key not in _SHAPES and len(_SHAPES) >= _SHAPES_MAX:
+            # verify --jobs reads files on threads: another may have evicted this one already
+            _SHAPES.pop(next(iter(_SHAPES), ()), None)
+        f = det.failure
+        runs: list[tuple[int, int]] = []
+        template = [_template(b, start, runs) for b in det.blocks]
+        shape = _Shape(
+            det.layout,
+            _shape_of(det.blocks, start),
+            det.end - start,
+            f and replace(f, offset=f.offset - start),
+            template,
+            _structure_bytes(view, start, det.end, runs),
+        )
+        # several shapes share a size (f16 with and without flash attention): kept side by side
+        _SHAPES[key] = [*hits[-(_SHAPES_PER_KEY - 1) :], shape]
+    return det
+
+
+@dataclass(frozen=True, slots=True)
+class _Shape:
+    """A detection that a file of this size and these arguments had: the layout, the
+    structure its blocks read (every count, type, row size and offset, relative to the body's
+    start), where the body ended, and the deepest failure of the other candidates."""
+
+    layout: Layout
+    shape: tuple[Any, ...]
+    end: int
+    failure: Failure | None
+    # the parsed blocks with every offset relative to the body's start and no reference to the
+    # file's buffer (tensor runs as (offset, length), arrays copied), and every byte of the body
+    # outside the tensor runs: what the grammar read to accept this layout
+    template: list[Any]
+    structure: tuple[tuple[int, bytes], ...]
+
+
+_SHAPES: dict[tuple[Any, ...], list[_Shape]] = {}
+_SHAPES_MAX = 128  # sizes
+_SHAPES_PER_KEY = 4
+_SHAPE_INTS = frozenset(
+    ("offset", "end", "v_trans_offset", "n_stream", "cell_count", "v_trans", "n_layer", "n_rot_k", "n_rot_v")
+)
+_SHAPE_POS = frozenset(("offset", "end", "v_trans_offset"))
+
+
+def _shape_of(blocks: Iterable[Any], start: int) -> tuple[Any, ...]:
+    """Every structural word of parsed blocks (counts, types, row sizes, offsets relative to
+    ``start``), tensor data and cell positions left out: two bodies with equal shapes were
+    cut into the same pieces by the same layout."""
+    out: list[Any] = []
+
+    def visit(x: Any) -> None:
+        if isinstance(x, list):
+            out.append(len(x))
+            for y in x:
+                visit(y)
+        elif isinstance(x, dict):  # construct's Container
+            for k, v in x.items():
+                if k in _SHAPE_INTS or k in ("type", "row_size"):
+                    out.append((k, None if v is None else int(v) - (start if k in _SHAPE_POS else 0)))
+                elif isinstance(v, list | dict):
+                    out.append(k)
+                    visit(v)
+
+    for b in blocks:
+        visit(b)
+    return tuple(out)
+
+
+class _RunAt:
+    """A tensor run of a cached template: where it lies relative to the body's start."""
+
+    __slots__ = ("length", "offset")
+
+    def __init__(self, offset: int, length: int) -> None:
+        self.offset, self.length = offset, length
+
+
+class _CellsAt:
+    """A cell table of a cached template: its place and (copied, read-only) arrays."""
+
+    __slots__ = ("cells", "length", "offset", "seq_ids")
+
+    def __init__(self, t: CellTable, start: int) -> None:
+        self.offset, self.length = t.offset - start, len(t.raw)
+        self.cells, self.seq_ids = _frozen(t.cells), _frozen(t.seq_ids)
+
+
+class _StreamAt:
+    """The ``_io`` stream construct leaves in a container (rebuilt over the new buffer)."""
+
+    __slots__ = ("end", "start")
+
+    def __init__(self, s: ViewStream, start: int) -> None:
+        self.start, self.end = s.start - start, s.end - start
+
+
+def _frozen(a: np.ndarray) -> np.ndarray:
+    c = np.array(a, copy=True)
+    c.flags.writeable = False
+    return c
+
+
+def _template(x: Any, start: int, runs: list[tuple[int, int]], key: str = "") -> Any:
+    """A parsed block with its offsets made relative to ``start`` and no reference to the
+    buffer (the cache must not hold a file open); ``runs`` collects the tensor runs."""
+    if isinstance(x, Run):
+        runs.append((x.offset - start, x.length))
+        return _RunAt(x.offset - start, x.length)
+    if isinstance(x, CellTable):
+        return _CellsAt(x, start)
+    if isinstance(x, ViewStream):
+        return _StreamAt(x, start)
+    if isinstance(x, np.ndarray):
+        return _frozen(x)
+    if isinstance(x, dict):
+        c = Container()
+        for k, v in x.items():
+            c[k] = _template(v, start, runs, k)
+        return c
+    if isinstance(x, list):
+        return type(x)(_template(v, start, runs) for v in x)
+    if type(x) is int and key in _SHAPE_POS:
+        return x - start
+    return x
+
+
+def _instance(x: Any, view: Any, start: int, key: str = "") -> Any:
+    """A template's blocks over ``view``, the body starting at ``start`` (a type dispatch:
+    this runs once per block of every cached file)."""
+    t = type(x)
+    if t is int:
+        return x + start if key in _SHAPE_POS else x
+    if t is Container:
+        c = Container()
+        for k, v in x.items():
+            c[k] = _instance(v, view, start, k)
+        return c
+    if t is _RunAt:
+        a = start + x.offset
+        return Run(a, x.length, view[a : a + x.length])
+    if t is _CellsAt:
+        a = start + x.offset
+        return CellTable(a, x.cells, x.seq_ids, view[a : a + x.length])
+    if t is _StreamAt:
+        return ViewStream(view, start + x.start, start + x.end)
+    if isinstance(x, list):
+        return t(_instance(v, view, start) for v in x)
+    return x
+
+
+def _structure_bytes(view: Any, start: int, end: int, runs: list[tuple[int, int]]) -> tuple[tuple[int, bytes], ...]:
+    """Every byte of ``view[start:end]`` outside the tensor ``runs`` (relative offsets), plus
+    the 4 bytes after the body (an appendix magic there is part of the decision)."""
+    out, at = [], 0
+    for off, n in sorted(runs):
+        if off > at:
+            out.append((at, bytes(view[start + at : start + off])))
+        at = max(at, off + n)
+    stop = min(len(view), end + 4) - start
+    if stop > at:
+        out.append((at, bytes(view[start + at : start + stop])))
+    return tuple(out)
+
+
+def _same_bytes(view: Any, start: int, hit: _Shape) -> Detection | None:
+    """The cached detection, when every byte the grammar read to accept it (the body outside
+    its tensor runs, and the 4 bytes after it) is the same in this file as in the file it was
+    found in: the grammar reads those bytes the same way, so its blocks are the cached ones
+    over this buffer."""
+    for off, b in hit.structure:
+        if view[start + off : start + off + len(b)] != b:
+            return None
+    blocks = [_instance(b, view, start) for b in hit.template]
+    f = hit.failure
+    return Detection(
+        hit.layout, blocks, start + hit.end, Confidence.UNIQUE, [], f and replace(f, offset=f.offset + start)
+    )
+
+
+def _reparse(view: Any, start: int, end: int, whole: bool, exact: bool, rot: bool, hit: _Shape) -> Detection | None:
+    """The cached layout parsed in full from this file's bytes (every block through the
+    grammar, as the search parses it), accepted only when it ends where the cached one ended
+    and its blocks have the same shape; None sends the file to the full search."""
+    lay = hit.layout
+    w = _Walk(view, end, lay.ext, whole, _Deepest(), lay.extra, lay.legacy, rot)
+    for specs, blocks, e in _walk(w, start, lay.kinds, tuple(b.has_v for b in lay.blocks)):
+        if specs != lay.blocks or e - start != hit.end:
+            continue
+        if not (e == end or (not exact and appendix_at(view, e, end))):
+            continue
+        if _shape_of(blocks, start) != hit.shape:
+            return None
+        f = hit.failure
+        return Detection(lay, list(blocks), e, Confidence.UNIQUE, [], f and replace(f, offset=f.offset + start))
+    return None
+
+
+def _detect(
+    view: Any,
+    start: int,
+    end: int,
+    whole: bool,
+    exact: bool,
+    sequences: tuple[tuple[str, ...], ...],
+    ext_sizes: tuple[int, ...],
+    fixed: Layout | None,
+    extras: tuple[tuple[int, int], ...],
+    legacy: bool,
+    rot: bool,
+) -> Detection:
+    """The full search: every candidate layout parsed (see :func:`detect`)."""
+    deep = _Deepest()
     accepted: list[_Parse] = []
     partial: list[_Parse] = []
     for kinds, hv, ext, x, old in _plans(fixed, sequences, ext_sizes, extras, legacy):

@@ -1,69 +1,88 @@
 """Which files ``slotfile verify ARGS`` checks.
 
 A file argument is taken as it is.  A directory is walked by :func:`slotfile.slotdir.walk.scan_dir`,
-the walker of ``ls`` and ``prune``: every regular file under it (recursively, symlinks not
-followed) named ``*.slot`` or ``*.bin`` or starting with a GGSQ or GGSN magic (the server saves
-slots under any name).  Temp files are set aside, as ``ls`` and ``prune`` set them aside.  A
-file modified within the last ``settle`` seconds may still be being written (llama-server
-writes in place): the walk waits until ``settle`` seconds have passed since the newest such
-write and walks again, so that a file a job has just finished writing is verified; a file
-written meanwhile is set aside.  A path that does not exist and a directory with no slot file under
-it are operational errors: a run that checks nothing must not pass.
+the walker of ``ls``, ``prune`` and ``re-save DIR``: every regular file under it (recursively,
+symlinks not followed) named ``*.slot`` or ``*.bin`` or starting with a GGSQ or GGSN magic (the
+server saves slots under any name).  Temp files and symlinks are skipped, as ``ls`` skips them.
+A file modified within the last ``settle`` seconds may still be being written (llama-server
+writes in place): the walker waits for it, up to ``settle_wait`` seconds
+(:func:`slotfile.slotdir.walk.wait_for_settle`), and verifies it once it has settled; one still
+changing after that is named in ``busy`` and fails the run (exit 4): a run never passes over a
+file it left out.  A path that does not exist and a directory with no slot file under it are
+operational errors: a run that checks nothing must not pass.
 """
 
 from __future__ import annotations
 
-import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from slotfile.slotdir.walk import SETTLE_SECONDS, DirScan, scan_dir
+from slotfile.slotdir.walk import SETTLE_SECONDS, SETTLE_WAIT_SECONDS, DirEntry, DirScan, scan_dir
+
+
+@dataclass
+class Collected:
+    """The files to verify (a directory's sorted by path, the order of the report), the
+    operational errors (missing paths, unreadable directories), notes on what a walk skipped,
+    the lines naming files still being written after the wait (``busy``), and how many files
+    were skipped by rule (temp names, symlinks).  Unpacks as ``files, errors, notes``."""
+
+    files: list[Path] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    busy: list[str] = field(default_factory=list)
+    busy_paths: list[str] = field(default_factory=list)
+    skipped: int = 0
+    dirs: int = 0  # directory arguments walked
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter((self.files, self.errors, self.notes))
+
+    def __getitem__(self, i: int) -> Any:
+        return (self.files, self.errors, self.notes)[i]
 
 
 def collect(
-    args: list[Path], settle: float = SETTLE_SECONDS, wait: bool = True
-) -> tuple[list[Path], list[str], list[str]]:
-    """(files to verify, operational errors, notes on what a directory walk set aside).
-    ``wait``: wait for files modified within ``settle`` seconds to settle (False: set them
-    aside at once).  The files of a directory come sorted by path, the order of the report."""
-    files: list[Path] = []
-    errors: list[str] = []
-    notes: list[str] = []
+    args: list[Path],
+    settle: float = SETTLE_SECONDS,
+    settle_wait: float = SETTLE_WAIT_SECONDS,
+    on_wait: Callable[[list[DirEntry], float], None] | None = None,
+) -> Collected:
+    """What ``args`` name, directories walked (see the module docstring).  ``settle_wait`` 0:
+    files being written are not waited for (they are named in ``busy`` at once)."""
+    out = Collected()
     for a in args:
         if a.is_dir():
-            scan = _walk(a, settle, wait)
-            errors += scan.errors
-            aside = _set_aside(scan, settle)
-            if not scan.slots and not scan.errors:
-                errors.append(f"no slot files found under {a}{f' ({aside})' if aside else _what_is_there(a)}")
+            out.dirs += 1
+            scan = scan_dir(a, settle=settle, settle_wait=settle_wait, on_wait=on_wait)
+            out.errors += scan.errors
+            out.busy += scan.busy_lines()
+            out.busy_paths += [e.path for e in scan.busy]
+            out.skipped += len(scan.temps) + len(scan.symlinks)
+            aside = _skipped(scan)
+            if not scan.slots and not scan.errors and not scan.busy:
+                out.errors.append(f"no slot files found under {a}{f' ({aside})' if aside else _what_is_there(a)}")
             elif aside:
-                notes.append(f"{a}: {aside}")
-            files += sorted(Path(e.path) for e in scan.slots)
+                out.notes.append(f"{a}: {aside}")
+            out.files += sorted(Path(e.path) for e in scan.slots)
         elif a.exists():
-            files.append(a)
+            out.files.append(a)
         else:
-            errors.append(f"{a}: no such file or directory")
-    return files, errors, notes
+            out.errors.append(f"{a}: no such file or directory")
+    return out
 
 
-def _walk(d: Path, settle: float, wait: bool) -> DirScan:
-    """The walk of ``d``; with ``wait``, again once ``settle`` seconds have passed since the
-    newest write (at most ``settle`` seconds from now, whatever a skewed clock says)."""
-    scan = scan_dir(d, settle=settle)
-    if wait and scan.busy:
-        newest = max(e.mtime for e in scan.busy)
-        time.sleep(min(settle, max(0.0, newest + settle - time.time())))
-        scan = scan_dir(d, settle=settle)  # what was written meanwhile is still busy
-    return scan
-
-
-def _set_aside(scan: DirScan, settle: float) -> str:
-    """What the walk set aside and did not verify ("" when nothing)."""
+def _skipped(scan: DirScan) -> str:
+    """What the walk skipped by rule ("" when nothing); files still being written are named
+    apart (:attr:`Collected.busy`)."""
     parts = []
     if scan.temps:
         parts.append(f"{len(scan.temps)} temp file(s)")
-    if scan.busy:
-        parts.append(f"{len(scan.busy)} file(s) still being written (modified within {settle:g} s, --settle)")
-    return "set aside: " + ", ".join(parts) + " not verified" if parts else ""
+    if scan.symlinks:
+        parts.append(f"{len(scan.symlinks)} symlink(s) not followed")
+    return "skipped: " + ", ".join(parts) + " (not verified)" if parts else ""
 
 
 def _what_is_there(d: Path) -> str:

@@ -20,7 +20,7 @@ from slotfile.verify.deep import level_deep
 from slotfile.verify.judge import caches_of
 from slotfile.verify.load import level_load
 from slotfile.verify.model import level_model, model_side, read
-from slotfile.verify.options import VerifyOptions
+from slotfile.verify.options import VerifyOptions, required_levels
 from slotfile.verify.records import LEVELS, FileReport, SkipKind, VerifyError
 from slotfile.verify.structure import level_structure, scan_into
 
@@ -121,6 +121,15 @@ class Verifier:
             rep.error = f"{path}: {e.strerror or e}"
             return rep
         rep.size, rep.n_tokens, rep.format, rep.version = sf.size, sf.n_tokens, sf.format, sf.version
+        try:
+            self._levels(rep, sf, path)
+        finally:
+            sf.close()  # now, not when the garbage collector finds the cycle: a DIR run maps every file
+        rep.unmet = unmet_requirements(rep, self.opts.require)
+        rep.seconds = time.monotonic() - t0
+        return rep
+
+    def _levels(self, rep: FileReport, sf: SlotFile, path: Path) -> None:
         rep.facts = facts_of(sf, self.opts.model)
         lv = rep.levels
         t = time.monotonic()
@@ -133,8 +142,6 @@ class Verifier:
                 lv[name].skip("not a slot file", SkipKind.BLOCKED)
         else:
             self._model_load_deep(rep, sf, path)
-        rep.seconds = time.monotonic() - t0
-        return rep
 
     def _model_load_deep(self, rep: FileReport, sf: SlotFile, path: Path) -> None:
         """Levels 2 to 4 of a slot file, each timed into its level."""
@@ -190,3 +197,29 @@ class Verifier:
                 if on_done:
                     on_done(r)
         return [r for r in results if r is not None]
+
+
+def unmet_requirements(rep: FileReport, require: tuple[str, ...]) -> list[dict[str, str]]:
+    """The required levels that were skipped for this file, each with why and what would make
+    it checkable (the option to pass), for the report, the JSON and the JUnit failure."""
+    out = []
+    for name in required_levels(require):
+        lv = rep.levels[name]
+        if lv.status != "skipped":
+            continue
+        out.append(
+            {"level": name, "reason": lv.reason, "skip_kind": str(lv.skip_kind or ""), "hint": _hint(rep, name, lv)}
+        )
+    return out
+
+
+def _hint(rep: FileReport, name: str, lv: Any) -> str:
+    """The option that would let this level run on this file."""
+    if lv.skip_kind == SkipKind.BLOCKED:
+        return "an earlier level failed: repair the file first"
+    if lv.skip_kind == SkipKind.NOT_REQUESTED:
+        return "--deep" if name == "deep" and "deep" in lv.reason else "--model M.gguf"
+    if name == "load" or (name == "deep" and rep.levels["load"].status == "skipped"):
+        kind = "session" if rep.format == "GGSN" else "state"
+        return f"--llama-lib DIR with a llama.cpp build that loads {kind} version {rep.version}"
+    return "none: the stored tokens cannot be recomputed (the reason above); drop --require deep for this file"

@@ -97,12 +97,16 @@ class FileReport:
     error: str | None = None  # operational: the file could not be read at all
     seconds: float = 0.0
     facts: Facts | None = None  # what the next step depends on (set once the file is read)
+    # levels --require asked for that were skipped: {"level", "reason", "skip_kind", "hint"}
+    # (slotfile.verify.engine.unmet_requirements); any of them fails the file
+    unmet: list[dict[str, str]] = field(default_factory=list)
 
     @property
     def verdict(self) -> Verdict:
         if self.error is not None:
             return Verdict.ERROR
-        return Verdict.FAIL if any(lv.status == Status.FAIL for lv in self.levels.values()) else Verdict.PASS
+        failed = any(lv.status == Status.FAIL for lv in self.levels.values())
+        return Verdict.FAIL if failed or self.unmet else Verdict.PASS
 
     @property
     def level_reached(self) -> int:
@@ -122,6 +126,8 @@ class FileReport:
             for p in self.levels[name].problems:
                 if p.severity == Severity.ERROR:
                     return f"{name}: {p.where()}{p.message}"
+        for u in self.unmet:
+            return f"{u['level']}: required (--require) but not checked: {u['reason']}"
         return None
 
     def problems(self) -> list[Problem]:
@@ -161,6 +167,7 @@ class FileReport:
             "next_step": step.text if step else None,
             "repair_command": step.command if step else None,
             "unchecked": self.unchecked,
+            "unmet_requirements": self.unmet,
             "error": self.error,
             "seconds": round(self.seconds, 4),
         }
