@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -150,6 +149,8 @@ def _hash_all(
 
     if jobs <= 1 or len(files) <= 1:
         return {p: one(p) for p in files}
+    from concurrent.futures import ThreadPoolExecutor  # only here: verify imports this module
+
     with ThreadPoolExecutor(max_workers=jobs) as ex:
         return dict(zip(files, ex.map(one, files), strict=True))
 

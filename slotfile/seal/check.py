@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -223,6 +222,8 @@ def check(
     if jobs <= 1:
         checks = [one(r) for r in wanted]
     else:
+        from concurrent.futures import ThreadPoolExecutor  # only here: verify imports this module
+
         with ThreadPoolExecutor(max_workers=jobs) as ex:
             checks = list(ex.map(one, wanted))
     for fc in checks:
