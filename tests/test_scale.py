@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from slotfile.format import layout
+from slotfile.format import layout_cache
 from slotfile.format.reader import parse_buffer
 from slotfile.slotdir.prune import plan_prune
 from slotfile.slotdir.walk import scan_dir, summarize
@@ -50,9 +50,9 @@ def _variants(data: bytes) -> list[bytes]:
 def test_the_cache_reads_damaged_copies_exactly_as_a_full_search(path: Path) -> None:
     data = path.read_bytes()
     for v in [data, *_variants(data)]:
-        layout._SHAPES.clear()
+        layout_cache.SHAPES.clear()
         cold = _verdict(v)
-        layout._SHAPES.clear()
+        layout_cache.SHAPES.clear()
         _verdict(data)  # the intact file of this shape primes the cache
         assert _verdict(v) == cold, f"{path.name}: a cached shape changed the verdict of a damaged copy"
 
@@ -76,7 +76,7 @@ def test_prune_damaged_still_finds_damaged_copies_among_many_clean_ones(tmp_path
     now = time.time() + 3600
     for p in tmp_path.iterdir():
         os.utime(p, (now - 7200, now - 7200))
-    layout._SHAPES.clear()
+    layout_cache.SHAPES.clear()
     scan = scan_dir(tmp_path, now=now)
     sums = {e.path: summarize(e) for e in scan.slots}
     damaged = sorted(Path(p).name for p, s in sums.items() if s.damaged)
@@ -85,15 +85,15 @@ def test_prune_damaged_still_finds_damaged_copies_among_many_clean_ones(tmp_path
     assert sorted(Path(r.entry.path).name for r in plan.remove) == damaged
     # and each verdict is the one a fresh process (empty cache) gives
     for p, s in sums.items():
-        layout._SHAPES.clear()
+        layout_cache.SHAPES.clear()
         assert summarize(next(e for e in scan.slots if e.path == p)).first_problem == s.first_problem
 
 
 def test_the_cache_is_bounded_and_holds_no_file_open(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """Memory stays flat in the number of files: at most _SHAPES_MAX sizes are kept, and no
+    """Memory stays flat in the number of files: at most SHAPES_MAX sizes are kept, and no
     cached shape keeps a file's buffer (every file is closed after its summary)."""
-    monkeypatch.setattr(layout, "_SHAPES_MAX", 3)
-    layout._SHAPES.clear()
+    monkeypatch.setattr(layout_cache, "SHAPES_MAX", 3)
+    layout_cache.SHAPES.clear()
     for i, p in enumerate(FIXTURES):
         shutil.copyfile(p, tmp_path / f"{i:02d}.slot")
     old = time.time() - 3600
@@ -103,5 +103,5 @@ def test_the_cache_is_bounded_and_holds_no_file_open(monkeypatch: pytest.MonkeyP
     for e in scan.slots:
         s = summarize(e)  # opens, reads and closes the file (an mmap with a live export would raise)
         assert s.error is None
-    assert 0 < len(layout._SHAPES) <= 3
-    assert all(len(v) <= layout._SHAPES_PER_KEY for v in layout._SHAPES.values())
+    assert 0 < len(layout_cache.SHAPES) <= 3
+    assert all(len(v) <= layout_cache.SHAPES_PER_KEY for v in layout_cache.SHAPES.values())

@@ -15,27 +15,18 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
-import numpy as np
-from construct import ConstructError, Container
+from construct import ConstructError
 
 from slotfile.format import versions
 from slotfile.format.grammar import (
-    COUNT,
-    LAYER_HEAD,
-    MAX_LAYERS,
-    MAX_STREAMS,
-    REC_CELL_HEAD,
     SCKP_MAGIC,
     SDFT_MAGIC,
-    CellTable,
     FormatError,
-    Run,
     SlotGrammar,
     ViewStream,
-    read_fixed,
-    row_ok,
-    type_ok,
 )
+from slotfile.format.layout_cache import SHAPES, Shape, remember, same_bytes, shape_of, shifted
+from slotfile.format.rec_scan import rec_candidates
 from slotfile.problems import ProblemCode
 
 
@@ -268,54 +259,6 @@ def _parse_kv(
     return blk
 
 
-def _rec_entry_counts(view: Any, off: int, end: int, whole: bool) -> tuple[int, int, list[tuple[int, int]]]:
-    """Scan a REC block greedily: (cell_count, n_layer, [(type, row_size), ...]).  The heads
-    are read with the grammar's fixed readers: the entry count is what the block grammar
-    (rec_block) needs to be told, so it cannot parse the block to find it."""
-    got = read_fixed(COUNT, view, off, end)
-    cells = int(got[0]) if got is not None else None
-    # the same cap as the grammar: one cell per sequence (no Python loop over a bogus count)
-    if cells is None or cells > (MAX_STREAMS if whole else 1):
-        return cells or 0, 0, []
-    p = off + COUNT.size
-    for _ in range(cells):
-        head = read_fixed(REC_CELL_HEAD, view, p, end)
-        if head is None:
-            return cells, 0, []
-        p += REC_CELL_HEAD.size + (4 * head[1] if whole else 0)  # whole: n_seq_id seq ids follow
-    p += COUNT.size  # s_trans
-    got = read_fixed(COUNT, view, p, end)
-    n_layer = int(got[0]) if got is not None else None
-    if n_layer is None or n_layer > MAX_LAYERS:
-        return cells, 0, []
-    p += COUNT.size
-    entries: list[tuple[int, int]] = []
-    while p + LAYER_HEAD.size <= end and len(entries) < 2 * n_layer:
-        t, row = LAYER_HEAD.unpack_from(view, p)
-        if not (type_ok(t) and row_ok(t, row)) or p + LAYER_HEAD.size + cells * row > end:
-            break
-        entries.append((t, row))
-        p += LAYER_HEAD.size + cells * row
-    return cells, n_layer, entries
-
-
-def _rec_candidates(view: Any, off: int, end: int, whole: bool) -> Iterator[tuple[int, bool]]:
-    """Plausible (n_rec, has_p) for the REC block at ``off``, most complete first."""
-    _, n_layer, entries = _rec_entry_counts(view, off, end, whole)
-    if not n_layer:
-        yield 1, False  # not even a header: parse one entry to record where it fails
-        return
-    if len(entries) // 2 < n_layer:
-        # one more than the entries present: fails, but records where a cut file runs out
-        yield len(entries) // 2 + 1, False
-    for k in range(min(len(entries) // 2, n_layer), 0, -1):
-        r, s = entries[:k], entries[k : 2 * k]
-        if len(set(r)) == 1 and len(set(s)) == 1:
-            yield k, False
-    for k in range(min(n_layer, MAX_LAYERS), 0, -1):  # PLE conv rows after each R
-        yield k, True
-
-
 def _parse_rec(
     view: Any, off: int, end: int, whole: bool, n_rec: int, has_p: bool, deep: _Deepest, label: Callable[[], str]
 ) -> Any | None:
@@ -371,7 +314,7 @@ def _walk(
     # a REC block is never legacy (no REC block existed in that layout): the blocks after it neither
     after_rec = replace(w, legacy=False)
     tried_p = 0
-    for n_rec, has_p in _rec_candidates(w.view, off, w.end, w.whole):
+    for n_rec, has_p in rec_candidates(w.view, off, w.end, w.whole):
         if has_p:
             tried_p += 1
             if tried_p > 64:
@@ -441,201 +384,34 @@ def detect(
         return _detect(view, start, end, whole, exact, sequences, ext_sizes, fixed, extras, legacy, rot)
     # Files of one server share a few shapes: the search below, repeated for each, was 85 % of
     # a directory listing.  A shape's detection is cached and re-checked against every file's
-    # own bytes (_same_bytes, _reparse); anything that does not match exactly takes the full search.
+    # own bytes (layout_cache); anything that does not match exactly takes the full search.
     key = (end - start, whole, exact, sequences, ext_sizes, extras, legacy, rot)
-    hits = _SHAPES.get(key, [])
+    hits = SHAPES.get(key, [])
+    det = _from_cache(view, start, end, whole, exact, rot, hits)
+    if det is not None:
+        return det
+    det = _detect(view, start, end, whole, exact, sequences, ext_sizes, None, extras, legacy, rot)
+    if det.confidence == Confidence.UNIQUE and det.layout is not None and not _weak(tuple(det.blocks)):
+        remember(key, hits, det.layout, det.blocks, det.end, det.failure, view, start)
+    return det
+
+
+def _from_cache(
+    view: Any, start: int, end: int, whole: bool, exact: bool, rot: bool, hits: list[Shape]
+) -> Detection | None:
+    """A cached shape's detection of this body, or None (the full search)."""
     for hit in hits:  # a file whose structure bytes are those of a cached shape
-        det = _same_bytes(view, start, hit)
-        if det is not None:
-            return det
+        blocks = same_bytes(view, start, hit)
+        if blocks is not None:
+            return Detection(hit.layout, blocks, start + hit.end, Confidence.UNIQUE, [], shifted(hit.failure, start))
     for hit in hits:
         det = _reparse(view, start, end, whole, exact, rot, hit)
         if det is not None:
             return det
-    det = _detect(view, start, end, whole, exact, sequences, ext_sizes, None, extras, legacy, rot)
-    if det.confidence == Confidence.UNIQUE and det.layout is not None and not _weak(tuple(det.blocks)):
-        # bounded: memory stays flat whatever the directory holds
-        if key not in _SHAPES and len(_SHAPES) >= _SHAPES_MAX:
-            # verify --jobs reads files on threads: another may have evicted this one already
-            _SHAPES.pop(next(iter(_SHAPES), ()), None)
-        f = det.failure
-        runs: list[tuple[int, int]] = []
-        template = [_template(b, start, runs) for b in det.blocks]
-        shape = _Shape(
-            det.layout,
-            _shape_of(det.blocks, start),
-            det.end - start,
-            f and replace(f, offset=f.offset - start),
-            template,
-            _structure_bytes(view, start, det.end, runs),
-        )
-        # several shapes share a size (f16 with and without flash attention): kept side by side
-        _SHAPES[key] = [*hits[-(_SHAPES_PER_KEY - 1) :], shape]
-    return det
+    return None
 
 
-@dataclass(frozen=True, slots=True)
-class _Shape:
-    """A detection that a file of this size and these arguments had: the layout, the
-    structure its blocks read (every count, type, row size and offset, relative to the body's
-    start), where the body ended, and the deepest failure of the other candidates."""
-
-    layout: Layout
-    shape: tuple[Any, ...]
-    end: int
-    failure: Failure | None
-    # the parsed blocks with every offset relative to the body's start and no reference to the
-    # file's buffer (tensor runs as (offset, length), arrays copied), and every byte of the body
-    # outside the tensor runs: what the grammar read to accept this layout
-    template: list[Any]
-    structure: tuple[tuple[int, bytes], ...]
-
-
-_SHAPES: dict[tuple[Any, ...], list[_Shape]] = {}
-_SHAPES_MAX = 128  # sizes
-_SHAPES_PER_KEY = 4
-_SHAPE_INTS = frozenset(
-    ("offset", "end", "v_trans_offset", "n_stream", "cell_count", "v_trans", "n_layer", "n_rot_k", "n_rot_v")
-)
-_SHAPE_POS = frozenset(("offset", "end", "v_trans_offset"))
-
-
-def _shape_of(blocks: Iterable[Any], start: int) -> tuple[Any, ...]:
-    """Every structural word of parsed blocks (counts, types, row sizes, offsets relative to
-    ``start``), tensor data and cell positions left out: two bodies with equal shapes were
-    cut into the same pieces by the same layout."""
-    out: list[Any] = []
-
-    def visit(x: Any) -> None:
-        if isinstance(x, list):
-            out.append(len(x))
-            for y in x:
-                visit(y)
-        elif isinstance(x, dict):  # construct's Container
-            for k, v in x.items():
-                if k in _SHAPE_INTS or k in ("type", "row_size"):
-                    out.append((k, None if v is None else int(v) - (start if k in _SHAPE_POS else 0)))
-                elif isinstance(v, list | dict):
-                    out.append(k)
-                    visit(v)
-
-    for b in blocks:
-        visit(b)
-    return tuple(out)
-
-
-class _RunAt:
-    """A tensor run of a cached template: where it lies relative to the body's start."""
-
-    __slots__ = ("length", "offset")
-
-    def __init__(self, offset: int, length: int) -> None:
-        self.offset, self.length = offset, length
-
-
-class _CellsAt:
-    """A cell table of a cached template: its place and (copied, read-only) arrays."""
-
-    __slots__ = ("cells", "length", "offset", "seq_ids")
-
-    def __init__(self, t: CellTable, start: int) -> None:
-        self.offset, self.length = t.offset - start, len(t.raw)
-        self.cells, self.seq_ids = _frozen(t.cells), _frozen(t.seq_ids)
-
-
-class _StreamAt:
-    """The ``_io`` stream construct leaves in a container (rebuilt over the new buffer)."""
-
-    __slots__ = ("end", "start")
-
-    def __init__(self, s: ViewStream, start: int) -> None:
-        self.start, self.end = s.start - start, s.end - start
-
-
-def _frozen(a: np.ndarray) -> np.ndarray:
-    c = np.array(a, copy=True)
-    c.flags.writeable = False
-    return c
-
-
-def _template(x: Any, start: int, runs: list[tuple[int, int]], key: str = "") -> Any:
-    """A parsed block with its offsets made relative to ``start`` and no reference to the
-    buffer (the cache must not hold a file open); ``runs`` collects the tensor runs."""
-    if isinstance(x, Run):
-        runs.append((x.offset - start, x.length))
-        return _RunAt(x.offset - start, x.length)
-    if isinstance(x, CellTable):
-        return _CellsAt(x, start)
-    if isinstance(x, ViewStream):
-        return _StreamAt(x, start)
-    if isinstance(x, np.ndarray):
-        return _frozen(x)
-    if isinstance(x, dict):
-        c = Container()
-        for k, v in x.items():
-            c[k] = _template(v, start, runs, k)
-        return c
-    if isinstance(x, list):
-        return type(x)(_template(v, start, runs) for v in x)
-    if type(x) is int and key in _SHAPE_POS:
-        return x - start
-    return x
-
-
-def _instance(x: Any, view: Any, start: int, key: str = "") -> Any:
-    """A template's blocks over ``view``, the body starting at ``start`` (a type dispatch:
-    this runs once per block of every cached file)."""
-    t = type(x)
-    if t is int:
-        return x + start if key in _SHAPE_POS else x
-    if t is Container:
-        c = Container()
-        for k, v in x.items():
-            c[k] = _instance(v, view, start, k)
-        return c
-    if t is _RunAt:
-        a = start + x.offset
-        return Run(a, x.length, view[a : a + x.length])
-    if t is _CellsAt:
-        a = start + x.offset
-        return CellTable(a, x.cells, x.seq_ids, view[a : a + x.length])
-    if t is _StreamAt:
-        return ViewStream(view, start + x.start, start + x.end)
-    if isinstance(x, list):
-        return t(_instance(v, view, start) for v in x)
-    return x
-
-
-def _structure_bytes(view: Any, start: int, end: int, runs: list[tuple[int, int]]) -> tuple[tuple[int, bytes], ...]:
-    """Every byte of ``view[start:end]`` outside the tensor ``runs`` (relative offsets), plus
-    the 4 bytes after the body (an appendix magic there is part of the decision)."""
-    out, at = [], 0
-    for off, n in sorted(runs):
-        if off > at:
-            out.append((at, bytes(view[start + at : start + off])))
-        at = max(at, off + n)
-    stop = min(len(view), end + 4) - start
-    if stop > at:
-        out.append((at, bytes(view[start + at : start + stop])))
-    return tuple(out)
-
-
-def _same_bytes(view: Any, start: int, hit: _Shape) -> Detection | None:
-    """The cached detection, when every byte the grammar read to accept it (the body outside
-    its tensor runs, and the 4 bytes after it) is the same in this file as in the file it was
-    found in: the grammar reads those bytes the same way, so its blocks are the cached ones
-    over this buffer."""
-    for off, b in hit.structure:
-        if view[start + off : start + off + len(b)] != b:
-            return None
-    blocks = [_instance(b, view, start) for b in hit.template]
-    f = hit.failure
-    return Detection(
-        hit.layout, blocks, start + hit.end, Confidence.UNIQUE, [], f and replace(f, offset=f.offset + start)
-    )
-
-
-def _reparse(view: Any, start: int, end: int, whole: bool, exact: bool, rot: bool, hit: _Shape) -> Detection | None:
+def _reparse(view: Any, start: int, end: int, whole: bool, exact: bool, rot: bool, hit: Shape) -> Detection | None:
     """The cached layout parsed in full from this file's bytes (every block through the
     grammar, as the search parses it), accepted only when it ends where the cached one ended
     and its blocks have the same shape; None sends the file to the full search."""
@@ -646,10 +422,9 @@ def _reparse(view: Any, start: int, end: int, whole: bool, exact: bool, rot: boo
             continue
         if not (e == end or (not exact and appendix_at(view, e, end))):
             continue
-        if _shape_of(blocks, start) != hit.shape:
+        if shape_of(blocks, start) != hit.shape:
             return None
-        f = hit.failure
-        return Detection(lay, list(blocks), e, Confidence.UNIQUE, [], f and replace(f, offset=f.offset + start))
+        return Detection(lay, list(blocks), e, Confidence.UNIQUE, [], shifted(hit.failure, start))
     return None
 
 
