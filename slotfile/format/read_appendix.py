@@ -10,6 +10,7 @@ from slotfile.format import grammar as g
 from slotfile.format.layout import (
     PARTIAL_OF,
     SEQUENCES,
+    Detection,
     Failure,
 )
 from slotfile.format.read_body import body_from, detect_with_model, is_dsv4
@@ -262,6 +263,12 @@ def parse_seq_blob(
     blob.body = body_from(det, start + 8)
     if exp is not None and blob.body.layout is not None:
         return  # read in the model's layout: modelcheck.check_against_model judges it
+    _judge_blob_body(sf, det, section, start + 8, partial)
+
+
+def _judge_blob_body(sf: SlotFile, det: Detection, section: str, at: int, partial: tuple[str, ...] | None) -> None:
+    """The problems of a blob body detected without the model: none fills the blob, or a
+    PARTIAL_ONLY blob holds other blocks than its body's partial ones (``at``: the body's start)."""
     if det.layout is None:
         f = det.failure
         msg = f"{f.message} ({f.layout}{', ' + f.loc if f.loc else ''})" if f else "no known layout fills the blob"
@@ -269,7 +276,7 @@ def parse_seq_blob(
             Severity.ERROR,
             f.code if f else ProblemCode.UNKNOWN_LAYOUT,
             section,
-            f.offset if f else start + 8,
+            f.offset if f else at,
             f"blob body does not parse: {msg}",
         )
     elif partial is not None and det.layout.kinds != partial:
@@ -277,7 +284,7 @@ def parse_seq_blob(
             Severity.WARNING,
             ProblemCode.UNEXPECTED_LAYOUT,
             section,
-            start + 8,
+            at,
             f"blob holds {det.layout.describe()}; a PARTIAL_ONLY blob of this body should be "
             f"{' + '.join(partial) or 'empty'}",
         )
