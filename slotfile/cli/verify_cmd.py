@@ -266,15 +266,7 @@ def _emit(
     rc = _exit_code(errors, reports, col.busy)
     t = tally(col, reports)
     doc = document(reports, errors, opts, loaders, elapsed, rc, tally=t.to_dict(), busy=col.busy_paths)
-    if check is not None or idents is not None:
-        from slotfile.seal.verify_hook import annotate, exit_code
-
-        if check is not None:
-            rc = exit_code(rc, check)
-            annotate(doc, check)
-        for f in doc["files"] if idents is not None else []:
-            f["identify"] = idents.get(f["path"])  # type: ignore[union-attr]
-        doc["exit_code"] = rc
+    rc = _annotate(doc, rc, check, idents)
     if req.junit is not None:
         try:
             write_junit(req.junit, reports, errors, opts, elapsed)
@@ -311,6 +303,21 @@ def _emit(
 
         for line in lines(check, req.quiet):
             out.print(escape_text(line), soft_wrap=True)
+    return rc
+
+
+def _annotate(doc: dict[str, Any], rc: int, check: CheckResult | None, idents: dict[str, dict[str, Any]] | None) -> int:
+    """The --manifest check and the --identify results added to the JSON document; the exit
+    code the manifest check makes of ``rc``."""
+    if check is not None or idents is not None:
+        from slotfile.seal.verify_hook import annotate, exit_code
+
+        if check is not None:
+            rc = exit_code(rc, check)
+            annotate(doc, check)
+        for f in doc["files"] if idents is not None else []:
+            f["identify"] = idents.get(f["path"])  # type: ignore[union-attr]
+        doc["exit_code"] = rc
     return rc
 
 
