@@ -65,31 +65,15 @@ class LsArgs:
 
 
 def run_ls(args: LsArgs) -> int:
-    root, server_args, model = args.root, args.server_args, args.model
-    if args.sort not in SORTS:
-        fail(f"--sort takes {', '.join(SORTS)}, not {args.sort!r}", "ls")
-        return USAGE
-    why = settle_problem(args.settle, args.settle_wait)
-    if why is not None:
-        fail(why, "ls")
-        return USAGE
-    server, side = None, None
-    if server_args is not None:
-        from slotfile.cli.server_common import server_and_model
-
-        got = server_and_model(server_args, model, "ls", need_model=False)
-        if isinstance(got, int):
-            return got
-        server, model_path = got
-        if model_path is not None:
-            from slotfile.model.bridge import ModelError
-            from slotfile.slotdir.restore import model_side
-
-            try:
-                side = model_side(model_path)
-            except ModelError as why:
-                fail(str(why), "ls")
-                return OPERATIONAL
+    """Check the arguments, scan the directory, summarize every slot file, then print."""
+    root = args.root
+    bad = _bad_args(args)
+    if bad is not None:
+        return bad
+    got = _server_side(args)
+    if isinstance(got, int):
+        return got
+    server, side = got
     if not root.is_dir():
         fail(f"{root}: not a directory", "ls")
         return OPERATIONAL
@@ -97,27 +81,14 @@ def run_ls(args: LsArgs) -> int:
     scan = scan_dir(root, settle=args.settle, settle_wait=args.settle_wait, on_wait=say_waiting("ls"))
     now = time.time()  # ages from after the wait
     rows = [summarize(e) for e in scan.slots]
-    fates: dict[str, Any] = {}
-    if server is not None:
-        from slotfile.slotdir.restore import predict
-
-        for s in rows:
-            if s.error is None:
-                fates[s.path] = predict(s, None, server, side, None).to_dict()
+    fates = _fates(rows, server, side)
     from slotfile.seal.verify_hook import ls_states
 
     sealed, gone, bad_manifest = ls_states(root, [s.path for s in rows])  # a manifest there: the sealed column
     elapsed = time.monotonic() - t0 - scan.waited  # the rate of the work, not of the wait
-    picked: dict[str, Any] | None = None
-    if args.models:  # the model column: identify (slotfile.seal); not in files/s
-        from slotfile.seal.identify import IdentifyError
-        from slotfile.seal.verify_hook import ls_models
-
-        try:
-            picked = ls_models([s.path for s in rows if s.error is None], list(args.models))
-        except IdentifyError as why:
-            fail(str(why), "ls")
-            return OPERATIONAL
+    picked = _picked(args, rows)
+    if isinstance(picked, int):
+        return picked
     rows = _sorted(rows, args.sort, now)
     for e in scan.errors + scan.busy_lines():
         fail(e, "ls")
@@ -130,17 +101,86 @@ def run_ls(args: LsArgs) -> int:
         rc = OPERATIONAL
     if args.json_out:
         doc = document(scan, rows, fates, server, now, elapsed, rc)
-        for f in doc["files"]:
-            if sealed is not None:
-                f["sealed"] = sealed.get(f["path"])
-            if picked is not None:
-                f["model"] = picked.get(f["path"])
-        if sealed is not None:
-            doc["sealed_missing"] = gone
+        _add_seal_columns(doc, sealed, gone, picked)
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
     else:
         render(scan, rows, fates, now, elapsed, sealed, gone, picked)
     return rc
+
+
+def _bad_args(args: LsArgs) -> int | None:
+    """USAGE (after saying why) for a --sort or settle option that cannot work, else None."""
+    if args.sort not in SORTS:
+        fail(f"--sort takes {', '.join(SORTS)}, not {args.sort!r}", "ls")
+        return USAGE
+    why = settle_problem(args.settle, args.settle_wait)
+    if why is not None:
+        fail(why, "ls")
+        return USAGE
+    return None
+
+
+def _server_side(args: LsArgs) -> tuple[Any, Any] | int:
+    """The server (``--server-args``) and, when a model is given, its model side; an exit code
+    when either cannot be had."""
+    server, side = None, None
+    if args.server_args is not None:
+        from slotfile.cli.server_common import server_and_model
+
+        got = server_and_model(args.server_args, args.model, "ls", need_model=False)
+        if isinstance(got, int):
+            return got
+        server, model_path = got
+        if model_path is not None:
+            from slotfile.model.bridge import ModelError
+            from slotfile.slotdir.restore import model_side
+
+            try:
+                side = model_side(model_path)
+            except ModelError as why:
+                fail(str(why), "ls")
+                return OPERATIONAL
+    return server, side
+
+
+def _fates(rows: list[FileSummary], server: Any, side: Any) -> dict[str, Any]:
+    """The predicted restore of every readable file on the server (none without one)."""
+    fates: dict[str, Any] = {}
+    if server is not None:
+        from slotfile.slotdir.restore import predict
+
+        for s in rows:
+            if s.error is None:
+                fates[s.path] = predict(s, None, server, side, None).to_dict()
+    return fates
+
+
+def _picked(args: LsArgs, rows: list[FileSummary]) -> dict[str, Any] | int | None:
+    """The model column (``--models``: slotfile.seal's identify; not in files/s), None without
+    it, or an exit code when identify cannot run."""
+    if not args.models:
+        return None
+    from slotfile.seal.identify import IdentifyError
+    from slotfile.seal.verify_hook import ls_models
+
+    try:
+        return ls_models([s.path for s in rows if s.error is None], list(args.models))
+    except IdentifyError as why:
+        fail(str(why), "ls")
+        return OPERATIONAL
+
+
+def _add_seal_columns(
+    doc: dict[str, Any], sealed: dict[str, str] | None, gone: list[str], picked: dict[str, Any] | None
+) -> None:
+    """The sealed and model columns, and the sealed files gone, in the JSON document."""
+    for f in doc["files"]:
+        if sealed is not None:
+            f["sealed"] = sealed.get(f["path"])
+        if picked is not None:
+            f["model"] = picked.get(f["path"])
+    if sealed is not None:
+        doc["sealed_missing"] = gone
 
 
 def _exit(scan: DirScan, rows: list[FileSummary]) -> int:
@@ -216,9 +256,26 @@ def render(
     gone: list[str] | None = None,
     picked: dict[str, Any] | None = None,
 ) -> None:
+    """The table of the slot files (when there are any), then the totals line."""
+    out = out_console()
+    table = _table(scan, rows, fates, now, sealed, picked)
+    if rows:
+        wide_console(out).print(table)
+    out.print(_totals_line(scan, rows, fates, elapsed, sealed, gone), soft_wrap=True)
+
+
+def _table(
+    scan: DirScan,
+    rows: list[FileSummary],
+    fates: dict[str, Any],
+    now: float,
+    sealed: dict[str, str] | None,
+    picked: dict[str, Any] | None,
+) -> Any:
+    """The rich table: one row per slot file, with the restore, sealed and model columns when
+    they were asked for."""
     from rich.table import Table
 
-    out = out_console()
     table = Table(title=f"slotfile ls {escape_text(scan.root)}", title_justify="left")
     cols = ["file", "size", "tokens", "ver", "memory", "streams", "K/V", "fa", "ckpt", "draft", "age"]
     if fates:
@@ -233,33 +290,50 @@ def render(
         if s.error:
             table.add_row(escape_text(s.rel), human_size(s.size), "-", "-", "unreadable", *["-"] * (len(cols) - 5))
             continue
-        kv = f"{s.type_k}/{s.type_v or '-'}" if s.type_k else "-"
-        mem = (s.memory_class or s.format or "?") + (" DAMAGED" if s.damaged else "")
-        row = [
-            escape_text(s.rel),
-            human_size(s.size),
-            str(s.n_tokens if s.n_tokens is not None else "-"),
-            str(s.version if s.version is not None else "-"),
-            mem,
-            _streams(s),
-            kv,
-            _fa(s),
-            str(s.checkpoints),
-            "yes" if s.draft else "-",
-            human_age(s.age(now)),
-        ]
-        if fates:
-            f = fates.get(s.path)
-            row.append(escape_text(f"{f['fate']}: {f['reason']}") if f else "-")
-        if sealed is not None:
-            row.append(sealed.get(s.path, "-"))
-        if picked is not None:
-            from slotfile.seal.verify_hook import model_cell
+        table.add_row(*_row(s, fates, now, sealed, picked))
+    return table
 
-            row.append(escape_text(model_cell(picked.get(s.path))))
-        table.add_row(*row)
-    if rows:
-        wide_console(out).print(table)
+
+def _row(
+    s: FileSummary, fates: dict[str, Any], now: float, sealed: dict[str, str] | None, picked: dict[str, Any] | None
+) -> list[str]:
+    """The cells of a readable slot file's row."""
+    kv = f"{s.type_k}/{s.type_v or '-'}" if s.type_k else "-"
+    mem = (s.memory_class or s.format or "?") + (" DAMAGED" if s.damaged else "")
+    row = [
+        escape_text(s.rel),
+        human_size(s.size),
+        str(s.n_tokens if s.n_tokens is not None else "-"),
+        str(s.version if s.version is not None else "-"),
+        mem,
+        _streams(s),
+        kv,
+        _fa(s),
+        str(s.checkpoints),
+        "yes" if s.draft else "-",
+        human_age(s.age(now)),
+    ]
+    if fates:
+        f = fates.get(s.path)
+        row.append(escape_text(f"{f['fate']}: {f['reason']}") if f else "-")
+    if sealed is not None:
+        row.append(sealed.get(s.path, "-"))
+    if picked is not None:
+        from slotfile.seal.verify_hook import model_cell
+
+        row.append(escape_text(model_cell(picked.get(s.path))))
+    return row
+
+
+def _totals_line(
+    scan: DirScan,
+    rows: list[FileSummary],
+    fates: dict[str, Any],
+    elapsed: float,
+    sealed: dict[str, str] | None,
+    gone: list[str] | None,
+) -> str:
+    """The line under the table: totals, the files set apart, the manifest, the rate."""
     line = (
         f"{len(rows)} slot file(s), {human_size(sum(s.size for s in rows))}, "
         f"{sum(s.n_tokens or 0 for s in rows)} tokens"
@@ -281,4 +355,4 @@ def render(
         line += f", {len(gone or [])} sealed file(s) gone (verify DIR checks the bytes)"
     line += f"; {tally(scan, rows).line()}"
     line += f"; {len(rows) / elapsed:.0f} files/s" if elapsed > 0 and rows else ""
-    out.print(line, soft_wrap=True)
+    return line
