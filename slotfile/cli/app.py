@@ -16,6 +16,22 @@ from slotfile.cli.options import (
     LLAMA_LIB,
     SETTLE,
     SETTLE_WAIT,
+    VERIFY_DEEP,
+    VERIFY_DRAFT_MODEL,
+    VERIFY_JOBS,
+    VERIFY_JUNIT,
+    VERIFY_MANIFEST,
+    VERIFY_MODELS,
+    VERIFY_N_BATCH,
+    VERIFY_N_GPU_LAYERS,
+    VERIFY_N_UBATCH,
+    VERIFY_PATHS,
+    VERIFY_QUIET,
+    VERIFY_REQUIRE,
+    VERIFY_SCAN,
+    VERIFY_SETTLE,
+    VERIFY_SETTLE_WAIT,
+    VERIFY_TIMEOUT,
     examples,
     json_option,
     model_option,
@@ -103,74 +119,33 @@ def _verify_for_server(
     ),
 )
 def verify(
-    paths: list[Path] = typer.Argument(
-        ..., help="Slot files, or directories (every *.slot / *.bin / slot-magic file under them)."
-    ),
+    paths: list[Path] = VERIFY_PATHS,
     model: Path | None = model_option("GGUF model: metadata checks and a test-load."),
-    draft_model: Path | None = typer.Option(
-        None, "--draft-model", help="Draft GGUF: check and test-load the draft state."
-    ),
-    deep: bool = typer.Option(False, "--deep", help="Recompute the state from the tokens and compare K/V and logits."),
-    n_gpu_layers: int = typer.Option(0, "--n-gpu-layers", help="Layers to offload in the loader (default 0: CPU)."),
-    jobs: int = typer.Option(1, "--jobs", "-j", help="Loader worker processes (files verified in parallel)."),
+    draft_model: Path | None = VERIFY_DRAFT_MODEL,
+    deep: bool = VERIFY_DEEP,
+    n_gpu_layers: int = VERIFY_N_GPU_LAYERS,
+    jobs: int = VERIFY_JOBS,
     json_out: bool = json_option("JSON on stdout (schema slotfile.verify/1, see README)."),
-    junit: Path | None = typer.Option(None, "--junit", help="Also write JUnit XML here (one testcase per file)."),
-    timeout: float = typer.Option(300.0, "--timeout", help="Seconds allowed for each llama.cpp load."),
-    scan: bool = typer.Option(
-        False, "--scan", help="Structure level: check every K/V/R/S value is finite (reads all data)."
-    ),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="No table: the failing files and the summary line only."),
+    junit: Path | None = VERIFY_JUNIT,
+    timeout: float = VERIFY_TIMEOUT,
+    scan: bool = VERIFY_SCAN,
+    quiet: bool = VERIFY_QUIET,
     llama_lib: Path | None = LLAMA_LIB,
     server_args: str | None = _SERVER_ARGS,
-    n_batch: int = typer.Option(
-        2048, "--n-batch", min=1, help="--deep: the recompute's n_batch (match the server's -b; default 2048)."
-    ),
-    n_ubatch: int = typer.Option(
-        512, "--n-ubatch", min=1, help="--deep: the recompute's n_ubatch (match the server's -ub; default 512)."
-    ),
-    settle: float = typer.Option(
-        5.0,
-        "--settle",
-        help="DIR: seconds since the last write before a file counts as complete (newer ones are waited for).",
-    ),
-    settle_wait: float = typer.Option(
-        30.0,
-        "--settle-wait",
-        help="DIR: seconds to wait for files still being written; one still changing then is named "
-        "and the exit code is 4 (0 to 86400).",
-    ),
-    require: list[str] | None = typer.Option(
-        None,
-        "--require",
-        help="Levels that must run on every file (structure|model|load|deep; repeat or comma list): "
-        "a file where one was skipped fails, naming the option that would check it.",
-    ),
-    manifest: Path | None = typer.Option(
-        None, "--manifest", help="Check against this manifest (slotfile seal); default: DIR/slotfile-manifest.json."
-    ),
-    models: list[Path] | None = typer.Option(
-        None, "--models", help="Candidate GGUFs or folders: each file verified with the model identify picks."
-    ),
+    n_batch: int = VERIFY_N_BATCH,
+    n_ubatch: int = VERIFY_N_UBATCH,
+    settle: float = VERIFY_SETTLE,
+    settle_wait: float = VERIFY_SETTLE_WAIT,
+    require: list[str] | None = VERIFY_REQUIRE,
+    manifest: Path | None = VERIFY_MANIFEST,
+    models: list[Path] | None = VERIFY_MODELS,
 ) -> None:
     """Structure, model metadata, a real test-load and (--deep) a recompute, each reported per file."""
     if server_args is not None:
-        raise typer.Exit(
-            _verify_for_server(
-                paths,
-                server_args,
-                model,
-                json_out,
-                jobs,
-                n_gpu_layers,
-                timeout,
-                quiet,
-                deep=deep,
-                junit=junit,
-                scan=scan,
-                draft_model=draft_model,
-                require=bool(require),
-            )
-        )
+        # what --server-args does not combine with, in the order the error names them
+        others = {"deep": deep, "junit": junit, "scan": scan, "draft_model": draft_model, "require": bool(require)}
+        rc = _verify_for_server(paths, server_args, model, json_out, jobs, n_gpu_layers, timeout, quiet, **others)
+        raise typer.Exit(rc)
     from slotfile.cli.verify_cmd import VerifyRequest, run_verify
 
     request = VerifyRequest(
