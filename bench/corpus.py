@@ -496,6 +496,19 @@ def run_verify(corpus_dir: Path, python: str, llama_lib: dict[int, str], extra: 
             rows.append(verify_row(entry, meta))
             r = rows[-1]
             print(f"  {r['file']}: {r['verdict']} deep {r['deep']} margin {r['margin']} {r['first_problem'] or ''}")
+            cfg = meta["config"]
+            if r["verdict"] != "pass" and (cfg.get("batch") or cfg.get("ubatch")):
+                # what an operator who knows the server's -b/-ub would get: the same file, the recompute's split set
+                nb, nub = str(cfg.get("batch") or 2048), str(cfg.get("ubatch") or 512)
+                again = [*argv[:4], entry["path"], *argv[4 + len(files) :], "--n-batch", nb, "--n-ubatch", nub]
+                res2 = subprocess.run(again, cwd=ROOT, capture_output=True, text=True)
+                try:
+                    e2 = json.loads(res2.stdout)["files"][0]
+                    r2 = verify_row(e2, meta)
+                    r["matched_split"] = {k: r2[k] for k in ("verdict", "margin", "worst", "first_problem")}
+                    print(f"    with -b {nb} -ub {nub}: {r2['verdict']} margin {r2['margin']}")
+                except (ValueError, KeyError, IndexError):
+                    r["matched_split"] = {"error": res2.stderr[-300:]}
         print(f"{Path(model).name} v{version}: {len(files)} files in {time.monotonic() - t0:.1f} s", flush=True)
     if out is not None:
         old = json.loads(out.read_text()) if out.exists() else []

@@ -143,3 +143,53 @@ def test_slots_for() -> None:
 
 def test_list_runs_without_a_server(capsys: object) -> None:
     assert C.main(["--list", "--only", "g-base"]) == 0
+
+
+def test_verify_groups_and_row(tmp_path: object) -> None:
+    import json
+    from pathlib import Path
+
+    d = Path(str(tmp_path))
+    cfg = C.Config("g-ub128-b256-fa-on", "gemma", batch=256, ubatch=128, flash_attn="on")
+    for name, model, version in (("a.bin", "/m/g.gguf", 4), ("b.bin", "/m/g.gguf", 4), ("c.bin", "/m/t.gguf", 3)):
+        (d / name).write_bytes(b"x")
+        meta = {
+            "model_path": model,
+            "state_version": version,
+            "isa": "native",
+            "model": "gemma",
+            "config": C.dataclasses.asdict(cfg),
+            "scenario": "long",
+            "slot": 0,
+            "requests": [{"timings": {"cache_n": 0}}, {"timings": {"cache_n": 2400}}],
+        }
+        (d / (name + ".json")).write_text(json.dumps(meta))
+    groups = C.verify_groups(d)
+    assert groups == {("/m/g.gguf", 4): [d / "a.bin", d / "b.bin"], ("/m/t.gguf", 3): [d / "c.bin"]}
+    entry = {
+        "path": str(d / "a.bin"),
+        "n_tokens": 2500,
+        "verdict": "fail",
+        "first_problem": "deep: body at offset 9: layer 3 V",
+        "seconds": 3.5,
+        "levels": {
+            "deep": {
+                "status": "fail",
+                "details": {
+                    "margin": 51.6,
+                    "worst": {"section": "body.kv-base", "part": "V", "layer": 5, "ratio": 51.6, "by": "lnorm"},
+                    "logits": {"ratio": 0.3},
+                },
+            }
+        },
+    }
+    row = C.verify_row(entry, json.loads((d / "a.bin.json").read_text()))
+    assert row["file"] == "a.bin" and row["config"] == "g-ub128-b256-fa-on" and row["version"] == 4
+    assert row["cache_n"] == [0, 2400]
+    assert (row["verdict"], row["deep"], row["margin"], row["logits_ratio"]) == ("fail", "fail", 51.6, 0.3)
+    assert row["worst"]["layer"] == 5 and row["worst"]["worst_pos"] is None
+    # a file deep skipped (no details) still makes a row
+    bare = C.verify_row(
+        {"path": "/x/c.bin", "verdict": "pass", "levels": {}}, json.loads((d / "c.bin.json").read_text())
+    )
+    assert bare["margin"] is None and bare["worst"] is None
