@@ -480,7 +480,15 @@ def run_verify(corpus_dir: Path, python: str, llama_lib: dict[int, str], extra: 
     """``slotfile verify --deep --json`` (run from this checkout) over every file of ``corpus_dir``, with the
     model from each sidecar and ``--llama-lib`` for the file's state version; a row per file."""
     rows: list[dict[str, Any]] = []
-    for (model, version), files in verify_groups(corpus_dir).items():
+    done_before: set[str] = set()
+    if out is not None and out.exists():
+        # files already in the table are not verified again (the table grows as the corpus is written)
+        isa_v = corpus_dir.name  # v<N>-<isa>
+        done_before = {r["file"] for r in json.loads(out.read_text()) if f"v{r['version']}-{r['isa']}" == isa_v}
+    for (model, version), all_files in verify_groups(corpus_dir).items():
+        files = [f for f in all_files if f.name not in done_before]
+        if not files:
+            continue
         argv = [python, "-m", "slotfile", "verify", *map(str, files), "--model", model, "--deep", "--json", *extra]
         if version in llama_lib:
             argv += ["--llama-lib", llama_lib[version]]
