@@ -189,7 +189,8 @@ def scenario_requests(
         turns[0] = doc + "\n\n" + turns[0]
     if seed % 100:
         # concurrent slots (-np 4) are different users: give each a preamble of its own length
-        turns[0] = document(seed, 20 * (seed % 100)) + "\n\n" + turns[0]
+        # (20 words a slot on Gemma; 2 on the fixtures, whose slots hold 256 cells)
+        turns[0] = document(seed, max(2, doc_words // 90) * (seed % 100)) + "\n\n" + turns[0]
     common: dict[str, Any] = {"temperature": 0.0, "seed": 42, "cache_prompt": True, "stream": False}
     out: list[dict[str, Any]] = []
     for t in turns:
