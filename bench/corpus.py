@@ -530,6 +530,28 @@ def run_verify(corpus_dir: Path, python: str, llama_lib: dict[int, str], extra: 
     return 0
 
 
+def manifest_from_sidecars(corpus_dir: Path) -> list[dict[str, Any]]:
+    """What a corpus folder holds, from its sidecars (the manifest a run that was stopped early did not write)."""
+    out: list[dict[str, Any]] = []
+    for side in sorted(corpus_dir.glob("*.bin.json")):
+        m = json.loads(side.read_text())
+        save = m.get("save_response") or {}
+        out.append(
+            {
+                "file": f"{corpus_dir.name}/{m['file']}",
+                "size": m["size"],
+                "sha256": m["sha256"],
+                "config": m["config"]["name"],
+                "scenario": m["scenario"],
+                "slot": m["slot"],
+                "n_saved": save.get("n_saved"),
+                "cache_n": [(r.get("timings") or {}).get("cache_n") for r in m.get("requests", [])],
+                "server_args": m["server_argv"][1:],
+            }
+        )
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--server-bin", type=Path, help="folder holding llama-server")
@@ -546,7 +568,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--v4-lib", help="--verify: the v4 llama library folder (ls -d ~/.cache/slotfile/llama-v4/*/bin)")
     ap.add_argument("--verify-args", default="", help="--verify: more slotfile verify arguments (one string)")
     ap.add_argument("--table", type=Path, help="--verify: merge the rows into this JSON file")
+    ap.add_argument("--manifest-of", type=Path, metavar="DIR", help="instead: write --manifest from DIR's sidecars")
     ns = ap.parse_args(argv)
+    if ns.manifest_of is not None:
+        if ns.manifest is None:
+            ap.error("--manifest-of needs --manifest")
+        ns.manifest.write_text(json.dumps({"files": manifest_from_sidecars(ns.manifest_of)}, indent=1) + "\n")
+        return 0
     if ns.verify is not None:
         libs = {4: ns.v4_lib} if ns.v4_lib else {}
         return run_verify(ns.verify, ns.python, libs, ns.verify_args.split(), ns.table)
