@@ -145,7 +145,15 @@ def _instance(x: Any, view: Any, start: int, key: str = "") -> Any:
         return Run(a, x.length, view[a : a + x.length])
     if t is _CellsAt:
         a = start + x.offset
-        return CellTable(a, x.cells, x.seq_ids, view[a : a + x.length])
+        raw = view[a : a + x.length]
+        cells, seq_ids = x.cells, x.seq_ids
+        if cells.dtype.itemsize * cells.size == x.length:
+            # the fixed-stride table (grammar_core.CellMeta's fast path): a zero-copy view over this
+            # file again, as the full parse gives, not the cached copy of the first file's bytes
+            cells = np.frombuffer(raw, dtype=cells.dtype)
+            if "seq_id" in (cells.dtype.names or ()):
+                seq_ids = cells["seq_id"]
+        return CellTable(a, cells, seq_ids, raw)
     if t is _StreamAt:
         return ViewStream(view, start + x.start, start + x.end)
     if isinstance(x, list):
