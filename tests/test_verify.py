@@ -195,7 +195,8 @@ def test_directory_collection(tmp_path):
     (tmp_path / "notes.txt").write_text("not a slot")
     (tmp_path / "manifest.json").write_text("{}")
     os.symlink(tmp_path / "a.slot", tmp_path / "link.slot")
-    files, errors, notes = collect([tmp_path, tmp_path / "missing.slot"], settle=0)
+    col = collect([tmp_path, tmp_path / "missing.slot"], settle=0)
+    files, errors, notes = col.files, col.errors, col.notes
     assert [p.relative_to(tmp_path).as_posix() for p in files] == ["a.slot", "b.bin", "slot0", "sub/d.slot"]
     assert errors == [f"{tmp_path / 'missing.slot'}: no such file or directory"]
     assert notes == [f"{tmp_path}: skipped: 1 symlink(s) not followed (not verified)"]  # counted, as ls does
@@ -213,14 +214,15 @@ def test_directory_walk_sets_temp_and_busy_files_aside(tmp_path):
     for name in ("old.slot", ".old.slot.slotfile-123-0123456789ab.tmp", "down.slot.part"):
         os.utime(tmp_path / name, (now - 3600, now - 3600))
     col = collect([tmp_path], settle=60, settle_wait=0)
-    files, errors, notes = col
+    files, errors, notes = col.files, col.errors, col.notes
     assert [p.name for p in files] == ["old.slot"] and errors == []
     assert notes == [f"{tmp_path}: skipped: 2 temp file(s) (not verified)"] and col.skipped == 2
     assert col.busy_paths == [str(tmp_path / "new.slot")] and "still being written" in col.busy[0]
     # a file that stops changing is verified once it has settled: the walk waits for it
     os.utime(tmp_path / "new.slot")  # written just now
     t0 = time.monotonic()
-    files, errors, notes = collect([tmp_path], settle=2, settle_wait=30)
+    col = collect([tmp_path], settle=2, settle_wait=30)
+    files, errors, notes = col.files, col.errors, col.notes
     assert [p.name for p in files] == ["new.slot", "old.slot"] and 1.5 < time.monotonic() - t0 < 30
     assert notes == [f"{tmp_path}: skipped: 2 temp file(s) (not verified)"]
     # still being written after the bound: named, exit 4, the tally counts it failed
@@ -242,7 +244,8 @@ def test_directory_without_slot_files_is_an_error(tmp_path):
     (tmp_path / "empty").mkdir()
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "notes.txt").write_text("not a slot")
-    files, errors, _notes = collect([tmp_path / "empty", tmp_path / "other"])
+    col = collect([tmp_path / "empty", tmp_path / "other"])
+    files, errors = col.files, col.errors
     assert files == []
     assert errors == [f"no slot files found under {tmp_path / d}" for d in ("empty", "other")]
 
@@ -366,7 +369,7 @@ def test_cli_table_with_a_model():
 def test_cli_table_and_exit_codes(tmp_path):
     structure = cli(SLOTS)  # no model: structure only, every fixture reads cleanly
     assert structure.exit_code == 0, structure.stdout
-    n = len(collect([SLOTS], settle=0)[0])
+    n = len(collect([SLOTS], settle=0).files)
     assert f"{n} file(s): {n} pass, 0 fail (structure only; add --model to test-load) in " in structure.stdout
 
     missing_model = cli(SLOTS / "llama_f16_fa.slot", "--model", tmp_path / "nope.gguf")

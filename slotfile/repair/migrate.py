@@ -34,7 +34,7 @@ from slotfile.format.records import Body, CacheExpect, FileFormat, KVStream, Mem
 from slotfile.format.versions import first_with_rotation
 from slotfile.model.compare import rotation_message, stream_types
 from slotfile.model.expect import attn_rot_disabled, is_quantized, rotation_widths
-from slotfile.repair.common import Operational, Planned, Refused, RepairOptions, Retry, start
+from slotfile.repair.common import Operational, Planned, Refused, RepairOptions, Retry, operation
 from slotfile.repair.migrate_versions import (
     STATES,
     Edit,
@@ -61,17 +61,8 @@ def target_version(fmt: FileFormat, to: int | None) -> int:
     return file_version(fmt, to_state(fmt, to))
 
 
-def migrate(
-    sf: SlotFile,
-    opts: RepairOptions,
-    workdir: str,
-    *,
-    dry_run: bool = False,
-    temps: list[str] | None = None,
-    sink: list[Report] | None = None,
-    retry: Retry | None = None,
-) -> Planned:
-    out = start("migrate", sf, dry_run, temps, sink)
+@operation("migrate")
+def migrate(sf: SlotFile, opts: RepairOptions, workdir: str, out: Planned, retry: Retry) -> Planned:
     report = out.report
     if sf.format not in (FileFormat.GGSQ, FileFormat.GGSN):
         raise Refused("not a slot (GGSQ) or session (GGSN) file")

@@ -14,10 +14,9 @@ operational errors: a run that checks nothing must not pass.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from slotfile.slotdir.walk import SETTLE_SECONDS, SETTLE_WAIT_SECONDS, DirEntry, DirScan, scan_dir
 
@@ -27,7 +26,7 @@ class Collected:
     """The files to verify (a directory's sorted by path, the order of the report), the
     operational errors (missing paths, unreadable directories), notes on what a walk skipped,
     the lines naming files still being written after the wait (``busy``), and how many files
-    were skipped by rule (temp names, symlinks).  Unpacks as ``files, errors, notes``."""
+    were skipped by rule (temp names, symlinks)."""
 
     files: list[Path] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
@@ -36,12 +35,6 @@ class Collected:
     busy_paths: list[str] = field(default_factory=list)
     skipped: int = 0
     dirs: int = 0  # directory arguments walked
-
-    def __iter__(self) -> Iterator[Any]:
-        return iter((self.files, self.errors, self.notes))
-
-    def __getitem__(self, i: int) -> Any:
-        return (self.files, self.errors, self.notes)[i]
 
 
 def collect(
