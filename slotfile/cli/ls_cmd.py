@@ -247,7 +247,8 @@ def _fa(s: FileSummary) -> str:
     return {True: "on", False: "off", None: "-"}[s.flash_attn]
 
 
-HEADS = ("size", "tokens", "ver", "memory", "streams", "K/V", "fa", "ckpt", "draft", "age")
+# the memory class first, left-aligned: a row never starts with spaces, as the name under it does
+HEADS = ("memory", "ver", "size", "tokens", "streams", "K/V", "fa", "ckpt", "draft", "age")
 RIGHT = ("size", "tokens", "ckpt", "age")
 
 
@@ -286,14 +287,14 @@ def _row(
     the restore predicted (``--server-args``), the model (``--models``)."""
     seal = (sealed.get(s.path, "-"),) if sealed is not None else ()
     if s.error:
-        cells = (human_size(s.size), "-", "-", "unreadable", *["-"] * (len(HEADS) - 4), *seal, s.rel)
+        cells = ("unreadable", "-", human_size(s.size), *["-"] * (len(HEADS) - 3), *seal, s.rel)
         return Row(cells, "bold magenta")
     kv = f"{s.type_k}/{s.type_v or '-'}" if s.type_k else "-"
     cells = (
+        s.memory_class or s.format or "?",
+        str(s.version if s.version is not None else "-"),
         human_size(s.size),
         str(s.n_tokens if s.n_tokens is not None else "-"),
-        str(s.version if s.version is not None else "-"),
-        s.memory_class or s.format or "?",
         _streams(s),
         kv,
         _fa(s),

@@ -11,7 +11,7 @@ from typing import Any
 from rich.console import Console
 
 from slotfile.cli.common import out_console
-from slotfile.cli.listing import Row, pipe_line, print_rows, screen_width
+from slotfile.cli.listing import Row, pipe_line, print_rows, screen_width, summary
 from slotfile.cli.terminal import escape_text, human_size, problem_line
 from slotfile.diagnosis import CAUSE_SHORT, Cause
 from slotfile.problems import Severity
@@ -161,17 +161,18 @@ def render(
 ) -> None:
     """The text report on stdout (``console``: the invocation's, by default a fresh one)."""
     out = console if console is not None else out_console()
+    width = None if quiet else screen_width(out)
     if quiet:  # the failing files, one line each, then the summary (unreadable ones are on stderr already)
         for r in reports:
             if r.verdict == Verdict.FAIL:
                 out.print(escape_text(f"{r.path}: {r.verdict}: {r.first_problem}"), soft_wrap=True)
-    elif (width := screen_width(out)) is not None:
+    elif width is not None:
         _listing(out, reports, base, width)
     else:  # a pipe or a file: one line per file, nothing wrapped
         for r in reports:
             _pipe_line(r, base)
     line = summary_line(reports, loaders, elapsed, structure_only)
-    out.print(line + (f"; {tally}" if tally else ""), soft_wrap=True)
+    summary(out, line + (f"; {tally}" if tally else ""), width)
 
 
 def summary_line(reports: list[FileReport], loaders: list[dict[str, Any]], elapsed: float, structure_only: bool) -> str:
