@@ -4,7 +4,8 @@ JSON (``--json``), schema ``slotfile.prune/1``::
 
     {"schema": "slotfile.prune/1", "root": str, "delete": bool,
      "rules": {"max_total", "older_than_s", "keep", "damaged", "settle_s"},
-     "remove": [{"path", "rel", "size", "age_s", "why", "removed", "error"}],
+     "remove": [{"path", "rel", "size", "age_s", "rule", "why", "removed", "error"}],
+     # rule: the one that picked the file: damaged, older-than, keep or max-total
      "total_before": int, "total_after": int, "untouchable_bytes": int,
      "quota_met": bool, "note": str, "errors": [str], "still_being_written": [str],
      "tally": {"handled", "skipped", "failed"}, "exit_code": 0 | 4 | 8,
