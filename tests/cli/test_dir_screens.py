@@ -285,3 +285,30 @@ def test_files_vanishing_mid_run_are_named_and_the_run_goes_on(tmp_path: Path, c
     assert len(named) == 1 and says in named[0], err
     assert "1 handled, 0 skipped, 2 failed" in out
     assert "a.slot" in out or cmd == ("prune", "--damaged")  # prune lists what it removes
+
+
+@pytest.mark.llama
+@pytest.mark.parametrize("columns", [80, None])
+def test_verify_server_args_one_row_per_file(tmp_path: Path, columns: int | None):
+    """``verify DIR --server-args``: the verdict, size, tokens and name on a row, the reason
+    wrapped under it (a terminal); one line per file with the reason (a pipe)."""
+    d = tmp_path / "r"
+    d.mkdir()
+    names = ["gemma3_iswa_fa.slot", "llama_2stream.slot", "llama_f16_fa.slot"]
+    for n in names:
+        shutil.copyfile(SLOTS / n, d / n)
+        _age(d / n, HOUR)
+    args = f"llama-server -m {SLOTS.parent / 'models' / 'llama.gguf'} -np 2 -c 1024"
+    r = _cli("verify", d, "--server-args", args, "--settle", "0", columns=columns)
+    assert r.exit_code == 4, r.stderr
+    lines = r.stdout.splitlines()
+    if columns:
+        assert not any(ch in r.stdout for ch in "┃│┏━")
+        assert [ln for ln in lines if len(ln) >= columns and " " in ln.strip()] == []
+        rows = [ln for ln in lines if ln.endswith(tuple(f"  {n}" for n in names))]
+        assert [ln.split("  ")[0] for ln in rows] == ["cannot", "restores as is", "needs re-save, exact"]
+        assert "n_stream mismatch" in " ".join(ln.strip() for ln in lines)
+    else:
+        assert len(lines) == len(names) + 1
+        assert lines[2].startswith("llama_f16_fa.slot: needs re-save, exact: streams 1 -> 2") and "n_stream" in lines[2]
+        assert "; server: 2 slots, 2 streams, -c 1024" in lines[3]
