@@ -312,3 +312,35 @@ def test_verify_server_args_one_row_per_file(tmp_path: Path, columns: int | None
         assert len(lines) == len(names) + 1
         assert lines[2].startswith("llama_f16_fa.slot: needs re-save, exact: streams 1 -> 2") and "n_stream" in lines[2]
         assert "; server: 2 slots, 2 streams, -c 1024" in lines[3]
+
+
+@pytest.mark.llama
+@pytest.mark.parametrize("require", [(), ("--require", "deep")])
+def test_not_checked_here_fits_two_lines_and_says_what_to_pass(tmp_path: Path, require: tuple[str, ...]):
+    """A version-4 file with the installed version-3 loader: what could not be checked, and the
+    option that would check it, in two lines at 80 columns, without nested parentheses (the
+    full reason, with the loader's path, stays in the JSON)."""
+    d = tmp_path / "v"
+    d.mkdir()
+    shutil.copyfile(SLOTS / "v4" / "llama_f16_fa.slot", d / "v4.slot")
+    _age(d / "v4.slot", HOUR)
+    model = SLOTS.parent / "models" / "llama.gguf"
+    r = _cli("verify", d, "--model", model, "--deep", "--settle", "0", *require, columns=80)
+    assert r.exit_code == (4 if require else 0), r.stdout
+    lines = r.stdout.splitlines()
+    row = next(i for i, ln in enumerate(lines) if ln.endswith("  v4.slot"))
+    end = next(i for i, ln in enumerate(lines) if ln.startswith("1 file(s): "))
+    block = lines[row + 1 : end]
+    assert all(len(ln) < 80 for ln in block), block
+    text = " ".join(ln.strip() for ln in block)
+    assert "libllama" not in text and text.count("(") <= 1 and "((" not in text
+    if require:  # a required level: said as a failure, then what to pass; deep goes with load
+        assert len(block) == 6 and text.startswith("required load not checked here: needs another llama.cpp")
+        assert "to check deep: pass --llama-lib DIR with a llama.cpp build that loads state version 4" in text
+    else:
+        assert len(block) == 2 and text == (
+            "not checked here: load, deep: needs another llama.cpp; "
+            "pass --llama-lib DIR with a llama.cpp build that loads state version 4"
+        )
+    doc = json.loads(_cli("verify", d, "--model", model, "--deep", "--settle", "0", "--json", columns=80).stdout)
+    assert "llama-cpp-python" in doc["files"][0]["levels"]["load"]["reason"]
