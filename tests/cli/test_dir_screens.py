@@ -344,3 +344,25 @@ def test_not_checked_here_fits_two_lines_and_says_what_to_pass(tmp_path: Path, r
         )
     doc = json.loads(_cli("verify", d, "--model", model, "--deep", "--settle", "0", "--json", columns=80).stdout)
     assert "llama-cpp-python" in doc["files"][0]["levels"]["load"]["reason"]
+
+
+@pytest.mark.parametrize("columns", [80, None])
+def test_migrate_dir_one_row_per_file(tmp_path: Path, columns: int | None):
+    """``migrate DIR`` and ``re-save DIR`` share dir_batch's report: the action and the name on
+    a row, what was found under it (a terminal); one line per file, name first (a pipe)."""
+    d = tmp_path / "m"
+    d.mkdir()
+    shutil.copyfile(SLOTS / "llama_f16_fa.slot", d / "a.slot")
+    shutil.copyfile(SLOTS / "v4" / "llama_f16_fa.slot", d / "b-with-a-longer-name-than-most.slot")
+    for p in d.iterdir():
+        _age(p, HOUR)
+    r = _cli("migrate", d, "-o", tmp_path / "out", "--to", "4", "--dry-run", columns=columns)
+    assert r.exit_code == 0, r.stderr
+    lines = r.stdout.splitlines()
+    if columns:
+        assert lines[0].split() == ["action", "file"] and lines[1] == "would-convert  a.slot"
+        assert all(len(ln) < columns for ln in lines), lines
+        assert lines[-2].startswith("2 files: 1 would-convert, 1 would-copy;")
+    else:
+        assert len(lines) == 3 and lines[0].startswith("a.slot: would-convert: GGSQ 3 -> 4: ")
+        assert lines[1].startswith("b-with-a-longer-name-than-most.slot: would-copy: GGSQ 4 -> 4")
