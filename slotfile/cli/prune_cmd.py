@@ -192,22 +192,12 @@ def _render(plan: PrunePlan, delete: bool, scan: DirScan, tally: Tally, now: flo
     rows = []
     for r in plan.remove:
         state = verb if r.error is None else "NOT removed"
-        details = [("red", f"not removed: {r.error}")] if r.error else []
-        if r.rule == "damaged":
-            details.insert(0, ("red", r.why))
-        rows.append(
-            Row(
-                (state, human_size(r.entry.size), human_age(now - r.entry.mtime), r.rule, r.entry.rel),
-                "bold red" if r.error else "",
-                tuple(details),
-            )
-        )
+        size, age = human_size(r.entry.size), human_age(now - r.entry.mtime)
+        details = [("red", r.why)] if r.rule == "damaged" else []
+        details += [("red", f"not removed: {r.error}")] if r.error else []
+        rows.append(Row((state, size, age, r.rule, r.entry.rel), "bold red" if r.error else "", tuple(details)))
         if width is None:
-            pipe_line(
-                r.entry.rel,
-                f"{state}, size {rows[-1].cells[1]}, age {rows[-1].cells[2]}: {r.why}",
-                [f"{r.error}"] if r.error else [],
-            )
+            pipe_line(r.entry.rel, f"{state}, size {size}, age {age}: {r.why}", [r.error] if r.error else [])
     if width is not None and rows:
         print_rows(out, ("action", "size", "age", "rule", "file"), rows, width, right=("size", "age"))
     summary(out, _plan_line(plan, delete, scan, tally), width)
@@ -224,7 +214,8 @@ def _plan_line(plan: PrunePlan, delete: bool, scan: DirScan, tally: Tally) -> st
         line += f", {n - len(done)} not removed" if len(done) < n else ""
     else:
         line = f"would remove {count(n, 'file')}, {human_size(plan.total_before - plan.total_after)}"
-    line += f"; slot files {human_size(plan.total_before)} -> {human_size(plan.total_after)}"
+    after = plan.total_before - sum(r.entry.size for r in plan.remove if r.done) if delete else plan.total_after
+    line += f"; slot files {human_size(plan.total_before)} -> {human_size(after)}"
     if scan.temps or scan.busy:
         line += (
             f"; left alone: {count(len(scan.temps), 'temp file')} and {len(scan.busy)} still being written"

@@ -89,7 +89,10 @@ def plan_prune(
     if keep is not None:
         left = [e for e in files if e.path not in gone]
         for e in left[: max(0, len(left) - keep)]:
-            gone[e.path] = ("keep", f"beyond the {keep} newest files" if keep != 1 else "not the newest file")
+            gone[e.path] = (
+                "keep",
+                {0: "--keep 0", 1: "not the newest file"}.get(keep, f"beyond the {keep} newest files"),
+            )
     if max_total is not None:
         # the quota is the directory's: temp files and files being written count, never go
         total = sum(e.size for e in files if e.path not in gone) + plan.untouchable
