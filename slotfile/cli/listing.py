@@ -48,7 +48,7 @@ def print_rows(out: Console, heads: Sequence[str], rows: Sequence[Row], width: i
 
     aligned = set(right)
     n = len(heads) - 1
-    widths = [max(len(heads[i]), *(len(r.cells[i]) for r in rows)) for i in range(n)]
+    widths = [max([len(heads[i]), *(len(r.cells[i]) for r in rows)]) for i in range(n)]
 
     def facts(cells: Sequence[str]) -> str:
         return GAP.join(
