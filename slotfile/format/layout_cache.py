@@ -32,9 +32,9 @@ class Shape:
     end: int
     failure: Any  # a layout.Failure or None
     # the parsed blocks with every offset relative to the body's start and no reference to the
-    # file's buffer (tensor runs as (offset, length), arrays copied), and every byte of the body
-    # outside the tensor runs: what the grammar read to accept this layout
-    template: list[Any]
+    # file's buffer (tensor runs as (offset, length), arrays copied), compiled (:func:`_compile`),
+    # and every byte of the body outside the tensor runs: what the grammar read to accept this layout
+    template: list[tuple[int, Any]]
     structure: tuple[tuple[int, bytes], ...]
 
 
@@ -129,36 +129,69 @@ def _template(x: Any, start: int, runs: list[tuple[int, int]], key: str = "") ->
     return x
 
 
-def _instance(x: Any, view: Any, start: int, key: str = "") -> Any:
-    """A template's blocks over ``view``, the body starting at ``start`` (a type dispatch:
-    this runs once per block of every cached file)."""
+# A template compiled for :func:`_build`: (kind, payload).  A container's payload is its items
+# in their order with None in the places that depend on the file, and those places; constants
+# (types, row sizes, counts, frozen arrays) are copied in one step.
+_CONST, _POS, _RUN, _CELLS, _STREAM, _NODE, _LIST = range(7)
+
+
+def _compile(x: Any, key: str = "") -> tuple[int, Any]:
+    """A template (:func:`_template`) compiled for :func:`_build`."""
     t = type(x)
-    if t is int:
-        return x + start if key in _SHAPE_POS else x
+    if t is int and key in _SHAPE_POS:
+        return _POS, x
+    kind = {_RunAt: _RUN, _CellsAt: _CELLS, _StreamAt: _STREAM}.get(t)
+    if kind is not None:
+        return kind, x
     if t is Container:
-        c = Container()
+        base, dyn = Container(), []
         for k, v in x.items():
-            c[k] = _instance(v, view, start, k)
-        return c
-    if t is _RunAt:
-        a = start + x.offset
-        return Run(a, x.length, view[a : a + x.length])
-    if t is _CellsAt:
-        a = start + x.offset
-        raw = view[a : a + x.length]
-        cells, seq_ids = x.cells, x.seq_ids
-        if cells.dtype.itemsize * cells.size == x.length:
-            # the fixed-stride table (grammar_core.CellMeta's fast path): a zero-copy view over this
-            # file again, as the full parse gives, not the cached copy of the first file's bytes
-            cells = np.frombuffer(raw, dtype=cells.dtype)
-            if "seq_id" in (cells.dtype.names or ()):
-                seq_ids = cells["seq_id"]
-        return CellTable(a, cells, seq_ids, raw)
-    if t is _StreamAt:
-        return ViewStream(view, start + x.start, start + x.end)
+            kd, p = _compile(v, k)
+            base[k] = p if kd == _CONST else None
+            if kd != _CONST:
+                dyn.append((k, kd, p))
+        return _NODE, (base, tuple(dyn))
     if isinstance(x, list):
-        return t(_instance(v, view, start) for v in x)
-    return x
+        return _LIST, (t, tuple(_compile(v) for v in x))
+    return _CONST, x
+
+
+def _build(kind: int, p: Any, view: Any, start: int) -> Any:
+    """A compiled template's value over ``view``, the body starting at ``start`` (this runs
+    once per block of every cached file: each container is one copy of its constants, then
+    its file-dependent places)."""
+    if kind == _NODE:
+        base, dyn = p
+        c = Container(base)
+        for k, kd, q in dyn:
+            c[k] = q + start if kd == _POS else _build(kd, q, view, start)
+        return c
+    if kind == _LIST:
+        t, items = p
+        return t(_build(kd, q, view, start) for kd, q in items)
+    if kind == _POS:
+        return p + start
+    if kind == _RUN:
+        a = start + p.offset
+        return Run(a, p.length, view[a : a + p.length])
+    if kind == _CELLS:
+        return _cells(p, view, start)
+    if kind == _STREAM:
+        return ViewStream(view, start + p.start, start + p.end)
+    return p
+
+
+def _cells(x: _CellsAt, view: Any, start: int) -> CellTable:
+    a = start + x.offset
+    raw = view[a : a + x.length]
+    cells, seq_ids = x.cells, x.seq_ids
+    if cells.dtype.itemsize * cells.size == x.length:
+        # the fixed-stride table (grammar_core.CellMeta's fast path): a zero-copy view over this
+        # file again, as the full parse gives, not the cached copy of the first file's bytes
+        cells = np.frombuffer(raw, dtype=cells.dtype)
+        if "seq_id" in (cells.dtype.names or ()):
+            seq_ids = cells["seq_id"]
+    return CellTable(a, cells, seq_ids, raw)
 
 
 def _structure_bytes(view: Any, start: int, end: int, runs: list[tuple[int, int]]) -> tuple[tuple[int, bytes], ...]:
@@ -183,7 +216,7 @@ def same_bytes(view: Any, start: int, hit: Shape) -> list[Any] | None:
     for off, b in hit.structure:
         if view[start + off : start + off + len(b)] != b:
             return None
-    return [_instance(b, view, start) for b in hit.template]
+    return [_build(kd, p, view, start) for kd, p in hit.template]
 
 
 def shifted(f: Any, by: int) -> Any:
@@ -201,7 +234,7 @@ def remember(
         # verify --jobs reads files on threads: another may have evicted this one already
         SHAPES.pop(next(iter(SHAPES), ()), None)
     runs: list[tuple[int, int]] = []
-    template = [_template(b, start, runs) for b in blocks]
+    template = [_compile(_template(b, start, runs)) for b in blocks]
     shape = Shape(
         lay,
         shape_of(blocks, start),
