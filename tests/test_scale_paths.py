@@ -216,3 +216,37 @@ def test_the_header_reader_is_the_grammars_header() -> None:
         c = g.FileHeader.parse(head)
         assert _FILE_HEADER.unpack_from(head, 0) == (c.magic, c.version, c.n_token_count)
     assert _FILE_HEADER.size == g.FileHeader.sizeof()
+
+
+def test_a_file_whose_cells_differ_takes_the_cached_shape_with_its_own_cells(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Files of one shape differ in their cells (positions, seq ids, the token in the ext):
+    such a file gets the cached blocks over its own cell bytes, without the re-parse, and the
+    verdict of a fresh parse; a cell the grammar refuses (n_seq_id, negative position) does not."""
+    from slotfile.format import layout
+
+    data = (SLOTS / "v4" / "llama_f16_fa.slot").read_bytes()
+    sf = parse_buffer(data)
+    assert sf.body is not None
+    ct = sf.body.blocks[0].streams[0].cells
+    assert ct is not None and len(ct.cells) > 3
+    moved = bytearray(data)
+    cell = ct.cells.dtype.itemsize
+    moved[ct.offset + cell : ct.offset + cell + 4] = (77).to_bytes(4, "little")  # cell 1's position
+    layout_cache.SHAPES.clear()
+    want = _verdict(bytes(moved))
+    layout_cache.SHAPES.clear()
+    _verdict(data)
+
+    def no_reparse(*a: Any, **k: Any) -> None:
+        raise AssertionError("re-parsed")
+
+    monkeypatch.setattr(layout, "_reparse", no_reparse)
+    assert _verdict(bytes(moved)) == want
+    got = parse_buffer(bytes(moved)).body
+    assert got is not None and int(got.blocks[0].streams[0].positions[1]) == 77
+    for field, value in (("n_seq_id", 2), ("pos", -5)):
+        bad = bytearray(data)
+        at = ct.offset + 2 * cell + ct.cells.dtype.fields[field][1]
+        bad[at : at + 4] = value.to_bytes(4, "little", signed=True)
+        with pytest.raises(AssertionError, match="re-parsed"):
+            _verdict(bytes(bad))

@@ -36,6 +36,8 @@ class Shape:
     # and every byte of the body outside the tensor runs: what the grammar read to accept this layout
     template: list[tuple[int, Any]]
     structure: tuple[tuple[int, bytes], ...]
+    # the fixed-stride cell tables, left out of ``structure``: (offset, cells, dtype, n_seq_id)
+    tables: tuple[tuple[int, int, np.dtype, int], ...] = ()
 
 
 SHAPES: dict[tuple[Any, ...], list[Shape]] = {}
@@ -105,13 +107,16 @@ def _frozen(a: np.ndarray) -> np.ndarray:
     return c
 
 
-def _template(x: Any, start: int, runs: list[tuple[int, int]], key: str = "") -> Any:
+def _template(x: Any, start: int, runs: list[Any], key: str = "") -> Any:
     """A parsed block with its offsets made relative to ``start`` and no reference to the
-    buffer (the cache must not hold a file open); ``runs`` collects the tensor runs."""
+    buffer (the cache must not hold a file open); ``runs`` collects the tensor runs
+    ``(offset, length)`` and the fixed-stride cell tables ``(offset, length, dtype, n_seq_id)``."""
     if isinstance(x, Run):
         runs.append((x.offset - start, x.length))
         return _RunAt(x.offset - start, x.length)
     if isinstance(x, CellTable):
+        if x.cells.size and len(x.raw) == x.cells.dtype.itemsize * x.cells.size:
+            runs.append((x.offset - start, len(x.raw), x.cells.dtype, int(x.cells["n_seq_id"][0])))
         return _CellsAt(x, start)
     if isinstance(x, ViewStream):
         return _StreamAt(x, start)
@@ -146,6 +151,10 @@ def _compile(x: Any, key: str = "") -> tuple[int, Any]:
     if t is Container:
         base, dyn = Container(), []
         for k, v in x.items():
+            if k == "_io":
+                # the stream construct parsed from: skipped by construct's own equality and repr,
+                # never read by slotfile, and an io object per container is costly to make
+                continue
             kd, p = _compile(v, k)
             base[k] = p if kd == _CONST else None
             if kd != _CONST:
@@ -194,11 +203,12 @@ def _cells(x: _CellsAt, view: Any, start: int) -> CellTable:
     return CellTable(a, cells, seq_ids, raw)
 
 
-def _structure_bytes(view: Any, start: int, end: int, runs: list[tuple[int, int]]) -> tuple[tuple[int, bytes], ...]:
-    """Every byte of ``view[start:end]`` outside the tensor ``runs`` (relative offsets), plus
-    the 4 bytes after the body (an appendix magic there is part of the decision)."""
+def _structure_bytes(view: Any, start: int, end: int, runs: list[Any]) -> tuple[tuple[int, bytes], ...]:
+    """Every byte of ``view[start:end]`` outside the tensor runs and fixed-stride cell tables
+    (``runs``, relative offsets), plus the 4 bytes after the body (an appendix magic there is
+    part of the decision)."""
     out, at = [], 0
-    for off, n in sorted(runs):
+    for off, n, *_ in sorted(runs, key=lambda r: r[0]):
         if off > at:
             out.append((at, bytes(view[start + at : start + off])))
         at = max(at, off + n)
@@ -209,12 +219,20 @@ def _structure_bytes(view: Any, start: int, end: int, runs: list[tuple[int, int]
 
 
 def same_bytes(view: Any, start: int, hit: Shape) -> list[Any] | None:
-    """The cached blocks over ``view``, when every byte the grammar read to accept it (the body outside
-    its tensor runs, and the 4 bytes after it) is the same in this file as in the file it was
-    found in: the grammar reads those bytes the same way, so its blocks are the cached ones
-    over this buffer."""
+    """The cached blocks over ``view``, when every byte the grammar read to accept it (the body
+    outside its tensor runs and cell tables, and the 4 bytes after it) is the same in this file
+    as in the file it was found in, and each cell table passes the grammar's test of a
+    fixed-stride table (grammar_core.CellMeta: every n_seq_id the fixed one, no negative
+    position; the grammar reads nothing else of a cell): the grammar then reads this body as it
+    read that one, cell for cell, so its blocks are the cached ones over this buffer.  Cells
+    differ between files of one shape (positions, seq ids, each cell's token in the ext), so
+    without this such a file took the slower re-parse of ``layout._reparse``, to the same end."""
     for off, b in hit.structure:
         if view[start + off : start + off + len(b)] != b:
+            return None
+    for off, length, dtype, fixed in hit.tables:
+        cells = np.frombuffer(view, dtype=dtype, count=length // dtype.itemsize, offset=start + off)
+        if (cells["n_seq_id"] != fixed).any() or (cells["pos"] < 0).any():
             return None
     return [_build(kd, p, view, start) for kd, p in hit.template]
 
@@ -233,7 +251,7 @@ def remember(
     if key not in SHAPES and len(SHAPES) >= SHAPES_MAX:
         # verify --jobs reads files on threads: another may have evicted this one already
         SHAPES.pop(next(iter(SHAPES), ()), None)
-    runs: list[tuple[int, int]] = []
+    runs: list[Any] = []
     template = [_compile(_template(b, start, runs)) for b in blocks]
     shape = Shape(
         lay,
@@ -242,6 +260,7 @@ def remember(
         shifted(failure, -start),
         template,
         _structure_bytes(view, start, end, runs),
+        tuple(r for r in runs if len(r) == 4),
     )
     # several shapes share a size (f16 with and without flash attention): kept side by side
     SHAPES[key] = [*hits[-(SHAPES_PER_KEY - 1) :], shape]
