@@ -9,6 +9,7 @@ payload) must give what the construct grammar gives, or decline.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import time
@@ -250,3 +251,12 @@ def test_a_file_whose_cells_differ_takes_the_cached_shape_with_its_own_cells(mon
         bad[at : at + 4] = value.to_bytes(4, "little", signed=True)
         with pytest.raises(AssertionError, match="re-parsed"):
             _verdict(bytes(bad))
+
+
+def test_the_streamed_json_is_the_one_text_json_dumps_gives(capsys: pytest.CaptureFixture[str]) -> None:
+    from slotfile.cli.common import write_json
+
+    doc = {"files": [{"path": f"d/{i}", "size": i, "ok": i % 2 == 0, "r": 0.5 * i, "x": None} for i in range(9000)]}
+    doc["é"] = ["\n", float("inf"), [], {}]
+    write_json(doc)
+    assert capsys.readouterr().out == json.dumps(doc, indent=2) + "\n"

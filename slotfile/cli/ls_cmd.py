@@ -23,14 +23,12 @@ be read; 2 usage.
 
 from __future__ import annotations
 
-import json
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from slotfile.cli.common import fail, out_console, say_waiting
+from slotfile.cli.common import fail, out_console, say_waiting, write_json
 from slotfile.cli.server_common import server_dict, wide_console
 from slotfile.cli.terminal import escape_text, human_size
 from slotfile.exitcodes import OK, OPERATIONAL, PROBLEMS, USAGE
@@ -102,7 +100,7 @@ def run_ls(args: LsArgs) -> int:
     if args.json_out:
         doc = document(scan, rows, fates, server, now, elapsed, rc)
         _add_seal_columns(doc, sealed, gone, picked)
-        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+        write_json(doc)  # streamed: memory flat in the number of files
     else:
         render(scan, rows, fates, now, elapsed, sealed, gone, picked)
     return rc

@@ -173,11 +173,18 @@ def _build(kind: int, p: Any, view: Any, start: int) -> Any:
         base, dyn = p
         c = Container(base)
         for k, kd, q in dyn:
-            c[k] = q + start if kd == _POS else _build(kd, q, view, start)
+            if kd == _POS:
+                c[k] = q + start
+            elif kd == _RUN:  # a layer's rows: the commonest place, built here without a call
+                a = start + q.offset
+                c[k] = Run(a, q.length, view[a : a + q.length])
+            else:
+                c[k] = _build(kd, q, view, start)
         return c
     if kind == _LIST:
         t, items = p
-        return t(_build(kd, q, view, start) for kd, q in items)
+        out = [_build(kd, q, view, start) for kd, q in items]
+        return out if t is list else t(out)
     if kind == _POS:
         return p + start
     if kind == _RUN:
