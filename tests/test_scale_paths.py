@@ -260,3 +260,47 @@ def test_the_streamed_json_is_the_one_text_json_dumps_gives(capsys: pytest.Captu
     doc["é"] = ["\n", float("inf"), [], {}]
     write_json(doc)
     assert capsys.readouterr().out == json.dumps(doc, indent=2) + "\n"
+
+
+def test_a_large_directory_on_two_processes_reads_as_on_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ls, prune and verify (structure) read a large DIR on forked processes: every file's
+    summary and structure verdict, in order, are those of one process reading them all."""
+    from slotfile.slotdir import walk
+    from slotfile.verify import engine
+    from slotfile.verify.engine import Verifier
+
+    if not walk._can_fork():
+        pytest.skip("no fork start method here, or threads running: one process reads them")
+    monkeypatch.setattr(walk, "PARALLEL_MIN", 40)
+    monkeypatch.setattr(engine, "PARALLEL_MIN", 40)
+    _dir_with_damage(tmp_path, "v4/llama_q8_0_fa.slot", 40)
+    shutil.copyfile(SLOTS / "gemma3_iswa_fa.slot", tmp_path / "other.slot")
+    (tmp_path / "empty.slot").write_bytes(b"")
+    scan = scan_dir(tmp_path, settle=0)
+    assert len(scan.slots) >= 80
+    one = [summarize(e) for e in scan.slots]
+    two = walk.summarize_all(scan.slots, jobs=2)
+    assert [s.to_dict(0) for s in two] == [s.to_dict(0) for s in one]
+    assert any(s.damaged for s in one) and not all(s.damaged for s in one)
+    paths = [Path(e.path) for e in scan.slots]
+    monkeypatch.setenv(walk.JOBS_ENV, "2")
+    with Verifier(VerifyOptions()) as v:
+        seen: list[str] = []
+        forked = v.run(paths, on_done=lambda r: seen.append(r.path))
+        alone = [v.verify(p) for p in paths]
+    assert seen == [str(p) for p in paths]
+
+    def facts(r: Any) -> tuple[object, ...]:
+        lv = r.levels["structure"]
+        return (
+            r.path,
+            r.size,
+            r.n_tokens,
+            r.error,
+            r.verdict,
+            lv.status,
+            [p.line() for p in lv.problems],
+            lv.details,
+        )
+
+    assert [facts(r) for r in forked] == [facts(r) for r in alone]

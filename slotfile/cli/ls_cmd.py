@@ -41,7 +41,7 @@ from slotfile.slotdir.walk import (
     human_age,
     scan_dir,
     settle_problem,
-    summarize,
+    summarize_all,
 )
 
 SCHEMA = "slotfile.ls/1"
@@ -78,7 +78,7 @@ def run_ls(args: LsArgs) -> int:
     t0 = time.monotonic()
     scan = scan_dir(root, settle=args.settle, settle_wait=args.settle_wait, on_wait=say_waiting("ls"))
     now = time.time()  # ages from after the wait
-    rows = [summarize(e) for e in scan.slots]
+    rows = summarize_all(scan.slots)  # in order; on several processes for a large DIR
     fates = _fates(rows, server, side)
     from slotfile.seal.verify_hook import ls_states
 
