@@ -304,3 +304,32 @@ def test_a_large_directory_on_two_processes_reads_as_on_one(tmp_path: Path, monk
         )
 
     assert [facts(r) for r in forked] == [facts(r) for r in alone]
+
+
+@pytest.mark.parametrize("name", ["llama_draft_sdft.slot", "v4/extra-jamba.slot", "v4/llama_2stream.slot"])
+def test_checkpoint_entries_read_with_struct_are_the_grammars(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from slotfile.format import appendix
+
+    data = (SLOTS / name).read_bytes()
+    sckp = next(s for s in parse_buffer(data).sections if s.name == "sckp")
+    start = sckp.offset + 12
+    hits = 0
+
+    def read(v: bytes) -> list[Any]:
+        view = memoryview(v)
+        got: list[Any] = []
+        for kw in ({"stop_at_sdft": True}, {"count": 2}):
+            for item in appendix.entries(view, start, len(v), **kw):
+                got.append(item)
+                if isinstance(item, appendix.EntryFrame):
+                    got += [appendix.blob_seq_id(view, b.data.offset, b.data.offset + b.length) for b in (item.tgt,)]
+        return got
+
+    for v in [data, *_damaged(data)]:
+        fast = read(v)
+        hits += sum(isinstance(x, appendix.EntryFrame) for x in fast)
+        with monkeypatch.context() as m:
+            m.setattr(appendix, "entry_fast", lambda *a: None)
+            m.setattr(appendix, "seq_id_fast", lambda *a: None)
+            assert read(v) == fast
+    assert hits > 100
