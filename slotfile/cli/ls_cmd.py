@@ -23,14 +23,12 @@ be read; 2 usage.
 
 from __future__ import annotations
 
-import json
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from slotfile.cli.common import fail, out_console, say_waiting
+from slotfile.cli.common import fail, out_console, say_waiting, write_json
 from slotfile.cli.listing import Row, pipe_line, print_rows, screen_width, summary
 from slotfile.cli.server_common import server_dict
 from slotfile.cli.terminal import count, human_size
@@ -44,7 +42,7 @@ from slotfile.slotdir.walk import (
     human_age,
     scan_dir,
     settle_problem,
-    summarize,
+    summarize_all,
 )
 
 SCHEMA = "slotfile.ls/1"
@@ -81,7 +79,7 @@ def run_ls(args: LsArgs) -> int:
     t0 = time.monotonic()
     scan = scan_dir(root, settle=args.settle, settle_wait=args.settle_wait, on_wait=say_waiting("ls"))
     now = time.time()  # ages from after the wait
-    rows = [summarize(e) for e in scan.slots]
+    rows = summarize_all(scan.slots)  # in order; on several processes for a large DIR
     fates = _fates(rows, server, side)
     from slotfile.seal.verify_hook import ls_states
 
@@ -103,7 +101,7 @@ def run_ls(args: LsArgs) -> int:
     if args.json_out:
         doc = document(scan, rows, fates, server, now, elapsed, rc)
         _add_seal_columns(doc, sealed, gone, picked)
-        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+        write_json(doc)  # streamed: memory flat in the number of files
     else:
         render(scan, rows, fates, now, elapsed, sealed, gone, picked)
     return rc

@@ -42,7 +42,7 @@ from slotfile.slotdir.walk import (
     parse_size,
     scan_dir,
     settle_problem,
-    summarize,
+    summarize_all,
 )
 
 
@@ -139,8 +139,7 @@ def _rules(args: PruneArgs) -> tuple[int | None, float | None] | int:
 def _summaries(scan: DirScan, errors: list[str]) -> dict[str, FileSummary]:
     """Every slot file read (for --damaged); the ones that cannot be read add to ``errors``."""
     summaries: dict[str, FileSummary] = {}
-    for entry in scan.slots:
-        s = summarize(entry)
+    for entry, s in zip(scan.slots, summarize_all(scan.slots), strict=True):
         if s.error:
             errors.append(s.error)
         summaries[entry.path] = s
