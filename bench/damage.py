@@ -175,8 +175,10 @@ def allowed_ranges(sf: SlotFile) -> list[tuple[int, int]]:
 
 
 def case_rng(seed: int, source: str, kind: str, size: str, index: int) -> np.random.Generator:
-    """The generator of one case: a function of the seed, the file's name, the kind, size and index only."""
-    return np.random.default_rng([seed, zlib.crc32(f"{Path(source).name}|{kind}|{size}|{index}".encode())])
+    """The generator of one case: a function of the seed, the file's name and folder (v3-native/x.bin and
+    v4-native/x.bin get different damage), the kind, size and index only."""
+    p = Path(source)
+    return np.random.default_rng([seed, zlib.crc32(f"{p.parent.name}/{p.name}|{kind}|{size}|{index}".encode())])
 
 
 def _pick_weighted(rng: np.random.Generator, targets: list[Target]) -> Target:

@@ -115,22 +115,38 @@ def flip_table(records: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _part(c: dict[str, Any]) -> str:
+    """The part a case damaged, V with its layout (kv-swap and layer-swap: every part they moved)."""
+    part = str(c.get("part"))
+    if "V" in part.split("+"):
+        return part.replace("V", "V transposed" if c.get("transposed") or c.get("v_transposed") else "V rows")
+    return part
+
+
 def coverage_table(records: list[dict[str, Any]]) -> list[str]:
-    """Cases and detections by cache type, V layout and block (body damage only)."""
+    """Cases and detections by cache type, block and damaged part with its V layout (body damage only)."""
     groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
     for c in cases_of(judged(records)):
-        if c.get("region") != "body" or c.get("type") is None:
-            continue
-        layout = (
-            "-"
-            if c.get("part") not in ("V", "K+V")
-            else ("V transposed" if c.get("transposed") or c.get("v_transposed") else "V rows")
+        if c.get("region") == "body" and c.get("type") is not None:
+            groups.setdefault((str(c["type"]), str(c.get("block")), _part(c)), []).append(c)
+    lines = [
+        "| type | block | damaged part | detected | of them spans >= 512 B, x2 rows, swaps: detected |",
+        "|---|---|---|---|---|",
+    ]
+    for (t, blk, part), cs in sorted(groups.items()):
+        strong = [c for c in cs if _strong(c)]
+        lines.append(
+            f"| {t} | {blk} | {part} | {_rate(len(cs), sum(map(detected, cs)))} | "
+            f"{_rate(len(strong), sum(map(detected, strong)))} |"
         )
-        groups.setdefault((str(c["type"]), str(c.get("block")), layout), []).append(c)
-    lines = ["| type | block | V layout | detected |", "|---|---|---|---|"]
-    for (t, blk, lay), cs in sorted(groups.items()):
-        lines.append(f"| {t} | {blk} | {lay} | {_rate(len(cs), sum(map(detected, cs)))} |")
     return lines
+
+
+def _strong(c: dict[str, Any]) -> bool:
+    """Damage the issue expects every recompute to see: spans of 512 B and more, a row doubled, swaps."""
+    if c["kind"] in SPAN_KINDS:
+        return int(c["size"]) >= 512
+    return c["kind"] in ("cell-swap", "kv-swap", "layer-swap") or (c["kind"], c["size"]) == ("row-scale", "x2")
 
 
 def targets(records: list[dict[str, Any]]) -> list[str]:
