@@ -5,7 +5,7 @@ runs, with the model and llama library each file needs).
 
     .venv/bin/python bench/detect.py                 # 30 corpus files + 6 committed fixtures
     .venv/bin/python bench/detect.py --quick         # a smoke run: 3 files
-    .venv/bin/python bench/detect.py --files 60 --cases-per-kind 3 --seed 7 --out /tmp/d.json
+    .venv/bin/python bench/detect.py --files 60 --cases-per-kind 3 --seed 7 --out /tmp/d.json --md /tmp/d.md
 
 Inputs: the real-server corpus (``~/.cache/slotfile/corpus/{v3,v4}-native``, bench/corpus.md;
 model from each ``.bin.json`` sidecar) picked across strata (state version, model, cache types,
@@ -17,7 +17,8 @@ installed llama-cpp-python.
 Per file: the clean file is verified first (a false alarm if it fails; its layers' largest
 stored-vs-recomputed difference ``max_abs`` is the noise a bit flip is compared with), then
 every case: the damaged copy is written to a scratch folder, verified and deleted.  Output:
-a JSON file of every case and the markdown tables of bench/detect_report.py.
+a JSON file of every case (``~/.cache/slotfile/detect/seed-N.json``: half a megabyte, not
+committed) and the markdown tables of bench/detect_report.py (``bench/detect.md``, committed).
 """
 
 from __future__ import annotations
@@ -282,8 +283,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="a smoke run: 2 corpus files and 1 fixture")
     ap.add_argument("--corpus", type=Path, default=CORPUS)
     ap.add_argument("--llama-lib-v4", default=default_v4_lib(), help="folder of the v4 libllama.so")
-    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "detect.json")
-    ap.add_argument("--md", type=Path, help="also write the tables to this markdown file")
+    ap.add_argument("--out", type=Path, help="the JSON of every case (default ~/.cache/slotfile/detect/seed-N.json)")
+    ap.add_argument("--md", type=Path, help="the tables (default bench/detect.md, committed; --quick: none)")
     ns = ap.parse_args(argv)
     if ns.quick:
         ns.files, ns.fixtures = 2, 1
@@ -309,11 +310,15 @@ def main(argv: list[str] | None = None) -> int:
         "argv": sys.argv[1:] if argv is None else list(argv),
         "seconds": round(time.monotonic() - t0, 1),
     }
-    ns.out.write_text(json.dumps({"meta": meta, "files": records}, indent=1, default=str) + "\n")
+    out = ns.out or CACHE / "detect" / f"seed-{ns.seed}{'-quick' if ns.quick else ''}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"meta": meta, "files": records}, indent=1, default=str) + "\n")
+    print(f"every case: {out}", flush=True)
     md = detect_report.markdown(meta, records)
     print(md)
-    if ns.md:
-        ns.md.write_text(md)
+    md_path = ns.md or (None if ns.quick else ROOT / "bench" / "detect.md")
+    if md_path is not None:
+        md_path.write_text(md)
     return 0
 
 
