@@ -300,13 +300,13 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"{len(sources)} files, seed {ns.seed}: about {estimate(sources, ns.cases_per_kind) / 60:.0f} min", flush=True
     )
-    t0 = time.monotonic()
+    t0, commit = time.monotonic(), _commit()  # the code that judged, not what HEAD is once the run ends
     records = run(sources, ns.seed, ns.cases_per_kind, ns.llama_lib_v4, kinds)
     meta = {
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "seed": ns.seed,
         "cases_per_kind": ns.cases_per_kind,
-        "commit": _commit(),
+        "commit": commit,
         "argv": sys.argv[1:] if argv is None else list(argv),
         "seconds": round(time.monotonic() - t0, 1),
     }
