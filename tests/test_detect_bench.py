@@ -33,6 +33,37 @@ def test_deterministic_per_seed(src: Path) -> None:
     assert [x.edits for x in a] != [x.edits for x in c]  # another seed, other damage
 
 
+def test_same_name_in_another_folder_gets_other_damage(tmp_path: Path) -> None:
+    """v3-native/x.bin and v4-native/x.bin hold the same rows at the same offsets: they must not draw
+    the same damage (the seed's key holds the folder)."""
+    for d in ("v3-native", "v4-native"):
+        (tmp_path / d).mkdir()
+        shutil.copyfile(GEMMA, tmp_path / d / "x.bin")
+    a, _ = damage.generate(tmp_path / "v3-native" / "x.bin", 25)
+    b, _ = damage.generate(tmp_path / "v4-native" / "x.bin", 25)
+    assert [c.edits for c in a] != [c.edits for c in b]
+
+
+def test_selection_spreads_over_strata() -> None:
+    """Gemma and fixture-model strata alternate, each giving its smallest file first; files over the
+    token limit are left out."""
+    from bench import detect
+
+    def src(name: str, model: str, types: str, n: int) -> detect.Source:
+        return detect.Source(Path(name), model, 3, "corpus", n, ("v3", model, types, "V rows", "kv"))
+
+    pool = [
+        src("g-big", "gemma-3-270m", "f16", 150),
+        src("g-small", "gemma-3-270m", "f16", 38),
+        src("g-q4", "gemma-3-270m", "q4_0", 38),
+        src("g-huge", "gemma-3-270m", "q8_0", 2048),
+        src("f-llama", "llama", "f16", 47),
+        src("f-mamba", "extra-mamba", "f32", 47),
+    ]
+    got = [s.path.name for s in detect.select(pool, 5, max_tokens=200)]
+    assert got == ["g-small", "f-mamba", "g-q4", "f-llama", "g-big"]
+
+
 def _inside(off: int, n: int, ranges: list[tuple[int, int]]) -> bool:
     return any(lo <= off and off + n <= lo + ln for lo, ln in ranges)
 
