@@ -250,10 +250,10 @@ def run(
     return records
 
 
-def estimate(sources: list[Source], per_kind: int) -> float:
+def estimate(sources: list[Source], per_kind: int, kinds: list[str] | None = None) -> float:
     """A rough run time in seconds (measured on this loaded 2-core machine: a median 3.9 s per deep verify
     of a 38-token Gemma 3 270M file, 0.2 s for a fixture model, a few seconds per model load)."""
-    per_file = 1 + per_kind * sum(len(s) for s in damage.KINDS.values())
+    per_file = 1 + per_kind * sum(len(damage.KINDS[k]) for k in kinds or damage.KINDS)
     gemma = sum(per_file * (3.0 + 0.025 * s.n_tokens) for s in sources if s.family.startswith("gemma-3"))
     return gemma + sum(3.0 + 0.3 * per_file for s in sources if not s.family.startswith("gemma-3"))
 
@@ -299,7 +299,8 @@ def main(argv: list[str] | None = None) -> int:
         sources = [s for s in sources if s.version != 4]
         print("no v4 library (scripts/build-llama-v4.sh): v4 files left out", flush=True)
     print(
-        f"{len(sources)} files, seed {ns.seed}: about {estimate(sources, ns.cases_per_kind) / 60:.0f} min", flush=True
+        f"{len(sources)} files, seed {ns.seed}: about {estimate(sources, ns.cases_per_kind, kinds) / 60:.0f} min",
+        flush=True,
     )
     # random bytes make NaN/inf values and block scales: the judge's numpy (dequantization, f16 to f64) warns
     # about them once per case; the verdict is what counts here
