@@ -1,0 +1,267 @@
+"""The deep level's check of what follows the body (``--deep``): every SCKP checkpoint's
+``data_tgt`` against a recompute of its first ``n_tokens`` stored tokens, and with
+``--draft-model`` each checkpoint's ``data_dft`` and the SDFT ``data_dft`` against the draft
+model's recompute of the same tokens.
+
+The worker prefills the tokens once, stopping at every checkpoint's n_tokens (where the server
+stopped its prompt to call ``create_checkpoint``) and taking the PARTIAL_ONLY blob there
+(``Worker.deep_blobs``).  Each recomputed blob is parsed by the reader's own blob parser
+(:func:`slotfile.format.read_appendix.parse_seq_blob`) and judged layer by layer as the body is
+(:func:`slotfile.verify.judge.compare_bodies`); with no stepwise noise floor for a blob, each
+statistic is judged against the cache type's minimum floor (:data:`~slotfile.verify.judge.MIN_FLOOR`).
+A blob that cannot be recomputed from the stored tokens is skipped with the reason in the
+details, never silently.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from slotfile.format import grammar as g
+from slotfile.format.read_appendix import parse_seq_blob
+from slotfile.format.records import BlobInfo, Body, Checkpoint, MemoryKind, ModelExpect, SlotFile
+from slotfile.llama.pool import LoaderPool
+from slotfile.llama.settings import draft_settings_for, settings_for
+from slotfile.llama.worker.settings import LoadSettings
+from slotfile.problems import CheckLevel, ProblemCode
+from slotfile.verify.judge import Caches, DeepInputs, caches_of, compare_bodies
+from slotfile.verify.options import VerifyOptions
+from slotfile.verify.records import Level
+
+WORST_KEYS = ("section", "part", "layer", "ratio", "by", "worst_pos")
+
+
+@dataclasses.dataclass
+class _Plan:
+    """What the worker recomputes: checkpoint n_tokens, whether the draft runs, and the report
+    entries of the blobs (skipped ones already hold their reason)."""
+
+    at: list[int]
+    draft: bool
+    checkpoints: list[dict[str, Any]]
+    sdft: dict[str, Any] | None
+
+
+def check_appendices(
+    lv: Level,
+    sf: SlotFile,
+    pool: LoaderPool,
+    opts: VerifyOptions,
+    settings: LoadSettings | None,
+    caches: Caches,
+) -> None:
+    """Recompute and judge every checkpoint blob and the SDFT draft state of ``sf`` (its tokens
+    already passed the body's deep preconditions): problems into ``lv``, per-blob figures into
+    ``lv.details["checkpoints"]`` and ``lv.details["draft"]``."""
+    tokens = [int(t) for t in sf.tokens.tokens] if sf.tokens is not None else []
+    plan = _plan(sf, len(tokens), pool.draft_model is not None, lv.has(ProblemCode.DEEP_ROTATION))
+    lv.details["checkpoints"], lv.details["draft"] = plan.checkpoints, plan.sdft
+    if not plan.at and not plan.draft:
+        return
+    t0 = time.monotonic()
+    ds = draft_settings_for(sf, opts.n_gpu_layers) if plan.draft else None
+    with _scratch() as out:
+        reply, why, crashed = pool.deep_blobs(
+            tokens,
+            plan.at,
+            out,
+            settings or settings_for(sf, opts.n_gpu_layers),
+            ds,
+            opts.timeout,
+            n_batch=opts.n_batch,
+            n_ubatch=opts.n_ubatch,
+        )
+        if reply is None:
+            where = sf.sckp or sf.draft
+            lv.error(
+                ProblemCode.CRASHED if crashed else ProblemCode.DEEP_FAILED,
+                "sckp" if sf.sckp else "sdft",
+                where.offset if where else None,
+                (
+                    "llama.cpp crashed recomputing the appendix blobs: "
+                    if crashed
+                    else "recomputing the appendix blobs failed: "
+                )
+                + why,
+            )
+            _mark_pending(plan, "the recompute failed")
+        else:
+            view = memoryview(Path(out).read_bytes())
+            _judge_all(lv, sf, plan, reply, view, caches)
+    lv.details["appendix_seconds"] = round(time.monotonic() - t0, 3)
+
+
+def _plan(sf: SlotFile, n: int, draft_model: bool, rotation: bool) -> _Plan:
+    """Which blobs can be recomputed from the ``n`` stored tokens, and why not the others."""
+    rot = "the body's rotation setting is not this llama.cpp's (deep-rotation): its blobs differ the same way"
+    cks: list[dict[str, Any]] = []
+    at: list[int] = []
+    for ck in sf.checkpoints:
+        where = rot if rotation else _ck_skip(ck, n)
+        e: dict[str, Any] = {"index": ck.index, "n_tokens": ck.n_tokens, "offset": ck.offset}
+        e.update(_entry(ck.tgt, where, True))
+        e["draft"] = _entry(ck.dft, where, draft_model) if ck.dft.length else None
+        if where is None and (e["status"] == "pending" or (e["draft"] or {}).get("status") == "pending"):
+            at.append(ck.n_tokens)
+        cks.append(e)
+    sdft = None
+    dft = sf.draft.dft if sf.draft is not None else None
+    if dft is not None and dft.length:
+        sdft = _entry(dft, rot if rotation else _holds_prefix(dft.body, n), draft_model) | {"offset": dft.offset}
+    wants_draft = (sdft or {}).get("status") == "pending" or any(
+        (c["draft"] or {}).get("status") == "pending" for c in cks
+    )
+    return _Plan(at, wants_draft, cks, sdft)
+
+
+def _entry(blob: BlobInfo, why: str | None, model: bool) -> dict[str, Any]:
+    """A blob's report entry before the recompute: pending, or skipped with the reason."""
+    if not model:
+        why = "no --draft-model"
+    elif why is None and (blob.body is None or blob.body.layout is None):
+        why = f"its {blob.name} does not parse (see the structure and model levels)"
+    if why is not None:
+        return {"status": "skipped", "reason": why, "margin": None, "worst": None}
+    return {"status": "pending", "margin": None, "worst": None}
+
+
+def _ck_skip(ck: Checkpoint, n: int) -> str | None:
+    """Why checkpoint ``ck`` cannot be recomputed from the ``n`` stored tokens (None: it can)."""
+    if not 0 < ck.n_tokens <= n:
+        return f"its n_tokens {ck.n_tokens} is not within the {n} stored tokens: nothing to recompute it from"
+    if ck.pos_max != ck.n_tokens - 1:
+        return (
+            f"its pos_max {ck.pos_max} is not n_tokens - 1 = {ck.n_tokens - 1}: not the state after the first "
+            f"{ck.n_tokens} stored tokens (a context shift or cache reuse)"
+        )
+    return None
+
+
+def _holds_prefix(body: Body | None, n: int) -> str | None:
+    """Why the draft state ``body`` is not the state after the ``n`` stored tokens (None: it is)."""
+    if body is None or body.layout is None or not body.blocks:
+        return "the stored blob does not parse (see the structure and model levels)"
+    first = body.blocks[0]
+    if first.kind == MemoryKind.KV:
+        act = first.active_streams()
+        if len(act) != 1 or not np.array_equal(act[0].positions, np.arange(n)):
+            return f"the draft cache does not hold positions 0..{n - 1} of the {n} stored tokens"
+    else:
+        pos = first.positions()
+        if pos.size != 1 or int(pos[0]) != n - 1:
+            return f"the draft's recurrent state is not at position {n - 1} of the {n} stored tokens"
+    return None
+
+
+def _mark_pending(plan: _Plan, why: str) -> None:
+    """Every pending entry failed with the recompute: ``why``."""
+    for e in [*plan.checkpoints, *(c["draft"] for c in plan.checkpoints), plan.sdft]:
+        if e is not None and e["status"] == "pending":
+            e.update(status="fail", reason=why)
+
+
+def _judge_all(lv: Level, sf: SlotFile, plan: _Plan, reply: dict[str, Any], view: memoryview, caches: Caches) -> None:
+    """Every pending entry of ``plan`` against the worker's recomputed blobs in ``view``."""
+    scratch = dataclasses.replace(sf, problems=[], sections=[])  # the recompute's parse problems
+    got = {int(c["n_tokens"]): c for c in reply.get("checkpoints", [])}
+    dcaches = caches_of(sf.draft_expect)
+    for ck, e in zip(sf.checkpoints, plan.checkpoints, strict=True):
+        rec = got.get(ck.n_tokens)
+        label = f"checkpoint {ck.index} (n_tokens {ck.n_tokens})"
+        sec = f"sckp.checkpoint[{ck.index}]"
+        if e["status"] == "pending":
+            j = _Judged(lv, scratch, view, ck.n_tokens)
+            e.update(j.blob(ck.tgt, rec and rec.get("tgt"), f"{sec}.data_tgt", label, sf.expect, True, caches))
+        d = e["draft"]
+        if d is not None and d["status"] == "pending":
+            j = _Judged(lv, scratch, view, ck.n_tokens)
+            d.update(
+                j.blob(
+                    ck.dft, rec and rec.get("dft"), f"{sec}.data_dft", f"{label}, draft", sf.draft_expect, True, dcaches
+                )
+            )
+    if plan.sdft is not None and plan.sdft["status"] == "pending" and sf.draft is not None and sf.draft.dft is not None:
+        n = int(sf.tokens.tokens.size) if sf.tokens is not None else 0
+        j = _Judged(lv, scratch, view, n)
+        plan.sdft.update(
+            j.blob(sf.draft.dft, reply.get("draft"), "sdft.data_dft", "draft state", sf.draft_expect, False, dcaches)
+        )
+
+
+@dataclasses.dataclass
+class _Judged:
+    """Judges one stored blob against its recompute at ``n_tokens``."""
+
+    lv: Level
+    scratch: SlotFile
+    view: memoryview
+    n_tokens: int
+
+    def blob(
+        self,
+        stored: BlobInfo,
+        span: list[int] | None,
+        section: str,
+        label: str,
+        exp: ModelExpect | None,
+        exp_partial: bool,
+        caches: Caches,
+    ) -> dict[str, Any]:
+        """The report entry of ``stored`` against the recomputed blob at ``span`` ([offset,
+        length] in the scratch file); its problems into ``lv`` under ``section``."""
+        sb = stored.body
+        assert sb is not None and sb.layout is not None  # _plan: only parsed blobs are pending
+        sub = Level(CheckLevel.DEEP)
+        rows: list[dict[str, Any]] = []
+        rec = self._parse(stored.name, span, section, sb, exp, exp_partial)
+        if rec is None:
+            sub.error(ProblemCode.DEEP_INTERNAL, "body", sb.offset, "the worker returned no recomputed blob")
+        elif rec.layout is None:
+            sub.error(ProblemCode.DEEP_INTERNAL, "body", sb.offset, "the recomputed blob does not parse")
+        else:
+            rows = compare_bodies(sub, sb, rec, DeepInputs(None, caches, self.n_tokens, 0))
+        for p in sub.problems:
+            self.lv.add(p.severity, p.code, section + p.section.removeprefix("body"), p.offset, f"{label}: {p.message}")
+        worst = max(rows, key=lambda r: r["ratio"], default=None)
+        if worst is not None:
+            worst = {k: worst[k] for k in WORST_KEYS} | {"section": section + worst["section"].removeprefix("body")}
+        return {
+            "status": sub.finish().status,
+            "margin": worst["ratio"] if worst else 0.0,
+            "worst": worst,
+            "layers": len(rows),
+        }
+
+    def _parse(
+        self, name: str, span: list[int] | None, section: str, sb: Body, exp: ModelExpect | None, exp_partial: bool
+    ) -> Body | None:
+        """The recomputed blob at ``span`` read by the reader's blob parser, trying the stored
+        blob's block sequence first (None: the worker wrote none)."""
+        if not span or not span[1]:
+            return None
+        off, length = int(span[0]), int(span[1])
+        # BlobInfo.offset is that of the u64 length the file would have before the blob
+        rec = BlobInfo(name, off - 8, length, g.Run(off, length, self.view[off : off + length]))
+        assert sb.layout is not None
+        parse_seq_blob(self.scratch, self.view, rec, section, partial=sb.layout.kinds, exp=exp, exp_partial=exp_partial)
+        return rec.body
+
+
+@contextlib.contextmanager
+def _scratch() -> Iterator[str]:
+    """An empty temporary file for the worker's blobs, removed afterwards."""
+    fd, path = tempfile.mkstemp(prefix="slotfile-deep-blobs-", suffix=".bin")
+    os.close(fd)
+    try:
+        yield path
+    finally:
+        Path(path).unlink(missing_ok=True)
