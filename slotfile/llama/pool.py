@@ -528,12 +528,14 @@ class LoaderPool:
         *,
         n_batch: int = 0,
         n_ubatch: int = 0,
+        n_stepwise: int = 0,
     ) -> tuple[dict[str, Any] | None, str, bool]:
         """Prefill ``tokens`` with ``settings``, taking the PARTIAL_ONLY blob at each n_tokens in
         ``at`` (and with a draft model and ``draft_settings``, the draft's blobs and its whole
-        state at the end), written to ``out`` (``Worker.deep_blobs``).  Returns (the worker's
-        reply: ``checkpoints`` [{n_tokens, pos_min, pos_max, tgt: [offset, length], dft}],
-        ``draft`` [offset, length] or None; None when it failed, why, whether the worker died)."""
+        state at the end), written to ``out`` (``Worker.deep_blobs``); with ``n_stepwise``, each
+        checkpoint's noise floor too.  Returns (the worker's reply: ``checkpoints`` [{n_tokens,
+        pos_min, pos_max, tgt: [offset, length], dft}], ``draft`` [offset, length] or None,
+        ``floors`` [{n_tokens, k, blob}]; None when it failed, why, whether the worker died)."""
         req = {
             "op": "deep_blobs",
             "settings": settings.to_dict(),
@@ -543,6 +545,7 @@ class LoaderPool:
             "out": str(out),
             "n_batch": int(n_batch),
             "n_ubatch": int(n_ubatch),
+            "n_stepwise": int(n_stepwise),
         }
         resp, died, log = self._call(req, timeout)
         if resp is not None and resp.get("ok"):

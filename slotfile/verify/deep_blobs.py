@@ -33,7 +33,7 @@ from slotfile.llama.pool import LoaderPool
 from slotfile.llama.settings import draft_settings_for, settings_for
 from slotfile.llama.worker.settings import LoadSettings
 from slotfile.problems import CheckLevel, ProblemCode
-from slotfile.verify.judge import Caches, DeepInputs, caches_of, compare_bodies
+from slotfile.verify.judge import STEPWISE_TOKENS, Caches, DeepInputs, caches_of, compare_bodies
 from slotfile.verify.options import VerifyOptions
 from slotfile.verify.records import Level
 
@@ -79,6 +79,7 @@ def check_appendices(
             opts.timeout,
             n_batch=opts.n_batch,
             n_ubatch=opts.n_ubatch,
+            n_stepwise=STEPWISE_TOKENS,
         )
         if reply is None:
             where = sf.sckp or sf.draft
@@ -171,88 +172,110 @@ def _mark_pending(plan: _Plan, why: str) -> None:
 
 def _judge_all(lv: Level, sf: SlotFile, plan: _Plan, reply: dict[str, Any], view: memoryview, caches: Caches) -> None:
     """Every pending entry of ``plan`` against the worker's recomputed blobs in ``view``."""
-    scratch = dataclasses.replace(sf, problems=[], sections=[])  # the recompute's parse problems
+    judge = _Judge(lv, dataclasses.replace(sf, problems=[], sections=[]), view)  # the recompute's parse problems
     got = {int(c["n_tokens"]): c for c in reply.get("checkpoints", [])}
+    floors = {int(f["n_tokens"]): f for f in reply.get("floors", [])}
     dcaches = caches_of(sf.draft_expect)
     for ck, e in zip(sf.checkpoints, plan.checkpoints, strict=True):
-        rec = got.get(ck.n_tokens)
-        label = f"checkpoint {ck.index} (n_tokens {ck.n_tokens})"
-        sec = f"sckp.checkpoint[{ck.index}]"
+        rec, fl = got.get(ck.n_tokens) or {}, floors.get(ck.n_tokens) or {}
+        label, sec = f"checkpoint {ck.index} (n_tokens {ck.n_tokens})", f"sckp.checkpoint[{ck.index}]"
         if e["status"] == "pending":
-            j = _Judged(lv, scratch, view, ck.n_tokens)
-            e.update(j.blob(ck.tgt, rec and rec.get("tgt"), f"{sec}.data_tgt", label, sf.expect, True, caches))
+            w = _Want(ck.tgt, rec.get("tgt"), f"{sec}.data_tgt", label, ck.n_tokens, sf.expect, True, caches)
+            e.update(judge(dataclasses.replace(w, floor=fl.get("blob"), k=int(fl.get("k") or 0))))
         d = e["draft"]
         if d is not None and d["status"] == "pending":
-            j = _Judged(lv, scratch, view, ck.n_tokens)
             d.update(
-                j.blob(
-                    ck.dft, rec and rec.get("dft"), f"{sec}.data_dft", f"{label}, draft", sf.draft_expect, True, dcaches
+                judge(
+                    _Want(
+                        ck.dft,
+                        rec.get("dft"),
+                        f"{sec}.data_dft",
+                        f"{label}, draft",
+                        ck.n_tokens,
+                        sf.draft_expect,
+                        True,
+                        dcaches,
+                    )
                 )
             )
     if plan.sdft is not None and plan.sdft["status"] == "pending" and sf.draft is not None and sf.draft.dft is not None:
         n = int(sf.tokens.tokens.size) if sf.tokens is not None else 0
-        j = _Judged(lv, scratch, view, n)
         plan.sdft.update(
-            j.blob(sf.draft.dft, reply.get("draft"), "sdft.data_dft", "draft state", sf.draft_expect, False, dcaches)
+            judge(
+                _Want(
+                    sf.draft.dft, reply.get("draft"), "sdft.data_dft", "draft state", n, sf.draft_expect, False, dcaches
+                )
+            )
         )
 
 
+@dataclasses.dataclass(frozen=True)
+class _Want:
+    """One stored blob to judge: its recompute at ``span`` ([offset, length] in the worker's
+    scratch file), the model's expectation to read both with, and the noise-floor blob (the
+    recompute with its last ``k`` tokens decoded one per call; None: the minimum floors)."""
+
+    stored: BlobInfo
+    span: list[int] | None
+    section: str
+    label: str
+    n_tokens: int
+    exp: ModelExpect | None
+    exp_partial: bool
+    caches: Caches
+    floor: list[int] | None = None
+    k: int = 0
+
+
 @dataclasses.dataclass
-class _Judged:
-    """Judges one stored blob against its recompute at ``n_tokens``."""
+class _Judge:
+    """Judges stored blobs against the recomputed ones in ``view`` (the worker's scratch file)."""
 
     lv: Level
-    scratch: SlotFile
+    scratch: SlotFile  # the file's settings for the reader's blob parser; its problems are the recompute's
     view: memoryview
-    n_tokens: int
 
-    def blob(
-        self,
-        stored: BlobInfo,
-        span: list[int] | None,
-        section: str,
-        label: str,
-        exp: ModelExpect | None,
-        exp_partial: bool,
-        caches: Caches,
-    ) -> dict[str, Any]:
-        """The report entry of ``stored`` against the recomputed blob at ``span`` ([offset,
-        length] in the scratch file); its problems into ``lv`` under ``section``."""
-        sb = stored.body
+    def __call__(self, w: _Want) -> dict[str, Any]:
+        """The report entry of ``w.stored``; its problems into ``lv`` under ``w.section``."""
+        sb = w.stored.body
         assert sb is not None and sb.layout is not None  # _plan: only parsed blobs are pending
         sub = Level(CheckLevel.DEEP)
         rows: list[dict[str, Any]] = []
-        rec = self._parse(stored.name, span, section, sb, exp, exp_partial)
+        rec = self._parse(w, w.span, sb)
         if rec is None:
             sub.error(ProblemCode.DEEP_INTERNAL, "body", sb.offset, "the worker returned no recomputed blob")
         elif rec.layout is None:
             sub.error(ProblemCode.DEEP_INTERNAL, "body", sb.offset, "the recomputed blob does not parse")
         else:
-            rows = compare_bodies(sub, sb, rec, DeepInputs(None, caches, self.n_tokens, 0))
+            flo = self._parse(w, w.floor, sb)
+            floor = flo if flo is not None and flo.layout is not None else None
+            rows = compare_bodies(sub, sb, rec, DeepInputs(floor, w.caches, w.n_tokens, w.k if floor else 0))
         for p in sub.problems:
-            self.lv.add(p.severity, p.code, section + p.section.removeprefix("body"), p.offset, f"{label}: {p.message}")
+            where = w.section + p.section.removeprefix("body")
+            self.lv.add(p.severity, p.code, where, p.offset, f"{w.label}: {p.message}")
         worst = max(rows, key=lambda r: r["ratio"], default=None)
         if worst is not None:
-            worst = {k: worst[k] for k in WORST_KEYS} | {"section": section + worst["section"].removeprefix("body")}
+            worst = {k: worst[k] for k in WORST_KEYS} | {"section": w.section + worst["section"].removeprefix("body")}
         return {
             "status": sub.finish().status,
             "margin": worst["ratio"] if worst else 0.0,
             "worst": worst,
             "layers": len(rows),
+            "stepwise": w.k if w.floor else 0,
         }
 
-    def _parse(
-        self, name: str, span: list[int] | None, section: str, sb: Body, exp: ModelExpect | None, exp_partial: bool
-    ) -> Body | None:
-        """The recomputed blob at ``span`` read by the reader's blob parser, trying the stored
-        blob's block sequence first (None: the worker wrote none)."""
+    def _parse(self, w: _Want, span: list[int] | None, sb: Body) -> Body | None:
+        """The blob at ``span`` read by the reader's blob parser, trying the stored blob's block
+        sequence first (None: the worker wrote none)."""
         if not span or not span[1]:
             return None
         off, length = int(span[0]), int(span[1])
         # BlobInfo.offset is that of the u64 length the file would have before the blob
-        rec = BlobInfo(name, off - 8, length, g.Run(off, length, self.view[off : off + length]))
+        rec = BlobInfo(w.stored.name, off - 8, length, g.Run(off, length, self.view[off : off + length]))
         assert sb.layout is not None
-        parse_seq_blob(self.scratch, self.view, rec, section, partial=sb.layout.kinds, exp=exp, exp_partial=exp_partial)
+        parse_seq_blob(
+            self.scratch, self.view, rec, w.section, partial=sb.layout.kinds, exp=w.exp, exp_partial=w.exp_partial
+        )
         return rec.body
 
 
