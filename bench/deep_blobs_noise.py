@@ -91,14 +91,16 @@ def write_checkpointed_chat(model: Any, path: Path, type_id: int, fa: bool, ub: 
     return len(cps)
 
 
-def zero_row(data: bytes, index: int) -> bytes:
-    """One cell's V row of the deepest layer of checkpoint ``index``'s data_tgt set to zero."""
+def zero_row(data: bytes, index: int, part: str) -> bytes:
+    """One row (``part`` "k" or "v") of the deepest layer of checkpoint ``index``'s data_tgt set
+    to zero: one cell's row, or in a transposed V (flash attention off) one dimension's values
+    across consecutive cells."""
     from slotfile.format.reader import parse_buffer
 
     st = parse_buffer(data).checkpoints[index].tgt.body.blocks[0].active_streams()[0]
-    v = st.v[-1]
-    off = v.data.offset + (st.cell_count // 2) * v.row_size
-    return data[:off] + bytes(v.row_size) + data[off + v.row_size :]
+    run = getattr(st, part)[-1]
+    off = run.data.offset + (st.cell_count // 2) * run.row_size
+    return data[:off] + bytes(run.row_size) + data[off + run.row_size :]
 
 
 def _summary(r: dict[str, Any]) -> dict[str, Any]:
@@ -134,13 +136,13 @@ def run(work: Path) -> dict[str, Any]:
     out: dict[str, Any] = {"model": model_path, "files": {}}
     with Verifier(VerifyOptions(model=model_path, deep=True)) as v:
         for name, p in files.items():
-            clean = _summary(v.verify(p).to_dict())
-            bad = work / f"{name}-zeroed.slot"
-            bad.write_bytes(zero_row(p.read_bytes(), -1))
             t0 = time.monotonic()
-            damaged = _summary(v.verify(bad).to_dict())
-            damaged["seconds"] = round(time.monotonic() - t0, 2)
-            out["files"][name] = {"clean": clean, "last_checkpoint_row_zeroed": damaged}
+            res = {"clean": _summary(v.verify(p).to_dict()) | {"seconds": round(time.monotonic() - t0, 2)}}
+            for part in ("k", "v"):
+                bad = work / f"{name}-{part}-zeroed.slot"
+                bad.write_bytes(zero_row(p.read_bytes(), -1, part))
+                res[f"last_checkpoint_{part}_row_zeroed"] = _summary(v.verify(bad).to_dict())
+            out["files"][name] = res
             print(name, json.dumps(out["files"][name]), flush=True)
     return out
 

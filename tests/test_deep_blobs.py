@@ -88,6 +88,7 @@ def test_clean_checkpoints_pass_deep(name, model):
         assert c["status"] == "pass" and c["margin"] <= deep["details"]["limit"]
         assert c["worst"]["section"].startswith(f"sckp.checkpoint[{c['index']}].data_tgt.")
         assert c["layers"] > 0 and c["draft"] is None
+        assert c["stepwise"] == 0  # recomputed exactly: no noise-floor pass
     assert deep["details"]["draft"] is None
 
 
@@ -102,6 +103,8 @@ def test_zeroed_row_in_checkpoint_fails_deep(llama_v, tmp_path):
     assert p["offset"] == off and "checkpoint 1 (n_tokens 32)" in p["message"]
     cks = deep["details"]["checkpoints"]
     assert [c["status"] for c in cks] == ["pass", "fail"] and cks[1]["margin"] > 4
+    # judged again against its stepwise floor: the last 16 tokens of its segment one per call
+    assert cks[0]["stepwise"] == 0 and cks[1]["stepwise"] == 16
     assert all(not row["section"].startswith("sckp") for row in deep["details"]["layers"])
 
 

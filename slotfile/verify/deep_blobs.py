@@ -7,20 +7,25 @@ The worker prefills the tokens once, stopping at every checkpoint's n_tokens (wh
 stopped its prompt to call ``create_checkpoint``) and taking the PARTIAL_ONLY blob there
 (``Worker.deep_blobs``).  Each recomputed blob is parsed by the reader's own blob parser
 (:func:`slotfile.format.read_appendix.parse_seq_blob`) and judged layer by layer as the body is
-(:func:`slotfile.verify.judge.compare_bodies`); with no stepwise noise floor for a blob, each
-statistic is judged against the cache type's minimum floor (:data:`~slotfile.verify.judge.MIN_FLOOR`).
-A blob that cannot be recomputed from the stored tokens is skipped with the reason in the
-details, never silently.
+(:func:`slotfile.verify.judge.compare_bodies`), first against the cache type's minimum floors
+(:data:`~slotfile.verify.judge.MIN_FLOOR`; a single prompt's checkpoints recompute bit for bit);
+a checkpoint above them is judged again against a stepwise floor of its own, as the body is:
+the same prefill with the :data:`~slotfile.verify.judge.STEPWISE_TOKENS` tokens before it
+decoded one per call (a later turn's checkpoint holds an earlier turn's generated rows, which
+the server decoded that way).  Draft blobs are judged against the minimum floors.  A blob that
+cannot be recomputed from the stored tokens is skipped with the reason in the details, never
+silently.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +40,7 @@ from slotfile.llama.worker.settings import LoadSettings
 from slotfile.problems import CheckLevel, ProblemCode
 from slotfile.verify.judge import STEPWISE_TOKENS, Caches, DeepInputs, caches_of, compare_bodies
 from slotfile.verify.options import VerifyOptions
-from slotfile.verify.records import Level
+from slotfile.verify.records import Level, Status
 
 WORST_KEYS = ("section", "part", "layer", "ratio", "by", "worst_pos")
 
@@ -61,44 +66,75 @@ def check_appendices(
 ) -> None:
     """Recompute and judge every checkpoint blob and the SDFT draft state of ``sf`` (its tokens
     already passed the body's deep preconditions): problems into ``lv``, per-blob figures into
-    ``lv.details["checkpoints"]`` and ``lv.details["draft"]``."""
+    ``lv.details["checkpoints"]`` and ``lv.details["draft"]``.  A checkpoint whose values exceed
+    the minimum floors is judged again against its stepwise floor (:func:`_with_floors`): a
+    second pass that single-prompt files, whose checkpoints recompute exactly, never pay."""
     tokens = [int(t) for t in sf.tokens.tokens] if sf.tokens is not None else []
     plan = _plan(sf, len(tokens), pool.draft_model is not None, lv.has(ProblemCode.DEEP_ROTATION))
     lv.details["checkpoints"], lv.details["draft"] = plan.checkpoints, plan.sdft
     if not plan.at and not plan.draft:
         return
     t0 = time.monotonic()
-    ds = draft_settings_for(sf, opts.n_gpu_layers) if plan.draft else None
+    call = functools.partial(
+        pool.deep_blobs,
+        tokens,
+        plan.at,
+        settings=settings or settings_for(sf, opts.n_gpu_layers),
+        timeout=opts.timeout,
+        n_batch=opts.n_batch,
+        n_ubatch=opts.n_ubatch,
+    )
+    judged = Level(CheckLevel.DEEP)
     with _scratch() as out:
-        reply, why, crashed = pool.deep_blobs(
-            tokens,
-            plan.at,
-            out,
-            settings or settings_for(sf, opts.n_gpu_layers),
-            ds,
-            opts.timeout,
-            n_batch=opts.n_batch,
-            n_ubatch=opts.n_ubatch,
-            n_stepwise=STEPWISE_TOKENS,
-        )
+        ds = draft_settings_for(sf, opts.n_gpu_layers) if plan.draft else None
+        reply, why, crashed = call(out=out, draft_settings=ds)
         if reply is None:
-            where = sf.sckp or sf.draft
-            lv.error(
-                ProblemCode.CRASHED if crashed else ProblemCode.DEEP_FAILED,
-                "sckp" if sf.sckp else "sdft",
-                where.offset if where else None,
-                (
-                    "llama.cpp crashed recomputing the appendix blobs: "
-                    if crashed
-                    else "recomputing the appendix blobs failed: "
-                )
-                + why,
-            )
+            _failed(judged, sf, why, crashed)
             _mark_pending(plan, "the recompute failed")
         else:
-            view = memoryview(Path(out).read_bytes())
-            _judge_all(lv, sf, plan, reply, view, caches)
+            judge = _Judge(
+                judged, dataclasses.replace(sf, problems=[], sections=[]), memoryview(Path(out).read_bytes())
+            )
+            _judge_all(judge, sf, plan, reply, caches)
+            _with_floors(judge, sf, plan, reply, caches, call)
+    lv.problems += judged.problems
     lv.details["appendix_seconds"] = round(time.monotonic() - t0, 3)
+
+
+def _with_floors(
+    judge: _Judge, sf: SlotFile, plan: _Plan, reply: dict[str, Any], caches: Caches, call: Callable[..., Any]
+) -> None:
+    """Judge again, each against its stepwise noise floor, the checkpoints whose data_tgt failed
+    by its values alone (deep-mismatch) against the minimum floors."""
+    retry = []
+    for ck, e in zip(sf.checkpoints, plan.checkpoints, strict=True):
+        sec = f"sckp.checkpoint[{ck.index}].data_tgt"
+        mine = [p for p in judge.lv.problems if p.section.startswith(sec)]
+        if e["status"] == Status.FAIL and all(p.code == ProblemCode.DEEP_MISMATCH for p in mine):
+            retry.append(ck.n_tokens)
+            judge.lv.problems = [p for p in judge.lv.problems if p not in mine]
+            e.update(status="pending")
+    if not retry:
+        return
+    with _scratch() as out:
+        got, why, crashed = call(out=out, n_stepwise=STEPWISE_TOKENS, floor_at=retry)
+        if got is None:
+            _failed(judge.lv, sf, f"the noise floor: {why}", crashed)
+            _mark_pending(plan, "the noise-floor recompute failed")
+            return
+        judge.floor_view = memoryview(Path(out).read_bytes())
+        _judge_all(judge, sf, plan, reply | {"floors": got["floors"]}, caches)
+
+
+def _failed(lv: Level, sf: SlotFile, why: str, crashed: bool) -> None:
+    where = sf.sckp or sf.draft
+    lv.error(
+        ProblemCode.CRASHED if crashed else ProblemCode.DEEP_FAILED,
+        "sckp" if sf.sckp else "sdft",
+        where.offset if where else None,
+        ("llama.cpp crashed recomputing the appendix blobs: " if crashed else "recomputing the appendix blobs failed: ")
+        + why,
+    )
 
 
 def _plan(sf: SlotFile, n: int, draft_model: bool, rotation: bool) -> _Plan:
@@ -124,9 +160,10 @@ def _plan(sf: SlotFile, n: int, draft_model: bool, rotation: bool) -> _Plan:
     return _Plan(at, wants_draft, cks, sdft)
 
 
-def _entry(blob: BlobInfo, why: str | None, model: bool) -> dict[str, Any]:
-    """A blob's report entry before the recompute: pending, or skipped with the reason."""
-    if not model:
+def _entry(blob: BlobInfo, why: str | None, loaded: bool) -> dict[str, Any]:
+    """A blob's report entry before the recompute: pending, or skipped with the reason
+    (``loaded``: the blob's model is in the worker)."""
+    if not loaded:
         why = "no --draft-model"
     elif why is None and (blob.body is None or blob.body.layout is None):
         why = f"its {blob.name} does not parse (see the structure and model levels)"
@@ -170,9 +207,8 @@ def _mark_pending(plan: _Plan, why: str) -> None:
             e.update(status="fail", reason=why)
 
 
-def _judge_all(lv: Level, sf: SlotFile, plan: _Plan, reply: dict[str, Any], view: memoryview, caches: Caches) -> None:
-    """Every pending entry of ``plan`` against the worker's recomputed blobs in ``view``."""
-    judge = _Judge(lv, dataclasses.replace(sf, problems=[], sections=[]), view)  # the recompute's parse problems
+def _judge_all(judge: _Judge, sf: SlotFile, plan: _Plan, reply: dict[str, Any], caches: Caches) -> None:
+    """Every pending entry of ``plan`` against the worker's recomputed blobs (``reply``)."""
     got = {int(c["n_tokens"]): c for c in reply.get("checkpoints", [])}
     floors = {int(f["n_tokens"]): f for f in reply.get("floors", [])}
     dcaches = caches_of(sf.draft_expect)
@@ -184,29 +220,17 @@ def _judge_all(lv: Level, sf: SlotFile, plan: _Plan, reply: dict[str, Any], view
             e.update(judge(dataclasses.replace(w, floor=fl.get("blob"), k=int(fl.get("k") or 0))))
         d = e["draft"]
         if d is not None and d["status"] == "pending":
+            label += ", draft"
             d.update(
                 judge(
-                    _Want(
-                        ck.dft,
-                        rec.get("dft"),
-                        f"{sec}.data_dft",
-                        f"{label}, draft",
-                        ck.n_tokens,
-                        sf.draft_expect,
-                        True,
-                        dcaches,
-                    )
+                    _Want(ck.dft, rec.get("dft"), f"{sec}.data_dft", label, ck.n_tokens, sf.draft_expect, True, dcaches)
                 )
             )
-    if plan.sdft is not None and plan.sdft["status"] == "pending" and sf.draft is not None and sf.draft.dft is not None:
+    dft = sf.draft.dft if sf.draft is not None else None
+    if plan.sdft is not None and plan.sdft["status"] == "pending" and dft is not None:
         n = int(sf.tokens.tokens.size) if sf.tokens is not None else 0
-        plan.sdft.update(
-            judge(
-                _Want(
-                    sf.draft.dft, reply.get("draft"), "sdft.data_dft", "draft state", n, sf.draft_expect, False, dcaches
-                )
-            )
-        )
+        w = _Want(dft, reply.get("draft"), "sdft.data_dft", "draft state", n, sf.draft_expect, False, dcaches)
+        plan.sdft.update(judge(w))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -234,6 +258,7 @@ class _Judge:
     lv: Level
     scratch: SlotFile  # the file's settings for the reader's blob parser; its problems are the recompute's
     view: memoryview
+    floor_view: memoryview | None = None  # the noise-floor blobs (_with_floors)
 
     def __call__(self, w: _Want) -> dict[str, Any]:
         """The report entry of ``w.stored``; its problems into ``lv`` under ``w.section``."""
@@ -241,13 +266,13 @@ class _Judge:
         assert sb is not None and sb.layout is not None  # _plan: only parsed blobs are pending
         sub = Level(CheckLevel.DEEP)
         rows: list[dict[str, Any]] = []
-        rec = self._parse(w, w.span, sb)
+        rec = self._parse(w, w.span, sb, self.view)
         if rec is None:
             sub.error(ProblemCode.DEEP_INTERNAL, "body", sb.offset, "the worker returned no recomputed blob")
         elif rec.layout is None:
             sub.error(ProblemCode.DEEP_INTERNAL, "body", sb.offset, "the recomputed blob does not parse")
         else:
-            flo = self._parse(w, w.floor, sb)
+            flo = self._parse(w, w.floor, sb, self.floor_view) if self.floor_view is not None else None
             floor = flo if flo is not None and flo.layout is not None else None
             rows = compare_bodies(sub, sb, rec, DeepInputs(floor, w.caches, w.n_tokens, w.k if floor else 0))
         for p in sub.problems:
@@ -264,17 +289,17 @@ class _Judge:
             "stepwise": w.k if w.floor else 0,
         }
 
-    def _parse(self, w: _Want, span: list[int] | None, sb: Body) -> Body | None:
+    def _parse(self, w: _Want, span: list[int] | None, sb: Body, view: memoryview) -> Body | None:
         """The blob at ``span`` read by the reader's blob parser, trying the stored blob's block
         sequence first (None: the worker wrote none)."""
         if not span or not span[1]:
             return None
         off, length = int(span[0]), int(span[1])
         # BlobInfo.offset is that of the u64 length the file would have before the blob
-        rec = BlobInfo(w.stored.name, off - 8, length, g.Run(off, length, self.view[off : off + length]))
+        rec = BlobInfo(w.stored.name, off - 8, length, g.Run(off, length, view[off : off + length]))
         assert sb.layout is not None
         parse_seq_blob(
-            self.scratch, self.view, rec, w.section, partial=sb.layout.kinds, exp=w.exp, exp_partial=w.exp_partial
+            self.scratch, view, rec, w.section, partial=sb.layout.kinds, exp=w.exp, exp_partial=w.exp_partial
         )
         return rec.body
 

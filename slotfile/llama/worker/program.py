@@ -375,47 +375,36 @@ class Worker:
         the blob there as it does: ``llama_state_seq_get_data_ext(ctx, seq, PARTIAL_ONLY)``.  With
         a draft model and ``draft_settings``, the same tokens in a draft context: its PARTIAL_ONLY
         blob at each checkpoint (``data_dft``) and its whole state at the end (SDFT's ``data_dft``).
-        Without a draft, decoding stops at the last checkpoint.  With ``n_stepwise``, a second
-        context takes each checkpoint's noise floor (:func:`_floor_blobs`).  The blobs go to
-        ``out``, back to back; the reply gives each one's [offset, length]."""
+        Without a draft, decoding stops at the last checkpoint.  With ``floor_at`` (a subset of
+        ``at``) and ``n_stepwise``, instead: the noise floor of those checkpoints
+        (:func:`_floor_blobs`).  The blobs go to ``out``, back to back; the reply gives each
+        one's [offset, length]."""
         s = request_settings(req["settings"])
         tokens = [int(t) for t in req["tokens"]]
         at = sorted({int(a) for a in req["at"] if 0 < int(a) <= len(tokens)})
+        take = sorted(set(at) & {int(a) for a in req.get("floor_at") or []})
         n_batch = int(req.get("n_batch") or DEEP_N_BATCH)
-        n_ubatch = int(req.get("n_ubatch") or DEEP_N_UBATCH)
-        ctx = self.model.context(s, n_batch, n_ubatch)  # a ContextError is the request's failure
+        ctx = self.model.context(s, n_batch, int(req.get("n_ubatch") or DEEP_N_UBATCH))  # ContextError: the reply
         dctx, dseq = None, s.seq_id
-        if self.draft is not None and req.get("draft_settings") is not None:
+        if self.draft is not None and req.get("draft_settings") is not None and not take:
             ds = request_settings(req["draft_settings"])
-            dctx, dseq = self.draft.context(ds, n_batch, n_ubatch), ds.seq_id
+            dctx, dseq = self.draft.context(ds, n_batch, int(req.get("n_ubatch") or DEEP_N_UBATCH)), ds.seq_id
         upto = len(tokens) if dctx is not None else max(at, default=0)  # the draft's whole state needs all
-        floors: list[dict[str, Any]] = []
+        out: dict[str, Any] = {"ok": True, "checkpoints": [], "draft": None, "floors": []}
         try:
             with open(req["out"], "wb") as bf:
-                cps, draft = _prefill_into(bf, ctx, dctx, tokens[:upto], at, s.seq_id, n_batch, dseq)
-                if int(req.get("n_stepwise") or 0) > 0 and at:
-                    floors = self._floors(bf, s, tokens, at, int(req["n_stepwise"]), n_batch, n_ubatch)
+                if take:
+                    out["floors"] = _floor_blobs(bf, ctx, tokens, at, take, s.seq_id, n_batch, int(req["n_stepwise"]))
+                else:
+                    out["checkpoints"], out["draft"] = _prefill_into(
+                        bf, ctx, dctx, tokens[:upto], at, s.seq_id, n_batch, dseq
+                    )
         finally:
             for c in (ctx, dctx):
                 if c is not None:
                     rt.L.llama_memory_clear(rt.L.llama_get_memory(c), True)
-        msg = f"prefilled {upto} tokens"
-        return {"ok": True, "message": msg, "checkpoints": cps, "draft": draft, "floors": floors}
-
-    def _floors(
-        self, bf: Any, s: Any, tokens: list[int], at: list[int], n_stepwise: int, n_batch: int, n_ubatch: int
-    ) -> list[dict[str, Any]]:
-        """:func:`_floor_blobs` in a context of its own (the main one's state stays a pure
-        prefill), freed afterwards."""
-        ctx2 = rt.L.llama_init_from_model(self.model.ptr, rt.context_params(s, self.model.threads, n_batch, n_ubatch))
-        if not ctx2:
-            raise Failed(
-                "llama.cpp could not create the noise-floor context: " + (logged_errors() or "no reason logged")
-            )
-        try:
-            return _floor_blobs(bf, ctx2, tokens, at, s.seq_id, n_batch, n_stepwise)
-        finally:
-            rt.L.llama_free(ctx2)
+        out["message"] = f"prefilled {max(take) if take else upto} tokens"
+        return out
 
     def handle(self, req: dict[str, Any]) -> dict[str, Any]:
         op = req.get("op")
@@ -469,18 +458,19 @@ def _prefill_into(
 
 
 def _floor_blobs(
-    bf: Any, ctx: Any, tokens: list[int], at: list[int], seq: int, n_batch: int, n_stepwise: int
+    bf: Any, ctx: Any, tokens: list[int], at: list[int], take: list[int], seq: int, n_batch: int, n_stepwise: int
 ) -> list[dict[str, Any]]:
-    """The noise floor of each checkpoint blob, as the deep check's body floor: the same prefill
-    as :func:`_prefill_into` but with the last ``k`` tokens before each checkpoint (at most
-    ``n_stepwise``, its segment, half its n_tokens) decoded one per llama_decode call, the path
-    the server's generated tokens take (a checkpoint's window can hold an earlier turn's
-    generated rows); the PARTIAL_ONLY blob there to ``bf``.  Never rolled back, so recurrent
-    memory gets a floor too.  Returns per checkpoint its n_tokens, ``k`` and [offset, length]."""
+    """The noise floor of the checkpoint blobs at ``take``, as the deep check's body floor: the
+    prefill of :func:`_prefill_into` (segments cut at ``at``) but with the last ``k`` tokens
+    before each checkpoint in ``take`` (at most ``n_stepwise``, its segment, half its n_tokens)
+    decoded one per llama_decode call, the path the server's generated tokens take (a
+    checkpoint's window can hold an earlier turn's generated rows); the PARTIAL_ONLY blob there
+    to ``bf``.  Never rolled back, so recurrent memory gets a floor too.  Returns per checkpoint
+    its n_tokens, ``k`` and [offset, length]."""
     flags = rt.L.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
     out: list[dict[str, Any]] = []
-    for a, b in segments(max(at), at):
-        k = min(n_stepwise, b - a, b // 2) if b in at else 0
+    for a, b in segments(max(take), at):
+        k = min(n_stepwise, b - a, b // 2) if b in take else 0
         decode(ctx, tokens[a : b - k], a, seq, True, n_batch)
         if k:
             decode_one_thread(ctx, tokens[b - k : b], b - k, seq)
