@@ -119,6 +119,25 @@ def test_scaled_k_row_in_gemma_checkpoint_fails_deep(tmp_path):
     assert deep["details"]["checkpoints"][0]["status"] == "pass"
 
 
+def test_scaled_recurrent_state_in_checkpoint_fails_deep(tmp_path):
+    """Mamba: the checkpoint blob is the REC block; its noise floor comes from the stepwise
+    decode in a context that is never rolled back (recurrent memory cannot drop cells)."""
+    data = (SLOTS / "extra-mamba.slot").read_bytes()
+    s = parse_buffer(data).checkpoints[1].tgt.body.blocks[0].s[1].data
+    vals = np.frombuffer(data, dtype="<f4", count=s.length // 4, offset=s.offset)
+    bad = data[: s.offset] + (vals * 1.5).astype("<f4").tobytes() + data[s.offset + s.length :]
+    with Verifier(VerifyOptions(model=str(MODELS / "extra-mamba.gguf"), deep=True)) as v:
+        r, deep = _deep(v, SLOTS / "extra-mamba.slot")
+        assert r["verdict"] == "pass", r["first_problem"]
+        r, deep = _deep(v, _write(tmp_path, "mamba-scaled.slot", bad))
+    assert r["levels"]["load"]["status"] == "pass" and deep["status"] == "fail"
+    (p,) = deep["problems"]
+    assert p["code"] == "deep-mismatch" and p["section"] == "sckp.checkpoint[1].data_tgt.rec"
+    assert p["offset"] == s.offset
+    c = deep["details"]["checkpoints"][1]
+    assert c["status"] == "fail" and c["stepwise"] == 9  # the 9 tokens since the last checkpoint
+
+
 def test_checkpoint_past_the_tokens_is_skipped_with_a_reason(llama_v, tmp_path):
     data = bytearray((SLOTS / "llama_f16_fa.slot").read_bytes())
     ck = parse_buffer(bytes(data)).checkpoints[1]
@@ -167,3 +186,20 @@ def test_zeroed_row_in_checkpoint_draft_blob_fails_deep(draft_v, tmp_path):
     assert "checkpoint 2 (n_tokens 32), draft" in p["message"]
     c = deep["details"]["checkpoints"][2]
     assert c["status"] == "pass" and c["draft"]["status"] == "fail"
+
+
+@pytest.mark.slow
+def test_v4_checkpoints_and_draft_state(llama_v4_lib, tmp_path):
+    """Version-4 files (rotation words in every blob) through the v4 library: clean passes,
+    a zeroed row in a checkpoint's data_dft fails naming it."""
+    opts = VerifyOptions(model=str(LLAMA), draft_model=str(DRAFT), deep=True, llama_lib=str(llama_v4_lib))
+    data = (SLOTS / "v4" / "llama_draft_sdft.slot").read_bytes()
+    bad, off = _zero_v_row(data, "dft", index=1, layer=0, cell=12)
+    with Verifier(opts) as v:
+        r, deep = _deep(v, SLOTS / "v4" / "llama_draft_sdft.slot")
+        assert r["verdict"] == "pass" and r["level_reached"] == 4, r["first_problem"]
+        assert r["version"] == 4 and deep["details"]["draft"]["status"] == "pass"
+        assert [c["status"] for c in deep["details"]["checkpoints"]] == ["pass"] * 3
+        r, deep = _deep(v, _write(tmp_path, "v4-ckdft-zeroed.slot", bad))
+    (p,) = deep["problems"]
+    assert p["section"] == "sckp.checkpoint[1].data_dft.kv.stream[0]" and p["offset"] == off
