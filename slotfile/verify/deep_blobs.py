@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import mmap
 import os
 import tempfile
 import time
@@ -92,11 +93,10 @@ def check_appendices(
             _failed(judged, sf, why, crashed)
             _mark_pending(plan, "the recompute failed")
         else:
-            judge = _Judge(
-                judged, dataclasses.replace(sf, problems=[], sections=[]), memoryview(Path(out).read_bytes())
-            )
-            _judge_all(judge, sf, plan, reply, caches)
-            _with_floors(judge, sf, plan, reply, caches, call)
+            with _mapped(out) as view:
+                judge = _Judge(judged, dataclasses.replace(sf, problems=[], sections=[]), view)
+                _judge_all(judge, sf, plan, reply, caches)
+                _with_floors(judge, sf, plan, reply, caches, call)
     lv.problems += judged.problems
     lv.details["appendix_seconds"] = round(time.monotonic() - t0, 3)
 
@@ -122,8 +122,8 @@ def _with_floors(
             _failed(judge.lv, sf, f"the noise floor: {why}", crashed)
             _mark_pending(plan, "the noise-floor recompute failed")
             return
-        judge.floor_view = memoryview(Path(out).read_bytes())
-        _judge_all(judge, sf, plan, reply | {"floors": got["floors"]}, caches)
+        with _mapped(out) as judge.floor_view:
+            _judge_all(judge, sf, plan, reply | {"floors": got["floors"]}, caches)
 
 
 def _failed(lv: Level, sf: SlotFile, why: str, crashed: bool) -> None:
@@ -313,3 +313,21 @@ def _scratch() -> Iterator[str]:
         yield path
     finally:
         Path(path).unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def _mapped(path: str) -> Iterator[memoryview]:
+    """The worker's scratch file, mapped (as large as the appendix it recomputes), never read
+    whole; the mapping goes when the last view of it does."""
+    with open(path, "rb") as f:
+        if not os.fstat(f.fileno()).st_size:
+            yield memoryview(b"")
+            return
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    view = memoryview(mm)
+    try:
+        yield view
+    finally:
+        with contextlib.suppress(BufferError):  # numpy views of it still alive: it goes with them
+            view.release()
+            mm.close()
