@@ -34,8 +34,38 @@ import numpy as np  # noqa: E402
 
 from bench import deep_noise as dn  # noqa: E402
 
-# (cache type, flash attention, n_ubatch)
-COMBOS = [("f16", False, 512), ("q8_0", True, 512), ("q4_0", True, 32), ("f16", True, 32)]
+# (cache type, flash attention, n_ubatch, words of a document in the first prompt): the long
+# prompts pass Gemma's 512-token window, so the SWA cache drops cells before the checkpoints
+COMBOS = [
+    ("f16", False, 512, 0),
+    ("q8_0", True, 512, 0),
+    ("q4_0", True, 32, 0),
+    ("f16", True, 32, 0),
+    ("f16", False, 512, 1000),
+    ("q8_0", True, 128, 1000),
+]
+DOC = (
+    "A slot file holds the key and value rows a transformer computed for every token of a prompt, "
+    "so that a server can restore the conversation later without processing the prompt again. "
+)
+
+
+class LongCtx(dn.Ctx):
+    """deep_noise's context with room for a long prompt (its own n_ctx is 1024)."""
+
+    def __init__(self, model: Any, type_id: int, fa: bool, n_batch: int, n_ubatch: int, threads: int) -> None:
+        L = dn.lib()
+        p = L.llama_context_default_params()
+        p.n_ctx, p.n_batch, p.n_ubatch = 4096, n_batch, n_ubatch
+        p.n_threads = p.n_threads_batch = threads
+        p.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED if fa else L.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        p.type_k = p.type_v = type_id
+        p.swa_full = False
+        p.no_perf = True
+        self.ptr = L.llama_init_from_model(model, p)
+        assert self.ptr, "context"
+        self.n_batch = n_batch
+        self.pos = 0
 
 
 def partial_blob(ctx: Any) -> bytes:
@@ -65,14 +95,16 @@ def _prompt(ctx: dn.Ctx, toks: list[int], new: list[int], ub: int, cps: list[tup
     return logits
 
 
-def write_checkpointed_chat(model: Any, path: Path, type_id: int, fa: bool, ub: int) -> int:
-    """The two-turn chat of deep_noise.write_chat_slot with server-like checkpoints; returns
-    the checkpoint count."""
+def write_checkpointed_chat(model: Any, path: Path, type_id: int, fa: bool, ub: int, doc: int = 0) -> int:
+    """The two-turn chat of deep_noise.write_chat_slot with server-like checkpoints (``doc``:
+    words of a document put before the question); returns the checkpoint count."""
     L = dn.lib()
-    ctx = dn.Ctx(model, type_id, fa, 2048, ub, dn.THREADS)
+    ctx = LongCtx(model, type_id, fa, 2048, ub, dn.THREADS)
     toks: list[int] = []
     cps: list[tuple[int, int, int, bytes]] = []
-    logits = _prompt(ctx, toks, dn.tokenize(model, dn.PROMPT, True), ub, cps)
+    words = (DOC.split() * (doc // len(DOC.split()) + 1))[:doc]
+    prompt = dn.PROMPT.replace("You are a helpful assistant.", " ".join(words) + "\n\n") if doc else dn.PROMPT
+    logits = _prompt(ctx, toks, dn.tokenize(model, prompt, True), ub, cps)
     for turn in range(2):
         for _ in range(dn.N_GEN):
             t = int(np.argmax(logits))
@@ -128,9 +160,9 @@ def run(work: Path) -> dict[str, Any]:
     L = dn.lib()
     model = L.llama_model_load_from_file(model_path.encode(), L.llama_model_default_params())
     files = {}
-    for t, fa, ub in COMBOS:
-        p = work / f"{t}_{'fa' if fa else 'nofa'}_ub{ub}.slot"
-        write_checkpointed_chat(model, p, dn.TYPES[t], fa, ub)
+    for t, fa, ub, doc in COMBOS:
+        p = work / f"{t}_{'fa' if fa else 'nofa'}_ub{ub}{f'_doc{doc}' if doc else ''}.slot"
+        write_checkpointed_chat(model, p, dn.TYPES[t], fa, ub, doc)
         files[p.stem] = p
     L.llama_model_free(model)
     out: dict[str, Any] = {"model": model_path, "files": {}}

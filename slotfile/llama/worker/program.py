@@ -408,8 +408,13 @@ class Worker:
 
     def handle(self, req: dict[str, Any]) -> dict[str, Any]:
         op = req.get("op")
-        ops = {"load": self.load, "deep": self.deep, "prefill": self.prefill, "resave": self.resave}
-        fn = {**ops, "deep_blobs": self.deep_blobs}.get(str(op))
+        fn = {
+            "load": self.load,
+            "deep": self.deep,
+            "deep_blobs": self.deep_blobs,
+            "prefill": self.prefill,
+            "resave": self.resave,
+        }.get(str(op))
         if fn is None:
             return {"ok": False, "message": f"unknown op {op!r}"}
         t0 = time.monotonic()
