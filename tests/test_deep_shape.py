@@ -133,6 +133,10 @@ def test_candidate_schedules_are_bounded_and_ordered():
     c = candidate_schedules(first, 2056, 800, checkpoints=True)  # 800 = 25 x 32: on -ub 32 boundaries only
     assert c[0] == Schedule(2048, 32, (2020, 2052)) and all(s.cuts for s in c)
     assert candidate_schedules(Schedule(2048, 32), 100, None, checkpoints=False) == []
+    # a difference from the first tokens on: no split explains it (another build), nothing to replay
+    assert candidate_schedules(first, 2056, 1, checkpoints=True) == []
+    # a 38-token prompt: -ub 256 and 128 split it as 512 does
+    assert [s.n_ubatch for s in candidate_schedules(first, 38, 34, checkpoints=False)] == [32]
 
 
 @pytest.fixture(scope="module")
@@ -155,22 +159,24 @@ def test_zeroed_sector_and_flipped_exponent_are_damage(gemma_bytes):
 def test_drift_is_replayed_then_accepted(gemma_bytes):
     file_body = parse_buffer(gemma_bytes).body
     drifted = parse_buffer(drift_from(gemma_bytes, 46)).body  # the SWA window: 46-53
+    inputs = DeepInputs(n_tokens=54)
     asked: list[Schedule] = []
 
     def replay(s: Schedule):
         asked.append(s)
-        return (file_body if s.n_ubatch == 128 else drifted), ""
+        return (file_body if s.n_ubatch == 32 else drifted), ""
 
-    out = judge_with_schedules(file_body, DeepInputs(), (Schedule(2048, 512), drifted), replay)
-    assert out.decided_by == "schedule" and out.schedule == Schedule(2048, 128) and not out.judgment.problems
-    assert asked == [Schedule(2048, 256), Schedule(2048, 128)]
-    assert [t["n_ubatch"] for t in out.tried] == [512, 256, 128]
+    out = judge_with_schedules(file_body, inputs, (Schedule(2048, 512), drifted), replay)
+    assert out.decided_by == "schedule" and out.schedule == Schedule(2048, 32) and not out.judgment.problems
+    # -ub 256/128/64 put their first boundary after the onset at 46: only -ub 32 can explain it
+    assert asked == [Schedule(2048, 32)]
+    assert [t["n_ubatch"] for t in out.tried] == [512, 32]
     # no schedule replays it: still the drift shape, so a pass with that evidence
-    out = judge_with_schedules(file_body, DeepInputs(), (Schedule(2048, 512), drifted), lambda s: (None, "no"))
-    assert out.drift and out.decided_by == "drift" and len(out.tried) == 1 + MAX_RETRIES
+    out = judge_with_schedules(file_body, inputs, (Schedule(2048, 512), drifted), lambda s: (None, "no"))
+    assert out.drift and out.decided_by == "drift" and out.tried[-1]["error"] == "no"
     # damage is never retried
     damaged = parse_buffer(flip_exponent(gemma_bytes)).body
-    out = judge_with_schedules(damaged, DeepInputs(), (Schedule(2048, 512), file_body), replay)
+    out = judge_with_schedules(damaged, inputs, (Schedule(2048, 512), file_body), replay)
     assert out.decided_by == "shape" and len(out.tried) == 1 and out.judgment.problems
 
 

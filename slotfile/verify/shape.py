@@ -143,12 +143,16 @@ def candidate_schedules(first: Schedule, n_tokens: int, onset: int | None, check
     """Up to :data:`MAX_RETRIES` other splits a server may have used, likeliest first: the usual
     ``-ub`` values below the first recompute's, those whose boundaries the divergence onset lies
     on first, each with the checkpoint breaks ``n - 4 - n_ubatch`` and ``n - 4`` when the memory
-    takes checkpoints (``checkpoint_offsets`` in ``server_context_impl::update_slots``)."""
-    us = [u for u in USUAL_UBATCH if u < first.n_ubatch]
+    takes checkpoints (``checkpoint_offsets`` in ``server_context_impl::update_slots``).  A split
+    changes nothing before its first boundary: one that starts after the onset (NEAR allowed)
+    cannot explain it (another build's kernels differ from the first token on) and is left out."""
+    us = [u for u in USUAL_UBATCH if u < first.n_ubatch and u < n_tokens]
     us.sort(key=lambda u: (onset is not None and onset % u != 0, -u))
     out = [Schedule(first.n_batch, u, _breaks(n_tokens, u) if checkpoints else ()) for u in us]
     if checkpoints:
         out.append(Schedule(first.n_batch, first.n_ubatch, _breaks(n_tokens, first.n_ubatch)))
+    if onset is not None:
+        out = [s for s in out if min((s.n_ubatch, *s.cuts)) <= onset + NEAR]
     return [s for s in out if s != first][:MAX_RETRIES]
 
 
