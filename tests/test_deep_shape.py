@@ -117,6 +117,11 @@ def test_drift_shape_needs_other_layers_and_a_quiet_first_layer():
     alone = _cells({("K", 0): {}, ("K", 1): {20: 9.0}, ("V", 2): {35: 3.0}})
     s = drift_shape(alone)
     assert not s.drift and s.evidence.startswith("isolated: K layer 1") and "position 20" in s.evidence
+    # ... unless another schedule's recompute moves that cell's ratio: the split decides it, drift
+    moved = _cells({("K", 0): {}, ("K", 1): {20: 1.5}, ("V", 2): {35: 3.0}})
+    assert drift_shape(alone, others=(moved,)).drift
+    same = _cells({("K", 0): {}, ("K", 1): {20: 8.0}, ("V", 2): {35: 3.0}})
+    assert not drift_shape(alone, others=(same,)).drift  # damage differs from every recompute alike
     # the first layer over the limit in K and V: a token or first-layer rows changed
     token = _cells({("K", 0): {20: 9.0}, ("V", 0): {20: 8.0}, ("K", 1): {20: 9.0}})
     assert drift_shape(token).evidence.startswith("first layer: at position 20")

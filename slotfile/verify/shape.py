@@ -35,6 +35,7 @@ MAX_RETRIES = 4  # extra recomputes, each only while the difference has the drif
 CORROBORATE = 2.0
 USUAL_UBATCH = (256, 128, 64, 32)  # llama-server -ub values tried below the first recompute's
 NEAR = 8  # positions either side where another layer's difference corroborates a cell's
+SCHEDULE_DEPENDENT = 2.0  # a cell's ratio moving this many times between recomputes: drift
 
 
 @dataclass(frozen=True)
@@ -96,12 +97,14 @@ def _position_matrix(cells: list[RunCells]) -> tuple[np.ndarray, list[RunCells]]
     return m, runs
 
 
-def drift_shape(j: Judgment, limit: float = MARGIN_LIMIT) -> Shape:
+def drift_shape(j: Judgment, limit: float = MARGIN_LIMIT, others: tuple[Judgment, ...] = ()) -> Shape:
     """Whether the cells of ``j`` that exceed ``limit`` floors have the shape of drift: near each
     such cell (within :data:`NEAR` positions) another layer differs too (above
     :data:`CORROBORATE` floors), and the first layer of the blocks holding it stays within the
-    limit in K or V.  No: the evidence names the first cell that does not (or the byte damage,
-    or a problem that is not a value's)."""
+    limit in K or V.  ``others``: the same file judged against recomputes with other schedules;
+    a cell whose ratio changes by more than :data:`SCHEDULE_DEPENDENT` times between them is
+    drift whatever its neighbours (damage differs from every recompute alike).  No: the evidence
+    names the first cell that is not drift (or the byte damage, or a problem not a value's)."""
     if j.byte_damage:
         return Shape(False, "bytes: " + j.byte_damage[0])
     other = [p for p in j.problems if p[0] != ProblemCode.DEEP_MISMATCH]
@@ -113,30 +116,39 @@ def drift_shape(j: Judgment, limit: float = MARGIN_LIMIT) -> Shape:
     if not runs:
         return Shape(True, "no cell exceeds its floors")
     r = np.nan_to_num(m)
+    alt = [np.nan_to_num(_position_matrix(o.cells)[0]) for o in others]
+    alt = [a for a in alt if a.shape == r.shape]
     high = r >= CORROBORATE
     cols = np.flatnonzero(high.any(axis=0))
     onset = int(cols[0]) if cols.size else None
-    layer_of = [(c.block, c.layer) for c in runs]
-    firsts = [i for i, c in enumerate(runs) if c.layer == 0]
-    for i, c in enumerate(runs):
+    for i in range(len(runs)):
         for p in np.flatnonzero(r[i] > limit):
-            near = high[:, max(0, p - NEAR) : p + NEAR + 1].any(axis=1)
-            if not {layer_of[k] for k in np.flatnonzero(near)} - {layer_of[i]}:
-                return Shape(
-                    False,
-                    f"isolated: {c.part} layer {c.layer} of {c.block} at position {int(p)} differs by "
-                    f"{r[i, p]:.3g} floors and no other layer differs near it (damage in that layer's bytes)",
-                    onset,
-                )
-            held = [k for k in firsts if not np.isnan(m[k, p])]
-            if held and float(r[held, p].min()) > limit:
-                return Shape(
-                    False,
-                    f"first layer: at position {int(p)} the first layer's K and V differ beyond the limit "
-                    "(they depend on the token and its position only: a changed token or damaged rows)",
-                    onset,
-                )
+            seen = [float(a[i, p]) for a in alt] + [float(r[i, p])]
+            if max(seen) > SCHEDULE_DEPENDENT * max(min(seen), 1e-9):
+                continue  # the split moves it: drift
+            why = _not_drift(m, runs, high, i, int(p), limit)
+            if why:
+                return Shape(False, why, onset)
     return Shape(True, f"drift: from position {onset} on, the layers differ together (model space)", onset)
+
+
+def _not_drift(m: np.ndarray, runs: list[RunCells], high: np.ndarray, i: int, p: int, limit: float) -> str:
+    """Why cell ``p`` of run ``i`` (over the limit) is not drift ('' : it is)."""
+    c = runs[i]
+    layer_of = [(x.block, x.layer) for x in runs]
+    near = high[:, max(0, p - NEAR) : p + NEAR + 1].any(axis=1)
+    if not {layer_of[k] for k in np.flatnonzero(near)} - {layer_of[i]}:
+        return (
+            f"isolated: {c.part} layer {c.layer} of {c.block} at position {p} differs by "
+            f"{m[i, p]:.3g} floors and no other layer differs near it (damage in that layer's bytes)"
+        )
+    held = [k for k, x in enumerate(runs) if x.layer == 0 and not np.isnan(m[k, p])]
+    if held and float(np.nan_to_num(m[held, p]).min()) > limit:
+        return (
+            f"first layer: at position {p} the first layer's K and V differ beyond the limit "
+            "(they depend on the token and its position only: a changed token or damaged rows)"
+        )
+    return ""
 
 
 def candidate_schedules(first: Schedule, n_tokens: int, onset: int | None, checkpoints: bool) -> list[Schedule]:
@@ -178,7 +190,7 @@ def judge_with_schedules(
     shape = drift_shape(j)
     if not shape.drift:
         return Outcome(j, sched, "bytes" if j.byte_damage else "shape", shape.evidence, tried)
-    best, best_s = j, sched
+    best, best_s, seen = j, sched, [j]
     again = DeepInputs(inputs.floor_body, inputs.caches, inputs.n_tokens, inputs.n_stepwise, j.floors)
     for s in candidate_schedules(sched, inputs.n_tokens, shape.onset, checkpoints) if recompute else []:
         assert recompute is not None
@@ -187,6 +199,7 @@ def judge_with_schedules(
             tried.append({**s.as_dict(), "error": why})
             continue
         jr = judge_layers(file_body, rec, again)
+        seen.append(jr)
         tried.append({**s.as_dict(), "margin": jr.margin, "problems": len(jr.problems)})
         if (len(jr.problems), jr.margin) < (len(best.problems), best.margin):
             best, best_s = jr, s
@@ -194,7 +207,7 @@ def judge_with_schedules(
             return Outcome(
                 jr, s, "schedule", f"replaying the split {s.label()} leaves every layer within its floors", tried
             )
-    final = drift_shape(best)
+    final = drift_shape(best, others=tuple(x for x in seen if x is not best))
     if final.drift:
         ev = f"{final.evidence}; closest split {best_s.label()} at {best.margin:.3g} floors"
         return Outcome(best, best_s, "drift", ev, tried, drift=True)
