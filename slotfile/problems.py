@@ -135,6 +135,7 @@ class ProblemCode(StrEnum):
     DEEP_CELLS = "deep-cells"
     DEEP_POSITIONS = "deep-positions"
     DEEP_NONFINITE = "deep-nonfinite"
+    DEEP_DRIFT = "deep-drift"
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,6 +215,7 @@ _TABLE: tuple[tuple[ProblemCode, Severity, tuple[CheckLevel, ...], ProblemClass,
     (_C.DEEP_CELLS, _E, (_D,), _DMG, "another cell count than the recompute"),
     (_C.DEEP_POSITIONS, _E, (_D,), _DMG, "other cell positions than the recompute"),
     (_C.DEEP_NONFINITE, _E, (_D,), _DMG, "non-finite stored values where the recompute has finite ones"),
+    (_C.DEEP_DRIFT, _W, (_D,), _NOT, "stored K/V differ from every recompute tried as another split or build makes"),
 )
 
 REGISTRY: Mapping[ProblemCode, CodeInfo] = MappingProxyType({c: CodeInfo(c, s, lv, k, m) for c, s, lv, k, m in _TABLE})

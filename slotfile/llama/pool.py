@@ -65,6 +65,7 @@ class DeepResult:
     n_batch: int = 0
     n_ubatch: int = 0
     n_stepwise: int = 0  # the last tokens decoded again one per call for the noise floor (0: none)
+    cuts: list[int] = field(default_factory=list)  # positions where the prefill started a new call
 
 
 def _signal_name(rc: int) -> str:
@@ -472,13 +473,15 @@ class LoaderPool:
         n_ubatch: int = 0,
         n_stepwise: int = 0,
         out_floor: str | None = None,
+        cuts: list[int] | None = None,
     ) -> DeepResult:
         """Restore ``path`` and recompute ``tokens`` from scratch with the same settings; the
         recomputed state is written to ``out`` (a GGSQ file with no tokens).  ``batch``: the
         prefill's n_batch (tokens per llama_decode call), ``n_ubatch`` its micro-batch (0: the
         server's defaults, 2048 and 512).  With ``n_stepwise`` and ``out_floor``: the last
         ``n_stepwise`` tokens decoded again one per call, that state written to ``out_floor`` (the
-        noise floor)."""
+        noise floor).  ``cuts``: positions where the prefill starts a new llama_decode call, as
+        a server's checkpoint breaks or a reused prefix split it."""
         if settings is None:
             from slotfile.format.reader import open_slot_file
 
@@ -494,6 +497,7 @@ class LoaderPool:
             "n_ubatch": int(n_ubatch),
             "n_stepwise": int(n_stepwise),
             "out_floor": str(out_floor) if out_floor else None,
+            "cuts": [int(c) for c in cuts or []],
         }
         resp, died, log = self._call(req, timeout)
         if resp is None:
@@ -515,6 +519,7 @@ class LoaderPool:
             n_batch=int(resp.get("n_batch") or 0),
             n_ubatch=int(resp.get("n_ubatch") or 0),
             n_stepwise=int(resp.get("n_stepwise") or 0),
+            cuts=[int(c) for c in resp.get("cuts") or []],
         )
 
     def deep_blobs(

@@ -21,6 +21,7 @@ import numpy as np
 from slotfile.format.reader import open_slot_file
 from slotfile.format.records import Body, FileFormat, MemoryKind, SlotFile
 from slotfile.llama.loader import DeepResult, LoaderPool, LoadSettings
+from slotfile.llama.worker.runtime import DEEP_N_BATCH, DEEP_N_UBATCH
 from slotfile.model.expect import attn_rot_disabled
 from slotfile.problems import CheckLevel, ProblemCode
 from slotfile.verify.deep_blobs import check_appendices
@@ -31,13 +32,13 @@ from slotfile.verify.judge import (
     STEPWISE_TOKENS,
     Caches,
     DeepInputs,
-    compare_bodies,
     head_size,
     layer_pairs,
     rotation_width,
 )
 from slotfile.verify.options import VerifyOptions
 from slotfile.verify.records import Level, SkipKind, Status
+from slotfile.verify.shape import Outcome, Recompute, Schedule, judge_with_schedules
 from slotfile.verify.stats import FLOAT_TYPES, cell_stats, tolerance_class
 
 
@@ -128,6 +129,7 @@ def level_deep(
     assert pool is not None  # _skip_reason: a loader
     tokens = [int(t) for t in sf.tokens.tokens]  # type: ignore[union-attr]
     body: Body = sf.body  # type: ignore[assignment]  # _deep_preconditions: a parsed body
+    first = Schedule(opts.n_batch or DEEP_N_BATCH, opts.n_ubatch or DEEP_N_UBATCH)
     with _scratch_files(2) as (rec_out, floor_out):
         res = pool.deep(
             path,
@@ -136,13 +138,14 @@ def level_deep(
             rec_out,
             settings,
             timeout=opts.timeout,
-            batch=opts.n_batch,
-            n_ubatch=opts.n_ubatch,
+            batch=first.n_batch,
+            n_ubatch=first.n_ubatch,
             n_stepwise=STEPWISE_TOKENS,
             out_floor=floor_out,
         )
         if res.ok:
-            _judge_deep(lv, body, tokens, res, rec_out, caches)
+            retry = _retrier(pool, path, tokens, settings, opts)
+            _judge_deep(lv, body, (tokens, first, _needs_checkpoints(sf)), res, caches, retry)
         else:
             lv.error(
                 ProblemCode.CRASHED if res.crashed else ProblemCode.DEEP_FAILED,
@@ -188,23 +191,72 @@ def _scratch_files(n: int) -> Iterator[list[str]]:
                 pass
 
 
-def _judge_deep(lv: Level, body: Body, tokens: list[int], res: DeepResult, rec_path: str, caches: Caches) -> None:
+def _needs_checkpoints(sf: SlotFile) -> bool:
+    """Whether the server stopped this file's prompts at checkpoint breaks: a recurrent state,
+    or a sliding-window cache that does not hold every position (no ``--swa-full``)."""
+    body = sf.body
+    if body is None or sf.tokens is None:
+        return False
+    if any(b.kind != MemoryKind.KV for b in body.blocks):
+        return True
+    return any(b.role == "kv-swa" and b.cell_count < sf.tokens.tokens.size for b in body.blocks)
+
+
+def _retrier(
+    pool: LoaderPool, path: str, tokens: list[int], settings: LoadSettings | None, opts: VerifyOptions
+) -> tuple[Recompute, list[Any]]:
+    """A ``recompute(schedule)`` for :func:`judge_with_schedules` and the list of the files it
+    opened (closed by the caller); each recompute is written to a scratch file removed at once
+    (the parsed body keeps its own map)."""
+    opened: list[Any] = []
+
+    def recompute(s: Schedule) -> tuple[Body | None, str]:
+        with _scratch_files(1) as (out,):
+            r = pool.deep(
+                path, tokens, tokens[-1], out, settings, timeout=opts.timeout,
+                batch=s.n_batch, n_ubatch=s.n_ubatch, cuts=list(s.cuts),
+            )  # fmt: skip
+            if not r.ok:
+                return None, r.message
+            f = open_slot_file(out)
+        opened.append(f)
+        return f.body, ""
+
+    return recompute, opened
+
+
+def _judge_deep(
+    lv: Level,
+    body: Body,
+    run: tuple[list[int], Schedule, bool],
+    res: DeepResult,
+    caches: Caches,
+    retry: tuple[Recompute, list[Any]],
+) -> None:
     """The file's state against the recomputed one (rotation, then every layer against the
-    noise floor) and the next-token logits: problems into ``lv``, the figures into its details."""
-    rec = open_slot_file(rec_path)
+    noise floor, other schedules when the difference has the drift shape:
+    :func:`slotfile.verify.shape.judge_with_schedules`) and the next-token logits: problems
+    into ``lv``, the figures into its details.  ``run``: the tokens, the first schedule and
+    whether the server took checkpoints."""
+    tokens, first, checkpoints = run
+    assert res.recomputed is not None  # res.ok
+    rec = open_slot_file(res.recomputed)
     flo = open_slot_file(res.floor) if res.floor else None
+    recompute, opened = retry
     try:
         inputs = DeepInputs(flo.body if flo else None, caches, len(tokens), res.n_stepwise)
         rot = rotation_check(body, rec.body, caches) if rec.body is not None else None
-        rows: list[dict[str, Any]] = []
+        outcome = None
         if rot is not None and not rot["matches"]:
             lv.error(ProblemCode.DEEP_ROTATION, "body", body.offset, _rotation_message(rot))
         else:
-            rows = compare_bodies(lv, body, rec.body, inputs)  # type: ignore[arg-type]
+            outcome = judge_with_schedules(body, inputs, (first, rec.body), recompute, checkpoints)  # type: ignore[arg-type]
+            _commit(lv, body, outcome)
     finally:
-        rec.close()
-        if flo is not None:
-            flo.close()
+        for f in (rec, flo, *opened):
+            if f is not None:
+                f.close()
+    rows = outcome.judgment.rows if outcome else []
     lg = res.logits or {}
     lfloor, lratio = _check_logits(lv, body, lg)
     worst = max(rows, key=lambda r: r["ratio"], default=None)
@@ -212,15 +264,33 @@ def _judge_deep(lv: Level, body: Body, tokens: list[int], res: DeepResult, rec_p
         "layers": rows,
         "logits": dict(lg, floor=lfloor, ratio=round(lratio, 3)),
         "probe_token": tokens[-1],
-        "n_batch": res.n_batch,
-        "n_ubatch": res.n_ubatch,
+        "n_batch": outcome.schedule.n_batch if outcome else res.n_batch,
+        "n_ubatch": outcome.schedule.n_ubatch if outcome else res.n_ubatch,
+        "cuts": list(outcome.schedule.cuts) if outcome else [],
         "tail": res.n_stepwise,  # the JSON key of the stepwise tokens (schema slotfile.verify/1)
         "limit": MARGIN_LIMIT,
         "margin": worst["ratio"] if worst else 0.0,
         "worst": {k: worst[k] for k in ("section", "part", "layer", "ratio", "by", "worst_pos")} if worst else None,
         "rotation": rot,
         "min_floor": MIN_FLOOR,
+        **(outcome.details() if outcome else {"decided_by": "rotation", "evidence": "", "schedules": []}),
     }
+
+
+def _commit(lv: Level, body: Body, outcome: Outcome) -> None:
+    """The outcome's problems into ``lv``; a drift-shaped difference left after every schedule
+    tried is one warning instead of its layer errors."""
+    if not outcome.drift:
+        outcome.judgment.commit(lv)
+        return
+    lv.warn(
+        ProblemCode.DEEP_DRIFT,
+        "body",
+        body.offset,
+        f"{len(outcome.judgment.problems)} layer(s) exceed their noise floors with the shape of drift, "
+        f"not damage ({outcome.evidence}); the server computed this state in pieces this recompute "
+        "could not replay (a prefix from an earlier request, another build or instruction set)",
+    )
 
 
 def _rotation_message(rot: dict[str, Any]) -> str:

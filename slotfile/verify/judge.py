@@ -19,7 +19,7 @@ from slotfile.format.records import Body, CacheExpect, LayerRun, MemoryBlock, Me
 from slotfile.model.expect import rotation_widths
 from slotfile.problems import ProblemCode
 from slotfile.verify.records import Level
-from slotfile.verify.stats import RowStats, cell_stats, tolerance_class
+from slotfile.verify.stats import CellStats, RowStats, cell_stats, tolerance_class
 
 Caches = dict[str, CacheExpect]  # a model's KV caches by block role ("kv", "kv-base", "kv-swa", ...)
 
@@ -53,11 +53,17 @@ def rotation_width(cache: CacheExpect | None, part: str, type_id: int) -> int:
 # type alone does to a head.  A floor from two recomputes that agree exactly (every
 # committed tiny fixture; layers before the first difference) must not turn a last-bit
 # difference into a failure.
+# "element": the smallest floor of the largest single-element difference, as a fraction of the
+# layer's largest recomputed |value|: 8 f16 steps at the top of the range, two q8_0 steps, two
+# q4_0 steps (a layer whose floor recomputes agree exactly: every tiny fixture, the first layers).
 MIN_FLOOR = {
-    "float": {"angle": 0.5, "lnorm": 0.03, "median": 0.05},
-    "8-bit": {"angle": 2.0, "lnorm": 0.05, "median": 0.5},
-    "low-bit": {"angle": 10.0, "lnorm": 0.1, "median": 3.0},
+    "float": {"angle": 0.5, "lnorm": 0.03, "median": 0.05, "element": 2.0**-7},
+    "8-bit": {"angle": 2.0, "lnorm": 0.05, "median": 0.5, "element": 2.0 / 64},
+    "low-bit": {"angle": 10.0, "lnorm": 0.1, "median": 3.0, "element": 2.0 / 7},
 }
+# A run of at least this many stored values, in byte order, exactly zero where the recompute's
+# are not is damage whatever the floors say (a zeroed 512-byte sector holds 256 f16 values).
+ZERO_RUN = 32
 MARGIN_LIMIT = 4.0  # a layer fails when a statistic is more than this many noise floors
 LOGITS_MIN_FLOOR = {"float": 0.01, "8-bit": 0.03, "low-bit": 0.15}
 # The last tokens the recompute decodes again one per llama_decode call, as the server decodes
@@ -82,29 +88,48 @@ def judge_run(s: RowStats, f: RowStats | None, tol_class: str) -> dict[str, Any]
         # the median over all cells against the worst single-token drift: stored generated cells
         # carry their context's drift too (median 1.5x the stepwise tokens' in bench/deep_noise.json)
         "median": max(f.angle if f else 0.0, mf["median"]),
+        # one element against the largest single-element noise of the layer
+        "element": max(f.emax if f else 0.0, mf["element"] * s.ymax, 1e-30),
     }
-    ratios = {"angle": s.angle / fl["angle"], "lnorm": s.lnorm / fl["lnorm"], "median": s.median_angle / fl["median"]}
+    ratios = {
+        "angle": s.angle / fl["angle"],
+        "lnorm": s.lnorm / fl["lnorm"],
+        "median": s.median_angle / fl["median"],
+        "element": s.emax / fl["element"],
+    }
     by = max(ratios, key=lambda k: ratios[k])
     return {
         "angle": round(s.angle, 4),
         "lnorm": round(s.lnorm, 5),
         "median_angle": round(s.median_angle, 4),
+        "element": round(s.emax, 6),
         "rel": round(s.rel, 5),
         "floor": {k: round(v, 5) for k, v in fl.items()},
         "ratios": {k: round(v, 3) for k, v in ratios.items()},
         "ratio": round(ratios[by], 3),
         "by": by,
-        "cell": {"angle": s.angle_cell, "lnorm": s.lnorm_cell, "median": s.angle_cell}[by],
+        "cell": {"angle": s.angle_cell, "lnorm": s.lnorm_cell, "median": s.angle_cell, "element": s.emax_cell}[by],
     }
 
 
-def _stepwise_cells(run: LayerRun, pos: np.ndarray | None, n_tokens: int, n_stepwise: int) -> np.ndarray:
+def _stepwise_cells(pos: np.ndarray | None, n_cells: int, n_tokens: int, n_stepwise: int) -> np.ndarray:
     """The cells of the last ``n_stepwise`` tokens (those the floor state decoded one per call)."""
     if not n_stepwise:
         return np.arange(0)
     if pos is None:  # a recurrent state: one cell, the state after the last token
-        return np.arange(run.n_cells)
-    return np.flatnonzero(pos[: run.n_cells] >= n_tokens - n_stepwise)
+        return np.arange(n_cells)
+    return np.flatnonzero(pos[:n_cells] >= n_tokens - n_stepwise)
+
+
+def align_cells(want: np.ndarray | None, have: np.ndarray | None) -> np.ndarray | None:
+    """For each position of ``want``, the cell of ``have`` holding it (None: the same order, or
+    no positions).  The server's prompt split decides where a sliding-window cache's ring puts
+    each position (``llama_kv_cache::find_slot``), so a recompute can hold the same positions in
+    other cells; callers check the sets are equal (:func:`_cells_differ`) first."""
+    if want is None or have is None or np.array_equal(want, have):
+        return None
+    order = np.argsort(have, kind="stable")
+    return order[np.searchsorted(have, want, sorter=order)]
 
 
 def judge_body(
@@ -117,27 +142,18 @@ def judge_body(
 ) -> dict[str, Any]:
     """Every K/V layer of ``file_body`` against recompute ``rec_a``, the floor from ``rec_a``
     against ``rec_b`` over its last ``n_stepwise`` positions (bench/deep_noise.py); ``caches``:
-    the model's caches by role, for the head sizes (:func:`head_size`)."""
-    layers = []
-    for fb, ab, bb in zip(file_body.blocks, rec_a.blocks, (rec_b.blocks if rec_b else rec_a.blocks), strict=False):
-        for (_sec, fr, ar, _pos), (_s2, _a2, br, bpos) in zip(layer_pairs(fb, ab), layer_pairs(ab, bb), strict=False):
-            if fr is None or ar is None:
-                continue
-            head = head_size((caches or {}).get(fb.role), fr.part)
-            s = cell_stats(fr, ar, head).summary()
-            f = None
-            if rec_b is not None and br is not None:
-                f = cell_stats(ar, br, head).summary(_stepwise_cells(ar, bpos, n_tokens, n_stepwise))
-            j = judge_run(s, f, tolerance_class(fr.type_id))
-            layers.append({"block": fb.role, "part": fr.part, "layer": fr.index, **j})
-    worst = max(layers, key=lambda r: r["ratio"], default=None)
-    return {"margin": worst["ratio"] if worst else 0.0, "worst": worst, "layers": layers}
+    the model's caches by role, for the head sizes (:func:`head_size`).  The same judgment as
+    :func:`compare_bodies`, without a :class:`Level`: {"margin", "worst", "layers", "problems"}."""
+    j = judge_layers(file_body, rec_a, DeepInputs(rec_b, caches or {}, n_tokens, n_stepwise))
+    worst = max(j.rows, key=lambda r: r["ratio"], default=None)
+    probs = [{"code": str(c), "section": s, "offset": o, "message": m} for c, s, o, m in j.problems]
+    return {"margin": worst["ratio"] if worst else 0.0, "worst": worst, "layers": j.rows, "problems": probs}
 
 
 def layer_pairs(
     fb: MemoryBlock, rb: MemoryBlock
 ) -> Iterator[tuple[str, LayerRun | None, LayerRun | None, np.ndarray | None]]:
-    """(section, file run, recomputed run, positions) for every layer entry of two blocks."""
+    """(section, file run, recomputed run, the file's positions) for every layer entry of two blocks."""
     if fb.kind == MemoryKind.KV:
         for fs, rs in zip(fb.streams, rb.streams, strict=False):
             if not fs.cell_count and not rs.cell_count:
@@ -158,6 +174,14 @@ def layer_pairs(
                 yield sec, part_f[j] if j < len(part_f) else None, part_r[j] if j < len(part_r) else None, None
 
 
+def _stream_positions(blk: MemoryBlock, sec: str) -> np.ndarray | None:
+    """The positions of the stream a :func:`layer_pairs` section names (None: not a KV stream)."""
+    if blk.kind != MemoryKind.KV:
+        return None
+    idx = int(sec.rsplit("[", 1)[1].rstrip("]"))
+    return next((s.positions for s in blk.streams if s.index == idx), None)
+
+
 @dataclass
 class DeepInputs:
     """What a layer is judged against: the noise-floor state (the recompute with its last
@@ -168,148 +192,214 @@ class DeepInputs:
     caches: Caches = field(default_factory=dict)
     n_tokens: int = 0
     n_stepwise: int = 0
+    # the floor statistics per (block role, part, layer), once measured: a recompute with
+    # another schedule is judged against the first recompute's floor (Judgment.floors)
+    floors: dict[tuple[str, str, int], RowStats | None] | None = None
+
+
+@dataclass
+class RunCells:
+    """One layer's judgment per cell, for the shape of the difference
+    (:mod:`slotfile.verify.shape`): the file's positions of its cells and, per cell, the
+    largest of its ratios to the floors (head angle, head norm, single element)."""
+
+    block: str
+    part: str
+    layer: int
+    positions: np.ndarray | None
+    ratio: np.ndarray
+
+
+Problem = tuple[ProblemCode, str, int | None, str]
+
+
+@dataclass
+class Judgment:
+    """Every layer of a file against one recompute: the report rows, the problems (not yet in
+    a :class:`Level`), the per-cell ratios, and the runs holding values that are damage on any
+    recompute (exact zeros where the recompute has values, non-finite values)."""
+
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)
+    cells: list[RunCells] = field(default_factory=list)
+    byte_damage: list[str] = field(default_factory=list)  # one line per run
+    floors: dict[tuple[str, str, int], RowStats | None] = field(default_factory=dict)
+
+    @property
+    def margin(self) -> float:
+        return max((r["ratio"] for r in self.rows), default=0.0)
+
+    def commit(self, lv: Level) -> None:
+        for code, sec, off, msg in self.problems:
+            lv.error(code, sec, off, msg)
 
 
 def compare_bodies(
     lv: Level, file_body: Body, rec_body: Body, inputs: DeepInputs | None = None
 ) -> list[dict[str, Any]]:
     """Per-layer statistics of the file's state against the recomputed one, each against the
-    noise floor (:func:`judge_run`); problems into ``lv``."""
+    noise floor (:func:`judge_run`); problems into ``lv`` (:func:`judge_layers` without the
+    per-cell detail)."""
+    j = judge_layers(file_body, rec_body, inputs)
+    j.commit(lv)
+    return j.rows
+
+
+def judge_layers(file_body: Body, rec_body: Body, inputs: DeepInputs | None = None) -> Judgment:
+    """Every layer of ``file_body`` against ``rec_body`` (cells matched by position), each
+    statistic against the noise floor from ``inputs.floor_body``: a :class:`Judgment`."""
     inp = inputs or DeepInputs()
-    rows: list[dict[str, Any]] = []
+    out = Judgment()
     if rec_body.layout is None or file_body.layout is None:
-        lv.error(ProblemCode.DEEP_INTERNAL, "body", file_body.offset, "the recomputed state does not parse")
-        return rows
+        msg = "the recomputed state does not parse"
+        out.problems.append((ProblemCode.DEEP_INTERNAL, "body", file_body.offset, msg))
+        return out
     if file_body.layout.kinds != rec_body.layout.kinds:
-        lv.error(
-            ProblemCode.DEEP_LAYOUT,
-            "body",
-            file_body.offset,
-            f"the file holds {file_body.layout.describe()}; recomputing gives {rec_body.layout.describe()}",
-        )
-        return rows
+        msg = f"the file holds {file_body.layout.describe()}; recomputing gives {rec_body.layout.describe()}"
+        out.problems.append((ProblemCode.DEEP_LAYOUT, "body", file_body.offset, msg))
+        return out
     floors = _floor_runs(rec_body, inp.floor_body)
     for fb, rb in zip(file_body.blocks, rec_body.blocks, strict=False):
-        if _cells_differ(lv, fb, rb):
+        if _cells_differ(out.problems, fb, rb):
             continue  # different cells: a row-by-row comparison means nothing
         for sec, fr, rr, pos in layer_pairs(fb, rb):
             if fr is None or rr is None:
                 run = fr or rr
                 assert run is not None  # layer_pairs yields at least one side
-                lv.error(
-                    ProblemCode.DEEP_LAYOUT,
-                    sec,
-                    fr.offset if fr else None,
-                    f"{run.part} layer {run.index} present in only one of file and recomputed state",
-                )
+                msg = f"{run.part} layer {run.index} present in only one of file and recomputed state"
+                out.problems.append((ProblemCode.DEEP_LAYOUT, sec, fr.offset if fr else None, msg))
             elif (fr.type_id, fr.row_size, fr.transposed) != (rr.type_id, rr.row_size, rr.transposed):
-                lv.error(
-                    ProblemCode.DEEP_LAYOUT,
-                    sec,
-                    fr.offset,
+                msg = (
                     f"{fr.part} layer {fr.index}: {fr.type_name} rows of "
-                    f"{fr.row_size} B; the recomputed state has {rr.type_name} rows of {rr.row_size} B",
+                    f"{fr.row_size} B; the recomputed state has {rr.type_name} rows of {rr.row_size} B"
                 )
+                out.problems.append((ProblemCode.DEEP_LAYOUT, sec, fr.offset, msg))
             else:
-                rows.append(_compare_run(lv, inp, sec, fb.role, fr, rr, pos, floors.get((fb.role, rr.part, rr.index))))
-    return rows
+                rpos = _stream_positions(rb, sec)
+                _compare_run(out, inp, (sec, fb.role), fr, rr, (pos, rpos), floors.get((fb.role, rr.part, rr.index)))
+    return out
 
 
-_Floors = dict[tuple[str, str, int], tuple[LayerRun, np.ndarray | None]]
+_Floor = tuple[LayerRun, np.ndarray | None, np.ndarray | None]  # floor run, its positions, the recompute's
+_Floors = dict[tuple[str, str, int], _Floor]
 
 
 def _floor_runs(rec_body: Body, floor_body: Body | None) -> _Floors:
-    """The noise-floor state's run for each (block role, part, layer) of the recomputed state."""
+    """The noise-floor state's run, its positions and the recompute's, for each (block role,
+    part, layer) of the recomputed state."""
     floors: _Floors = {}
     if floor_body is not None and floor_body.layout is not None:
         for rb, bb in zip(rec_body.blocks, floor_body.blocks, strict=False):
-            for _sec, ar, br, bpos in layer_pairs(rb, bb):
-                if ar is not None and br is not None:
-                    floors[(rb.role, ar.part, ar.index)] = (br, bpos)
+            for sec, ar, br, apos in layer_pairs(rb, bb):
+                if ar is not None and br is not None and ar.n_cells == br.n_cells:
+                    floors[(rb.role, ar.part, ar.index)] = (br, _stream_positions(bb, sec), apos)
     return floors
 
 
-def _cells_differ(lv: Level, fb: MemoryBlock, rb: MemoryBlock) -> bool:
-    """Cell counts or positions of the file's block differ from the recomputed block's:
-    problems into ``lv``; True when any was found."""
-    before = len(lv.problems)
+def _cells_differ(problems: list[Problem], fb: MemoryBlock, rb: MemoryBlock) -> bool:
+    """Cell counts or positions of the file's block differ from the recomputed block's (the
+    same positions in another order are the same cells): problems appended; True when any."""
+    before = len(problems)
     if fb.kind == MemoryKind.KV:
         for fs, rs in zip(fb.streams, rb.streams, strict=False):
+            sec = f"body.{fb.role}.stream[{fs.index}]"
             if fs.cell_count != rs.cell_count:
-                lv.error(
-                    ProblemCode.DEEP_CELLS,
-                    f"body.{fb.role}.stream[{fs.index}]",
-                    fs.offset,
-                    f"{fs.cell_count} cells; recomputing the tokens gives {rs.cell_count}",
-                )
-            elif fs.cell_count and not np.array_equal(fs.positions, rs.positions):
-                lv.error(
-                    ProblemCode.DEEP_POSITIONS,
-                    f"body.{fb.role}.stream[{fs.index}]",
-                    fs.offset,
-                    "cell positions differ from those of the recomputed state",
-                )
+                msg = f"{fs.cell_count} cells; recomputing the tokens gives {rs.cell_count}"
+                problems.append((ProblemCode.DEEP_CELLS, sec, fs.offset, msg))
+            elif fs.cell_count and not np.array_equal(np.sort(fs.positions), np.sort(rs.positions)):
+                msg = "cell positions differ from those of the recomputed state"
+                problems.append((ProblemCode.DEEP_POSITIONS, sec, fs.offset, msg))
     elif fb.cell_count != rb.cell_count:
-        lv.error(
-            ProblemCode.DEEP_CELLS,
-            f"body.{fb.role}",
-            fb.offset,
-            f"{fb.cell_count} cells; recomputing the tokens gives {rb.cell_count}",
-        )
-    return len(lv.problems) > before
+        msg = f"{fb.cell_count} cells; recomputing the tokens gives {rb.cell_count}"
+        problems.append((ProblemCode.DEEP_CELLS, f"body.{fb.role}", fb.offset, msg))
+    return len(problems) > before
+
+
+def _floor_stats(rr: LayerRun, floor: _Floor | None, head: int, inp: DeepInputs) -> RowStats | None:
+    """The recompute against the floor state over the stepwise cells (cells matched by position)."""
+    if floor is None:
+        return None
+    br, bpos, apos = floor
+    return cell_stats(rr, br, head, b_cells=align_cells(apos, bpos)).summary(
+        _stepwise_cells(apos, rr.n_cells, inp.n_tokens, inp.n_stepwise)
+    )
+
+
+def _cell_ratios(cs: CellStats, fl: dict[str, float]) -> np.ndarray:
+    """Per cell, the largest of its head angle, head norm and element ratios to the floors."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r = np.maximum.reduce([cs.angle / fl["angle"], cs.lnorm / fl["lnorm"], cs.emax / fl["element"]])
+    return np.nan_to_num(r, nan=0.0, posinf=np.inf)
 
 
 def _compare_run(
-    lv: Level,
+    out: Judgment,
     inp: DeepInputs,
-    sec: str,
-    role: str,
+    where: tuple[str, str],
     fr: LayerRun,
     rr: LayerRun,
-    pos: np.ndarray | None,
-    floor: tuple[LayerRun, np.ndarray | None] | None,
-) -> dict[str, Any]:
+    positions: tuple[np.ndarray | None, np.ndarray | None],
+    floor: _Floor | None,
+) -> None:
     """One layer's rows of the file against the recomputed ones, judged against the noise
-    floor between two recomputations: the layer's report row; a problem into ``lv`` when the
-    values are not finite or differ by more than MARGIN_LIMIT floors."""
+    floor between two recomputations: the layer's report row, its per-cell ratios and a
+    problem when the values are not finite, hold a run of zeros, or differ by more than
+    MARGIN_LIMIT floors."""
+    sec, role = where
+    pos, rpos = positions
     head = head_size(inp.caches.get(role), fr.part)
-    s_st = cell_stats(fr, rr, head).summary()
-    f_st = None
-    if floor is not None:
-        f_st = cell_stats(rr, floor[0], head).summary(_stepwise_cells(rr, floor[1], inp.n_tokens, inp.n_stepwise))
+    cs = cell_stats(fr, rr, head, b_cells=align_cells(pos, rpos))
+    s_st = cs.summary()
+    key = (role, fr.part, fr.index)
+    f_st = inp.floors.get(key) if inp.floors is not None else _floor_stats(rr, floor, head, inp)
+    out.floors[key] = f_st
     j = judge_run(s_st, f_st, tolerance_class(fr.type_id))
     cell = j["cell"] if s_st.finite else s_st.first_bad
     p = int(pos[cell]) if pos is not None and 0 <= cell < len(pos) else None
-    row = {
-        "section": sec,
-        "block": role,
-        "part": fr.part,
-        "layer": fr.index,
-        "type": fr.type_name,
-        "cells": fr.n_cells,
-        "max_abs": s_st.max_abs,
-        "rel": s_st.layer_rel,
-        "worst_cell_rel": s_st.rel,
-        **{k: v for k, v in j.items() if k != "cell"},
-        "worst_cell": cell,
-        "worst_pos": p,
-        "limit": MARGIN_LIMIT,
-    }
+    out.rows.append(
+        {
+            "section": sec,
+            "block": role,
+            "part": fr.part,
+            "layer": fr.index,
+            "type": fr.type_name,
+            "cells": fr.n_cells,
+            "max_abs": s_st.max_abs,
+            "rel": s_st.layer_rel,
+            "worst_cell_rel": s_st.rel,
+            **{k: v for k, v in j.items() if k != "cell"},
+            "worst_cell": cell,
+            "worst_pos": p,
+            "limit": MARGIN_LIMIT,
+        }
+    )
+    out.cells.append(RunCells(role, fr.part, fr.index, pos, _cell_ratios(cs, j["floor"])))
+    off = fr.data.offset + (cell * fr.row_size if not fr.transposed and cell >= 0 else 0)
     if not s_st.finite:
-        lv.error(
-            ProblemCode.DEEP_NONFINITE,
-            sec,
-            fr.data.offset,
-            f"{fr.part} layer {fr.index}: non-finite values (first in cell {cell})",
+        msg = f"{fr.part} layer {fr.index}: non-finite values (first in cell {cell})"
+        out.problems.append((ProblemCode.DEEP_NONFINITE, sec, fr.data.offset, msg))
+        out.byte_damage.append(f"{sec} {msg}")
+    elif cs.zero_run >= ZERO_RUN:
+        zc, ze = cs.zero_at
+        zp = f" (position {int(pos[zc])})" if pos is not None and 0 <= zc < len(pos) else ""
+        msg = (
+            f"{fr.part} layer {fr.index} ({fr.type_name}): cell {zc}{zp} element {ze} starts {cs.zero_run} "
+            "stored values in a row (file byte order) that are exactly zero where the recompute's are not: "
+            f"zeroed bytes (relative difference {100 * s_st.rel:.3g}%)"
         )
+        out.problems.append((ProblemCode.DEEP_MISMATCH, sec, _element_offset(fr, zc, ze), msg))
+        out.byte_damage.append(f"{sec} {msg}")
     elif j["ratio"] > MARGIN_LIMIT:
-        lv.error(
-            ProblemCode.DEEP_MISMATCH,
-            sec,
-            fr.data.offset + (cell * fr.row_size if not fr.transposed and cell >= 0 else 0),
-            _mismatch_message(fr, j, cell, p, s_st.rel),
-        )
-    return row
+        out.problems.append((ProblemCode.DEEP_MISMATCH, sec, off, _mismatch_message(fr, j, cell, p, s_st.rel)))
+
+
+def _element_offset(fr: LayerRun, cell: int, el: int) -> int:
+    """The file offset of one element's bytes (its block's, for a quantized row)."""
+    if fr.transposed:
+        size = fr.row_size // max(fr.elements or 1, 1)
+        return fr.data.offset + (el * fr.n_cells + cell) * size
+    elems = max(fr.elements or 1, 1)
+    return fr.data.offset + cell * fr.row_size + (el * fr.row_size) // elems
 
 
 def _mismatch_message(fr: LayerRun, j: dict[str, Any], cell: int, p: int | None, rel: float) -> str:
@@ -318,11 +408,13 @@ def _mismatch_message(fr: LayerRun, j: dict[str, Any], cell: int, p: int | None,
         "angle": f"a head at {j['angle']:.3g} degrees from the recomputed one",
         "lnorm": f"a head norm off by a factor {np.exp(j['lnorm']):.3g}",
         "median": f"a median head angle of {j['median_angle']:.3g} degrees over all cells",
+        "element": f"one element off by {j['element']:.3g}",
     }[j["by"]]
     fl = {
         "angle": f"{j['floor']['angle']:.3g} degrees",
         "lnorm": f"a factor {np.exp(j['floor']['lnorm']):.3g}",
         "median": f"{j['floor']['median']:.3g} degrees",
+        "element": f"{j['floor']['element']:.3g}",
     }[j["by"]]
     return (
         f"{fr.part} layer {fr.index} ({fr.type_name}): {at} differs from the recomputed value by "

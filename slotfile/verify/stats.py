@@ -8,7 +8,7 @@ log of their norm ratio (:class:`CellStats`); :class:`RowStats` is the worst cel
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -30,23 +30,25 @@ def tolerance_class(type_id: int) -> str:
     return "low-bit"
 
 
-def dequant_rows(run: LayerRun, c0: int, c1: int) -> np.ndarray:
-    """Cells c0..c1 of a run as float64 (cells, elements)."""
+def dequant_rows(run: LayerRun, c0: int, c1: int, cells: np.ndarray | None = None) -> np.ndarray:
+    """Cells c0..c1 of a run as float64 (cells, elements); with ``cells`` (an index array), the
+    cells ``cells[c0:c1]`` instead (a recompute whose cells lie in another order)."""
     t = run.type_id
+    sel: slice | np.ndarray = slice(c0, c1) if cells is None else cells[c0:c1]
     if run.n_cells == 0 or run.row_size == 0:
         return np.zeros((c1 - c0, 0))
     if run.transposed:
-        a = run.array()[:, c0:c1]
+        a = run.array()[:, sel]
         a = (a.astype(np.uint32) << 16).view(np.float32) if t == TypeId.BF16 else a
         return np.asarray(a, dtype=np.float64).T
     if t in (TypeId.F32, TypeId.F16):
-        return np.asarray(run.array()[c0:c1], dtype=np.float64)
+        return np.asarray(run.array()[sel], dtype=np.float64)
     if t == TypeId.BF16:
-        return (run.array()[c0:c1].astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+        return (run.array()[sel].astype(np.uint32) << 16).view(np.float32).astype(np.float64)
     import gguf.quants as gq
     from gguf import GGMLQuantizationType
 
-    raw = run.data.array(np.uint8).reshape(run.n_cells, run.row_size)[c0:c1]
+    raw = run.data.array(np.uint8).reshape(run.n_cells, run.row_size)[sel]
     return gq.dequantize(np.ascontiguousarray(raw), GGMLQuantizationType(t)).astype(np.float64).reshape(c1 - c0, -1)
 
 
@@ -61,14 +63,22 @@ class CellStats:
     ``angle``: per cell, the largest angle in degrees between a stored and a recomputed head
     vector; ``lnorm``: the largest ``|ln(||stored head|| / ||recomputed head||)|``; ``rel``:
     ``||stored row - recomputed row|| / max norm`` (reported as ``worst_cell_rel``; not judged:
-    one relative norm cannot tell a rounding difference from a wrong head)."""
+    one relative norm cannot tell a rounding difference from a wrong head); ``emax``: the
+    largest single-element difference (the view that sees one flipped exponent, which a head
+    angle over 256 elements dilutes).  ``zero_run``: the longest run, in the file's byte order,
+    of stored values that are exactly zero where the recompute's are not (a zeroed sector or
+    page), starting at element ``zero_at`` (cell, element)."""
 
     angle: np.ndarray
     lnorm: np.ndarray
     rel: np.ndarray
+    emax: np.ndarray = field(default_factory=lambda: np.zeros(0))
     max_abs: float = 0.0
     layer_rel: float = 0.0
     first_bad: int = -1  # first cell with a non-finite stored value
+    ymax: float = 0.0  # the recompute's largest |value| in the layer (the element floor's scale)
+    zero_run: int = 0
+    zero_at: tuple[int, int] = (-1, -1)
 
     def summary(self, cells: np.ndarray | None = None) -> RowStats:
         """The worst cell of each statistic and the median angle, over ``cells`` (default all)."""
@@ -82,6 +92,10 @@ class CellStats:
             setattr(st, name, float(arr[i]))
             setattr(st, f"{name}_cell", i)
         st.median_angle = float(np.median(self.angle[idx]))
+        if self.emax.size:
+            i = int(idx[int(np.argmax(self.emax[idx]))])
+            st.emax, st.emax_cell = float(self.emax[i]), i
+        st.ymax = self.ymax
         return st
 
 
@@ -100,6 +114,9 @@ class RowStats:
     layer_rel: float = 0.0
     finite: bool = True
     first_bad: int = -1
+    emax: float = 0.0
+    emax_cell: int = -1
+    ymax: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         return {k: (round(v, 6) if isinstance(v, float) else v) for k, v in self.__dict__.items()}
@@ -129,18 +146,35 @@ def _head_stats(x: np.ndarray, y: np.ndarray, head: int) -> tuple[np.ndarray, np
     return np.max(ang, axis=1), np.max(ln, axis=1)
 
 
-def cell_stats(a: LayerRun, b: LayerRun, head: int = 0, rotate: int = 0) -> CellStats:
+def _zero_run(x: np.ndarray, y: np.ndarray, transposed: bool) -> tuple[int, int]:
+    """The longest run, in byte order, of exact zeros in ``x`` where ``y`` is not zero: (length,
+    flat index of its start in that order).  A transposed V stores each element's values of all
+    cells together (``llama_kv_cache::state_write_data``), so its byte order is element-major."""
+    z = (x == 0) & (y != 0)
+    flat = (z.T if transposed else z).ravel()
+    if not flat.any():
+        return 0, -1
+    d = np.diff(np.concatenate(([0], flat.view(np.int8), [0])))
+    starts, ends = np.flatnonzero(d == 1), np.flatnonzero(d == -1)
+    k = int(np.argmax(ends - starts))
+    return int(ends[k] - starts[k]), int(starts[k])
+
+
+def cell_stats(
+    a: LayerRun, b: LayerRun, head: int = 0, rotate: int = 0, b_cells: np.ndarray | None = None
+) -> CellStats:
     """File run ``a`` against recomputed run ``b`` (same cells, same type), in chunks of cells.
     ``head``: elements per head (0: the whole row is one head); ``rotate``: apply llama.cpp's
     Hadamard rotation of this width to ``b`` first (comparing against the other rotation
-    setting: the rotation is its own inverse)."""
+    setting: the rotation is its own inverse); ``b_cells``: the cell of ``b`` for each cell of
+    ``a`` (the recompute placed them in another order; None: the same order)."""
     n = a.n_cells
-    st = CellStats(np.zeros(n), np.zeros(n), np.zeros(n))
+    st = CellStats(np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n))
     ss_d = ss_b = 0.0
     h_mat = hadamard(rotate) if rotate else None
     for c0 in range(0, n, CHUNK_CELLS):
         c1 = min(n, c0 + CHUNK_CELLS)
-        x, y = dequant_rows(a, c0, c1), dequant_rows(b, c0, c1)
+        x, y = dequant_rows(a, c0, c1), dequant_rows(b, c0, c1, b_cells)
         if not x.size:
             continue
         if h_mat is not None and y.shape[1] % rotate == 0:
@@ -151,7 +185,15 @@ def cell_stats(a: LayerRun, b: LayerRun, head: int = 0, rotate: int = 0) -> Cell
                 st.first_bad = c0 + int(np.flatnonzero(~ok)[0])
             x = np.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0)
         d = x - y
-        st.max_abs = max(st.max_abs, float(np.max(np.abs(d))))
+        ad = np.abs(d)
+        st.emax[c0:c1] = np.max(ad, axis=1)
+        st.ymax = max(st.ymax, float(np.max(np.abs(y))))
+        run, at = _zero_run(x, y, a.transposed)
+        if run > st.zero_run:
+            cells_in = c1 - c0
+            cell, el = (at % cells_in, at // cells_in) if a.transposed else divmod(at, x.shape[1])
+            st.zero_run, st.zero_at = run, (c0 + cell, el)
+        st.max_abs = max(st.max_abs, float(np.max(ad)))
         ss_d += float(np.sum(d * d))
         ss_b += float(np.sum(y * y))
         den = np.maximum(np.maximum(np.linalg.norm(x, axis=1), np.linalg.norm(y, axis=1)), 1e-30)

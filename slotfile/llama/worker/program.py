@@ -34,7 +34,8 @@ Requests (``op``); every context comes from :func:`~slotfile.llama.worker.runtim
   ``data_dft`` (and each checkpoint's ``data_dft``) into a draft context.  GGSN files go
   through ``llama_state_load_file``.
 * ``deep``: restore the file and decode a probe token (logits A); then prefill the given
-  tokens in a cleared context with the same settings and the server's batch sizes, save the
+  tokens in a cleared context with the same settings and the server's batch sizes (and the
+  requested ``cuts``: the server's checkpoint breaks or reused prefix), save the
   recomputed state as a GGSQ file for the parent to compare, and decode the same probe
   (logits B); then the last ``n_stepwise`` tokens again one per call, the noise floor (logits C).
 * ``prefill``: decode the stored tokens into a fresh context with the file's settings (what a
@@ -228,10 +229,12 @@ class Worker:
         """Restore the file and decode the probe (logits A); recompute the tokens in the same
         context, cleared, with the server's batch sizes (``n_batch``/``n_ubatch``, default
         2048/512 as common/common.h), write that state to ``out`` and decode the probe (logits
-        B).  With ``n_stepwise`` > 0 and ``out_floor``: drop the last ``n_stepwise`` cells, decode those
-        tokens again one per llama_decode call (the path the server's generated tokens take),
-        write that state to ``out_floor`` and decode the probe (logits C): the parent's noise
-        floor, at the cost of ``n_stepwise`` single-token decodes."""
+        B); ``cuts``: positions where the prefill starts a new llama_decode call (the server's
+        checkpoint breaks, a reused prefix).  With ``n_stepwise`` > 0 and ``out_floor``: drop
+        the last ``n_stepwise`` cells, decode those tokens again one per llama_decode call (the
+        path the server's generated tokens take), write that state to ``out_floor`` and decode
+        the probe (logits C): the parent's noise floor, at the cost of ``n_stepwise``
+        single-token decodes."""
         path, s, tokens = req["path"], request_settings(req["settings"]), [int(t) for t in req["tokens"]]
         probe = int(req["probe"])
         n_batch = int(req.get("n_batch") or DEEP_N_BATCH)
@@ -257,7 +260,10 @@ class Worker:
             after_restore = self._logits(ctx)
             # recompute from the tokens in the same context, cleared
             rt.L.llama_memory_clear(mem, True)
-            decode(ctx, tokens, 0, seq, False, n_batch)
+            # the server stops a prompt at checkpoints and starts it after a reused prefix:
+            # each piece of ``cuts`` is decoded in its own n_batch/n_ubatch calls
+            for a, b in segments(n, [int(c) for c in req.get("cuts") or []]):
+                decode(ctx, tokens[a:b], a, seq, False, n_batch)
             self._write_state(ctx, seq, req["out"])
             decode_one_thread(ctx, [probe], n, seq, True)
             recomputed = self._logits(ctx)
@@ -277,7 +283,9 @@ class Worker:
             rt.L.llama_memory_clear(mem, True)
         lg = _compare_logits(after_restore, recomputed, floor)
         n_stepwise = n_stepwise if floor is not None else 0
+        cuts = sorted({int(c) for c in req.get("cuts") or [] if 0 < int(c) < n})
         out.update(ok=True, message="recomputed", logits=lg, n_batch=n_batch, n_ubatch=n_ubatch, n_stepwise=n_stepwise)
+        out["cuts"] = cuts
         return out
 
     def _write_state(self, ctx: Any, seq: int, path: str) -> None:

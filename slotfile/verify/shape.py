@@ -1,0 +1,214 @@
+"""Drift or damage: the shape of a stored state's difference from its recompute (issue 25).
+
+A server computes a prompt in pieces this recompute need not share (bench/corpus.md: the
+``-b``/``-ub`` split, the checkpoint breaks ``4 + n_ubatch`` and 4 tokens before a prompt's end,
+a reused prefix, another build's kernels).  That *drift* lives in model space: from the position
+where the two computations first part, the hidden state of every later token differs, so the
+same positions differ in every layer above, and the first layer (a function of the token and
+its position alone) stays within rounding.  *Damage* lives in byte space: a contiguous range of
+one layer's bytes (a sector, a page, a row) - exact zeros, non-finite values, an element far
+outside the layer's noise - while the other layers at the same positions agree.
+
+:func:`judge_with_schedules` judges a file against one recompute (:func:`judge_layers`); when
+layers fail and the failure has the drift shape, it asks ``recompute`` for up to
+:data:`MAX_RETRIES` other schedules (:func:`candidate_schedules`) and keeps the closest.  A
+failure left after that is damage unless it still has the drift shape (then the file passes
+with evidence ``drift``: no split can be replayed for another build or a prefix computed by an
+earlier request).  The benchmark (bench/detect.py) calls it with its own ``recompute``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from slotfile.format.records import Body
+from slotfile.problems import ProblemCode
+from slotfile.verify.judge import MARGIN_LIMIT, DeepInputs, Judgment, RunCells, judge_layers
+
+MAX_RETRIES = 4  # extra recomputes, each only while the difference has the drift shape
+# a layer at a position "differs too" (corroborates a failing cell of another layer) above this
+# many floors: clean layers stay below 1.2 on the real-server corpus (bench/corpus.md)
+CORROBORATE = 2.0
+USUAL_UBATCH = (256, 128, 64, 32)  # llama-server -ub values tried below the first recompute's
+NEAR = 8  # positions either side where another layer's difference corroborates a cell's
+SCHEDULE_DEPENDENT = 2.0  # a cell's ratio moving this many times between recomputes: drift
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """How a prefill is split: tokens per llama_decode call, per micro-batch, and the
+    positions where a new call starts (checkpoint breaks, a reused prefix)."""
+
+    n_batch: int
+    n_ubatch: int
+    cuts: tuple[int, ...] = ()
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"n_batch": self.n_batch, "n_ubatch": self.n_ubatch, "cuts": list(self.cuts)}
+
+    def label(self) -> str:
+        return f"-b {self.n_batch} -ub {self.n_ubatch}" + (f", breaks at {list(self.cuts)}" if self.cuts else "")
+
+
+@dataclass
+class Shape:
+    """What the difference looks like: ``drift`` (True: spread over the layers from an onset),
+    the evidence in one line, and the onset position (None: no cell differs beyond the floors)."""
+
+    drift: bool
+    evidence: str
+    onset: int | None = None
+
+
+# recompute(schedule) -> (the recomputed body, or None and why it failed)
+Recompute = Callable[[Schedule], tuple[Body | None, str]]
+
+
+@dataclass
+class Outcome:
+    """The judgment the verdict rests on, the schedule of its recompute, what decided it
+    (``statistics``, ``bytes``, ``shape``, ``schedule`` or ``drift``) and every schedule tried."""
+
+    judgment: Judgment
+    schedule: Schedule
+    decided_by: str
+    evidence: str
+    tried: list[dict[str, Any]] = field(default_factory=list)
+    drift: bool = False  # the file passes as drift though a layer exceeds its floors
+
+    def details(self) -> dict[str, Any]:
+        return {"decided_by": self.decided_by, "evidence": self.evidence, "schedules": self.tried}
+
+
+def _position_matrix(cells: list[RunCells]) -> tuple[np.ndarray, list[RunCells]]:
+    """Per run holding positions, its cell ratios by position (NaN: not held)."""
+    runs = [c for c in cells if c.positions is not None and c.positions.size]
+    if not runs:
+        return np.zeros((0, 0)), runs
+    n = int(max(int(c.positions.max()) for c in runs if c.positions is not None)) + 1
+    m = np.full((len(runs), n), np.nan)
+    for i, c in enumerate(runs):
+        assert c.positions is not None
+        m[i, c.positions] = c.ratio
+    return m, runs
+
+
+def drift_shape(j: Judgment, limit: float = MARGIN_LIMIT, others: tuple[Judgment, ...] = ()) -> Shape:
+    """Whether the cells of ``j`` that exceed ``limit`` floors have the shape of drift: near each
+    such cell (within :data:`NEAR` positions) another layer differs too (above
+    :data:`CORROBORATE` floors), and the first layer of the blocks holding it stays within the
+    limit in K or V.  ``others``: the same file judged against recomputes with other schedules;
+    a cell whose ratio changes by more than :data:`SCHEDULE_DEPENDENT` times between them is
+    drift whatever its neighbours (damage differs from every recompute alike).  No: the evidence
+    names the first cell that is not drift (or the byte damage, or a problem not a value's)."""
+    if j.byte_damage:
+        return Shape(False, "bytes: " + j.byte_damage[0])
+    other = [p for p in j.problems if p[0] != ProblemCode.DEEP_MISMATCH]
+    if other:
+        return Shape(False, f"{other[0][0]}: {other[0][3]}")
+    if any(c.positions is None and bool(np.any(c.ratio > limit)) for c in j.cells):
+        return Shape(False, "a recurrent state differs beyond its floors (one cell: no shape to read)")
+    m, runs = _position_matrix(j.cells)
+    if not runs:
+        return Shape(True, "no cell exceeds its floors")
+    r = np.nan_to_num(m)
+    alt = [np.nan_to_num(_position_matrix(o.cells)[0]) for o in others]
+    alt = [a for a in alt if a.shape == r.shape]
+    high = r >= CORROBORATE
+    cols = np.flatnonzero(high.any(axis=0))
+    onset = int(cols[0]) if cols.size else None
+    for i in range(len(runs)):
+        for p in np.flatnonzero(r[i] > limit):
+            seen = [float(a[i, p]) for a in alt] + [float(r[i, p])]
+            if max(seen) > SCHEDULE_DEPENDENT * max(min(seen), 1e-9):
+                continue  # the split moves it: drift
+            why = _not_drift(m, runs, high, i, int(p), limit)
+            if why:
+                return Shape(False, why, onset)
+    return Shape(True, f"drift: from position {onset} on, the layers differ together (model space)", onset)
+
+
+def _not_drift(m: np.ndarray, runs: list[RunCells], high: np.ndarray, i: int, p: int, limit: float) -> str:
+    """Why cell ``p`` of run ``i`` (over the limit) is not drift ('' : it is)."""
+    c = runs[i]
+    layer_of = [(x.block, x.layer) for x in runs]
+    near = high[:, max(0, p - NEAR) : p + NEAR + 1].any(axis=1)
+    if not {layer_of[k] for k in np.flatnonzero(near)} - {layer_of[i]}:
+        return (
+            f"isolated: {c.part} layer {c.layer} of {c.block} at position {p} differs by "
+            f"{m[i, p]:.3g} floors and no other layer differs near it (damage in that layer's bytes)"
+        )
+    held = [k for k, x in enumerate(runs) if x.layer == 0 and not np.isnan(m[k, p])]
+    if held and float(np.nan_to_num(m[held, p]).min()) > limit:
+        return (
+            f"first layer: at position {p} the first layer's K and V differ beyond the limit "
+            "(they depend on the token and its position only: a changed token or damaged rows)"
+        )
+    return ""
+
+
+def candidate_schedules(first: Schedule, n_tokens: int, onset: int | None, checkpoints: bool) -> list[Schedule]:
+    """Up to :data:`MAX_RETRIES` other splits a server may have used, likeliest first: the usual
+    ``-ub`` values below the first recompute's, those whose boundaries the divergence onset lies
+    on first, each with the checkpoint breaks ``n - 4 - n_ubatch`` and ``n - 4`` when the memory
+    takes checkpoints (``checkpoint_offsets`` in ``server_context_impl::update_slots``).  A split
+    changes nothing before its first boundary: one that starts after the onset (NEAR allowed)
+    cannot explain it (another build's kernels differ from the first token on) and is left out."""
+    us = [u for u in USUAL_UBATCH if u < first.n_ubatch and u < n_tokens]
+    us.sort(key=lambda u: (onset is not None and onset % u != 0, -u))
+    out = [Schedule(first.n_batch, u, _breaks(n_tokens, u) if checkpoints else ()) for u in us]
+    if checkpoints:
+        out.append(Schedule(first.n_batch, first.n_ubatch, _breaks(n_tokens, first.n_ubatch)))
+    if onset is not None:
+        out = [s for s in out if min((s.n_ubatch, *s.cuts)) <= onset + NEAR]
+    return [s for s in out if s != first][:MAX_RETRIES]
+
+
+def _breaks(n: int, n_ubatch: int) -> tuple[int, ...]:
+    return tuple(c for c in (n - 4 - n_ubatch, n - 4) if 0 < c < n)
+
+
+def judge_with_schedules(
+    file_body: Body,
+    inputs: DeepInputs,
+    first: tuple[Schedule, Body],
+    recompute: Recompute | None,
+    checkpoints: bool = False,
+) -> Outcome:
+    """Judge ``file_body`` against the first recompute (``first``: its schedule and body, the
+    floor in ``inputs``); when layers fail with the drift shape, against up to
+    :data:`MAX_RETRIES` more from ``recompute`` (None: no retries), keeping the closest."""
+    sched, body = first
+    j = judge_layers(file_body, body, inputs)
+    tried = [{**sched.as_dict(), "margin": j.margin, "problems": len(j.problems)}]
+    if not j.problems:
+        return Outcome(j, sched, "statistics", "every layer within its noise floors", tried)
+    shape = drift_shape(j)
+    if not shape.drift:
+        return Outcome(j, sched, "bytes" if j.byte_damage else "shape", shape.evidence, tried)
+    best, best_s, seen = j, sched, [j]
+    again = DeepInputs(inputs.floor_body, inputs.caches, inputs.n_tokens, inputs.n_stepwise, j.floors)
+    for s in candidate_schedules(sched, inputs.n_tokens, shape.onset, checkpoints) if recompute else []:
+        assert recompute is not None
+        rec, why = recompute(s)
+        if rec is None:
+            tried.append({**s.as_dict(), "error": why})
+            continue
+        jr = judge_layers(file_body, rec, again)
+        seen.append(jr)
+        tried.append({**s.as_dict(), "margin": jr.margin, "problems": len(jr.problems)})
+        if (len(jr.problems), jr.margin) < (len(best.problems), best.margin):
+            best, best_s = jr, s
+        if not jr.problems:
+            return Outcome(
+                jr, s, "schedule", f"replaying the split {s.label()} leaves every layer within its floors", tried
+            )
+    final = drift_shape(best, others=tuple(x for x in seen if x is not best))
+    if final.drift:
+        ev = f"{final.evidence}; closest split {best_s.label()} at {best.margin:.3g} floors"
+        return Outcome(best, best_s, "drift", ev, tried, drift=True)
+    return Outcome(best, best_s, "shape", final.evidence, tried)

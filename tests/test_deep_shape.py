@@ -1,0 +1,267 @@
+"""``verify --deep`` tells drift from damage by its shape (issue 25): cells matched by position,
+zero runs in byte order, one flipped exponent, the drift shape across layers and the schedule
+retries.  Damaged copies are built from the committed tiny Gemma 3 fixture with a seeded
+generator; the unit tests need no llama.cpp, the ``llama`` ones run the real worker."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from slotfile.format.reader import open_slot_file, parse_buffer
+from slotfile.problems import ProblemCode
+from slotfile.verify.judge import ZERO_RUN, DeepInputs, Judgment, RunCells, align_cells, judge_layers
+from slotfile.verify.shape import (
+    MAX_RETRIES,
+    Schedule,
+    candidate_schedules,
+    drift_shape,
+    judge_with_schedules,
+)
+from slotfile.verify.stats import _zero_run
+
+from .conftest import MODELS, SLOTS
+
+GEMMA = SLOTS / "gemma3_iswa_nofa.slot"  # tiny Gemma 3 iSWA, f16, V transposed (flash attention off)
+
+
+def _last_v(sf):
+    """The last V layer of the global (kv-base) block: 54 cells, transposed."""
+    blk = next(b for b in sf.body.blocks if b.role == "kv-base")
+    return blk.active_streams()[0].v[-1]
+
+
+def zero_512(data: bytes) -> bytes:
+    """512 bytes of the last global V layer zeroed, from its first sector boundary on."""
+    run = _last_v(parse_buffer(data))
+    start = -(-run.data.offset // 512) * 512
+    assert start + 512 <= run.data.offset + run.n_cells * run.row_size
+    out = bytearray(data)
+    out[start : start + 512] = bytes(512)
+    return bytes(out)
+
+
+def flip_exponent(data: bytes, seed: int = 25) -> bytes:
+    """One f16 value of the last global V layer, among the larger ones, with the top exponent
+    bit flipped (a value near 2 becomes a denormal near 0)."""
+    run = _last_v(parse_buffer(data))
+    vals = np.frombuffer(data, np.float16, run.n_cells * run.row_size // 2, run.data.offset)
+    big = np.flatnonzero(np.abs(vals) >= 0.5 * np.abs(vals).max())
+    i = int(big[np.random.default_rng(seed).integers(big.size)])
+    out = bytearray(data)
+    off = run.data.offset + 2 * i
+    word = int.from_bytes(out[off : off + 2], "little") ^ 0x4000
+    out[off : off + 2] = word.to_bytes(2, "little")
+    return bytes(out)
+
+
+def drift_from(data: bytes, onset: int, factor: float = 1.3) -> bytes:
+    """Every layer but the first of each block scaled by ``factor`` from position ``onset`` on:
+    a difference shaped like drift (spread over the layers above the first, from an onset)."""
+    sf = parse_buffer(data)
+    out = np.frombuffer(bytearray(data), np.uint8)
+    for blk in sf.body.blocks:
+        st = blk.active_streams()[0]
+        cells = np.flatnonzero(st.positions >= onset)
+        for run in (*st.k[1:], *st.v[1:]):
+            n_el = run.row_size // 2
+            a = out[run.data.offset : run.data.offset + run.n_cells * run.row_size].view(np.float16)
+            a = a.reshape((n_el, run.n_cells) if run.transposed else (run.n_cells, n_el))
+            if run.transposed:
+                a[:, cells] = (a[:, cells] * factor).astype(np.float16)
+            else:
+                a[cells] = (a[cells] * factor).astype(np.float16)
+    return out.tobytes()
+
+
+# ------------------------------------------------------------------ without llama.cpp
+
+
+def test_align_cells_matches_positions():
+    assert align_cells(np.array([3, 4, 5]), np.array([3, 4, 5])) is None
+    perm = align_cells(np.array([5, 6, 7, 8]), np.array([7, 8, 5, 6]))
+    assert perm is not None and perm.tolist() == [2, 3, 0, 1]
+
+
+def test_zero_run_follows_byte_order():
+    y = np.ones((4, 8))
+    x = y.copy()
+    x[:, 3] = 0  # one element of every cell: a run of 4 in a transposed layout only
+    assert _zero_run(x, y, transposed=True) == (4, 3 * 4)
+    assert _zero_run(x, y, transposed=False)[0] == 1
+    x[1, :] = 0  # a whole row: 8 in a row-major layout, from element 8 (cell 1, element 0)
+    assert _zero_run(x, y, transposed=False) == (8, 8)
+    z = np.zeros((4, 8))
+    assert _zero_run(z, z, transposed=False) == (0, -1)  # zeros where the recompute is zero too
+
+
+def _cells(layers: dict[tuple[str, int], dict[int, float]], n: int = 40) -> Judgment:
+    j = Judgment()
+    for (part, layer), hot in layers.items():
+        r = np.full(n, 0.5)
+        for p, v in hot.items():
+            r[p] = v
+        j.cells.append(RunCells("kv", part, layer, np.arange(n), r))
+    j.problems.append((ProblemCode.DEEP_MISMATCH, "body.kv.stream[0]", 0, "layer over its floors"))
+    return j
+
+
+def test_drift_shape_needs_other_layers_and_a_quiet_first_layer():
+    # a cell far over its floors, other layers differing near it, the first layer quiet: drift
+    drift = _cells({("K", 0): {}, ("K", 1): {20: 9.0}, ("V", 2): {22: 3.0}})
+    assert drift_shape(drift).drift and drift_shape(drift).onset == 20
+    # the same cell with no other layer differing near it: damage in that layer's bytes
+    alone = _cells({("K", 0): {}, ("K", 1): {20: 9.0}, ("V", 2): {35: 3.0}})
+    s = drift_shape(alone)
+    assert not s.drift and s.evidence.startswith("isolated: K layer 1") and "position 20" in s.evidence
+    # ... unless another schedule's recompute moves that cell's ratio: the split decides it, drift
+    moved = _cells({("K", 0): {}, ("K", 1): {20: 1.5}, ("V", 2): {35: 3.0}})
+    assert drift_shape(alone, others=(moved,)).drift
+    same = _cells({("K", 0): {}, ("K", 1): {20: 8.0}, ("V", 2): {35: 3.0}})
+    assert not drift_shape(alone, others=(same,)).drift  # damage differs from every recompute alike
+    # the first layer over the limit in K and V: a token or first-layer rows changed
+    token = _cells({("K", 0): {20: 9.0}, ("V", 0): {20: 8.0}, ("K", 1): {20: 9.0}})
+    assert drift_shape(token).evidence.startswith("first layer: at position 20")
+    # byte evidence decides before any shape
+    zeros = _cells({("K", 1): {20: 9.0}, ("K", 2): {20: 9.0}})
+    zeros.byte_damage.append("V layer 1: zeroed bytes")
+    assert drift_shape(zeros).evidence == "bytes: V layer 1: zeroed bytes"
+
+
+def test_candidate_schedules_are_bounded_and_ordered():
+    first = Schedule(2048, 512)
+    c = candidate_schedules(first, 2056, 768, checkpoints=False)
+    assert len(c) == MAX_RETRIES and c[0] == Schedule(2048, 256) and first not in c
+    c = candidate_schedules(first, 2056, 800, checkpoints=True)  # 800 = 25 x 32: on -ub 32 boundaries only
+    assert c[0] == Schedule(2048, 32, (2020, 2052)) and all(s.cuts for s in c)
+    assert candidate_schedules(Schedule(2048, 32), 100, None, checkpoints=False) == []
+    # a difference from the first tokens on: no split explains it (another build), nothing to replay
+    assert candidate_schedules(first, 2056, 1, checkpoints=True) == []
+    # a 38-token prompt: -ub 256 and 128 split it as 512 does
+    assert [s.n_ubatch for s in candidate_schedules(first, 38, 34, checkpoints=False)] == [32]
+
+
+@pytest.fixture(scope="module")
+def gemma_bytes() -> bytes:
+    return GEMMA.read_bytes()
+
+
+def test_zeroed_sector_and_flipped_exponent_are_damage(gemma_bytes):
+    clean = parse_buffer(gemma_bytes).body
+    j = judge_layers(parse_buffer(zero_512(gemma_bytes)).body, clean)
+    (p,) = j.problems
+    assert j.byte_damage and "exactly zero" in p[3] and int(p[3].split(" starts ")[1].split()[0]) >= ZERO_RUN
+    assert not drift_shape(j).drift
+    j = judge_layers(parse_buffer(flip_exponent(gemma_bytes)).body, clean)
+    (p,) = j.problems
+    assert "one element off by" in p[3] and not j.byte_damage
+    assert drift_shape(j).evidence.startswith("isolated: V layer 1 of kv-base")
+
+
+def test_drift_is_replayed_then_accepted(gemma_bytes):
+    file_body = parse_buffer(gemma_bytes).body
+    drifted = parse_buffer(drift_from(gemma_bytes, 46)).body  # the SWA window: 46-53
+    inputs = DeepInputs(n_tokens=54)
+    asked: list[Schedule] = []
+
+    def replay(s: Schedule):
+        asked.append(s)
+        return (file_body if s.n_ubatch == 32 else drifted), ""
+
+    out = judge_with_schedules(file_body, inputs, (Schedule(2048, 512), drifted), replay)
+    assert out.decided_by == "schedule" and out.schedule == Schedule(2048, 32) and not out.judgment.problems
+    # -ub 256/128/64 put their first boundary after the onset at 46: only -ub 32 can explain it
+    assert asked == [Schedule(2048, 32)]
+    assert [t["n_ubatch"] for t in out.tried] == [512, 32]
+    # no schedule replays it: still the drift shape, so a pass with that evidence
+    out = judge_with_schedules(file_body, inputs, (Schedule(2048, 512), drifted), lambda s: (None, "no"))
+    assert out.drift and out.decided_by == "drift" and out.tried[-1]["error"] == "no"
+    # damage is never retried
+    damaged = parse_buffer(flip_exponent(gemma_bytes)).body
+    out = judge_with_schedules(damaged, inputs, (Schedule(2048, 512), file_body), replay)
+    assert out.decided_by == "shape" and len(out.tried) == 1 and out.judgment.problems
+
+
+def test_cells_in_another_order_are_the_same_cells(gemma_bytes):
+    """A sliding-window ring holds the positions in the order the server's split wrote them: a
+    file whose SWA cells are rotated is the same state."""
+    sf = parse_buffer(gemma_bytes)
+    blk = next(b for b in sf.body.blocks if b.role == "kv-swa")
+    st = blk.active_streams()[0]
+    out = bytearray(gemma_bytes)
+    shift = 3
+    rot = np.roll(np.arange(st.cell_count), shift)
+    for run in (*st.k, *st.v):
+        n_el = run.row_size // 2
+        a = np.frombuffer(out, np.float16, run.n_cells * n_el, run.data.offset)
+        a = a.reshape((n_el, run.n_cells) if run.transposed else (run.n_cells, n_el)).copy()
+        b = a[:, rot] if run.transposed else a[rot]
+        out[run.data.offset : run.data.offset + b.nbytes] = b.tobytes()
+    _rotate_cell_table(out, st, rot)
+    moved = parse_buffer(bytes(out))
+    mst = next(b for b in moved.body.blocks if b.role == "kv-swa").active_streams()[0]
+    assert mst.positions.tolist() == st.positions[rot].tolist()
+    j = judge_layers(moved.body, sf.body)
+    assert not j.problems and j.margin == 0.0
+
+
+def _rotate_cell_table(out: bytearray, st, rot: np.ndarray) -> None:
+    """Rotate the stream's cell entries (a one-sequence save: entries of one fixed size)."""
+    start, size = st.cells.offset, st.cells.size // st.cell_count
+    rows = [bytes(out[start + i * size : start + (i + 1) * size]) for i in range(st.cell_count)]
+    out[start : start + size * st.cell_count] = b"".join(rows[i] for i in rot)
+
+
+# ------------------------------------------------------------------ the real worker
+
+
+@pytest.fixture(scope="module")
+def verifier():
+    from slotfile.verify import Verifier, VerifyOptions
+
+    with Verifier(VerifyOptions(model=str(MODELS / "gemma3.gguf"), deep=True)) as v:
+        yield v
+
+
+@pytest.mark.llama
+def test_clean_fixture_is_decided_by_statistics(verifier):
+    d = verifier.verify(GEMMA).levels["deep"]
+    assert d.status == "pass" and d.details["decided_by"] == "statistics"
+    assert len(d.details["schedules"]) == 1 and d.details["cuts"] == []
+
+
+@pytest.mark.llama
+@pytest.mark.parametrize("damage, decided", [(zero_512, "bytes"), (flip_exponent, "shape")])
+def test_damaged_fixture_fails_deep(verifier, gemma_bytes, tmp_path: Path, damage, decided):
+    p = tmp_path / f"{damage.__name__}.slot"
+    p.write_bytes(damage(gemma_bytes))
+    r = verifier.verify(p)
+    d = r.levels["deep"]
+    assert {k: v.status for k, v in r.levels.items()} == {
+        "structure": "pass",
+        "model": "pass",
+        "load": "pass",
+        "deep": "fail",
+    }
+    assert d.details["decided_by"] == decided and len(d.details["schedules"]) == 1  # no retry on damage
+    assert any(p.code == "deep-mismatch" and "V layer 1" in p.message for p in d.problems)
+
+
+@pytest.mark.llama
+def test_worker_replays_cuts():
+    """A recompute split at the checkpoint breaks is the same state on the tiny model (its
+    recomputes agree bit for bit), and the worker reports the cuts it used."""
+    from slotfile.llama.loader import LoaderPool
+
+    sf = open_slot_file(GEMMA)
+    toks = [int(t) for t in sf.tokens.tokens]
+    n = len(toks)
+    with LoaderPool(str(MODELS / "gemma3.gguf")) as pool, tempfile.TemporaryDirectory() as d:
+        r = pool.deep(str(GEMMA), toks, toks[-1], f"{d}/a.slot", n_ubatch=16, cuts=[n - 20, n - 4, 0, n + 3])
+        assert r.ok and r.cuts == [n - 20, n - 4] and r.n_ubatch == 16
+        rec = open_slot_file(f"{d}/a.slot")
+        assert not judge_layers(sf.body, rec.body).problems
+        rec.close()
