@@ -174,6 +174,7 @@ def test_zeroed_row_in_sdft_fails_deep(draft_v, tmp_path):
     (p,) = deep["problems"]
     assert p["code"] == "deep-mismatch" and p["section"] == "sdft.data_dft.kv.stream[0]" and p["offset"] == off
     assert deep["details"]["draft"]["status"] == "fail"
+    assert deep["details"]["draft"]["stepwise"] == 22  # its floor: the 22 tokens after the last checkpoint
 
 
 def test_zeroed_row_in_checkpoint_draft_blob_fails_deep(draft_v, tmp_path):
@@ -185,7 +186,7 @@ def test_zeroed_row_in_checkpoint_draft_blob_fails_deep(draft_v, tmp_path):
     assert p["section"] == "sckp.checkpoint[2].data_dft.kv.stream[0]" and p["offset"] == off
     assert "checkpoint 2 (n_tokens 32), draft" in p["message"]
     c = deep["details"]["checkpoints"][2]
-    assert c["status"] == "pass" and c["draft"]["status"] == "fail"
+    assert c["status"] == "pass" and c["draft"]["status"] == "fail" and c["draft"]["stepwise"] == 12
 
 
 @pytest.mark.slow
