@@ -119,6 +119,7 @@ def test_scaled_k_row_in_gemma_checkpoint_fails_deep(tmp_path):
     assert deep["details"]["checkpoints"][0]["status"] == "pass"
 
 
+@pytest.mark.slow
 def test_scaled_recurrent_state_in_checkpoint_fails_deep(tmp_path):
     """Mamba: the checkpoint blob is the REC block; its noise floor comes from the stepwise
     decode in a context that is never rolled back (recurrent memory cannot drop cells)."""
