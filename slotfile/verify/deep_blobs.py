@@ -10,9 +10,9 @@ stopped its prompt to call ``create_checkpoint``) and taking the PARTIAL_ONLY bl
 (:func:`slotfile.verify.judge.compare_bodies`), first against the cache type's minimum floors
 (:data:`~slotfile.verify.judge.MIN_FLOOR`; a single prompt's checkpoints recompute bit for bit);
 a checkpoint above them is judged again against a stepwise floor of its own, as the body is:
-the same prefill with the :data:`~slotfile.verify.judge.STEPWISE_TOKENS` tokens before it
-decoded one per call (a later turn's checkpoint holds an earlier turn's generated rows, which
-the server decoded that way); draft blobs alike, in the draft context.  A blob that
+the same prefill with the tokens since the previous checkpoint (at most
+:data:`CHECKPOINT_STEPWISE`) decoded one per call (a later turn's checkpoint holds an
+earlier turn's generated rows, which the server decoded that way); draft blobs alike, in the draft context.  A blob that
 cannot be recomputed from the stored tokens is skipped with the reason in the details, never
 silently.
 """
@@ -39,11 +39,17 @@ from slotfile.llama.pool import LoaderPool
 from slotfile.llama.settings import draft_settings_for, settings_for
 from slotfile.llama.worker.settings import LoadSettings
 from slotfile.problems import CheckLevel, ProblemCode
-from slotfile.verify.judge import STEPWISE_TOKENS, Caches, DeepInputs, caches_of, compare_bodies
+from slotfile.verify.judge import Caches, DeepInputs, caches_of, compare_bodies
 from slotfile.verify.options import VerifyOptions
 from slotfile.verify.records import Level, Status
 
 WORST_KEYS = ("section", "part", "layer", "ratio", "by", "worst_pos")
+# The most tokens before a blob that its noise floor decodes one per call (never more than the
+# tokens since the previous checkpoint).  A checkpoint's window can hold generated rows anywhere
+# since the previous one, not only in its last STEPWISE_TOKENS: on Gemma 3 270M a second-turn
+# checkpoint saved with -ub 32 and judged with --n-ubatch 32 was 5.5 floors from its recompute
+# with 32 stepwise tokens, 1.1 with the 59 since the previous checkpoint (bench/deep_blobs_noise.py).
+CHECKPOINT_STEPWISE = 128
 
 
 @dataclasses.dataclass
@@ -117,7 +123,7 @@ def _with_floors(
     if not retry and not dretry:
         return
     with _scratch() as out:
-        got, why, crashed = call(out=out, n_stepwise=STEPWISE_TOKENS, floor_at=retry, draft_floor_at=dretry)
+        got, why, crashed = call(out=out, n_stepwise=CHECKPOINT_STEPWISE, floor_at=retry, draft_floor_at=dretry)
         if got is None:
             _failed(judge.lv, sf, f"the noise floor: {why}", crashed)
             _mark_pending(plan, "the noise-floor recompute failed")
