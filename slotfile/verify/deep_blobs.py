@@ -10,9 +10,9 @@ stopped its prompt to call ``create_checkpoint``) and taking the PARTIAL_ONLY bl
 (:func:`slotfile.verify.judge.compare_bodies`), first against the cache type's minimum floors
 (:data:`~slotfile.verify.judge.MIN_FLOOR`; a single prompt's checkpoints recompute bit for bit);
 a checkpoint above them is judged again against a stepwise floor of its own, as the body is:
-the same prefill with the :data:`~slotfile.verify.judge.STEPWISE_TOKENS` tokens before it
-decoded one per call (a later turn's checkpoint holds an earlier turn's generated rows, which
-the server decoded that way).  Draft blobs are judged against the minimum floors.  A blob that
+the same prefill with the tokens since the previous checkpoint (at most
+:data:`CHECKPOINT_STEPWISE`) decoded one per call (a later turn's checkpoint holds an
+earlier turn's generated rows, which the server decoded that way); draft blobs alike, in the draft context.  A blob that
 cannot be recomputed from the stored tokens is skipped with the reason in the details, never
 silently.
 """
@@ -39,11 +39,17 @@ from slotfile.llama.pool import LoaderPool
 from slotfile.llama.settings import draft_settings_for, settings_for
 from slotfile.llama.worker.settings import LoadSettings
 from slotfile.problems import CheckLevel, ProblemCode
-from slotfile.verify.judge import STEPWISE_TOKENS, Caches, DeepInputs, caches_of, compare_bodies
+from slotfile.verify.judge import Caches, DeepInputs, caches_of, compare_bodies
 from slotfile.verify.options import VerifyOptions
 from slotfile.verify.records import Level, Status
 
 WORST_KEYS = ("section", "part", "layer", "ratio", "by", "worst_pos")
+# The most tokens before a blob that its noise floor decodes one per call (never more than the
+# tokens since the previous checkpoint).  A checkpoint's window can hold generated rows anywhere
+# since the previous one, not only in its last STEPWISE_TOKENS: on Gemma 3 270M a second-turn
+# checkpoint saved with -ub 32 and judged with --n-ubatch 32 was 5.5 floors from its recompute
+# with 32 stepwise tokens, 1.1 with the 59 since the previous checkpoint (bench/deep_blobs_noise.py).
+CHECKPOINT_STEPWISE = 128
 
 
 @dataclasses.dataclass
@@ -81,14 +87,14 @@ def check_appendices(
         tokens,
         plan.at,
         settings=settings or settings_for(sf, opts.n_gpu_layers),
+        draft_settings=draft_settings_for(sf, opts.n_gpu_layers) if plan.draft else None,
         timeout=opts.timeout,
         n_batch=opts.n_batch,
         n_ubatch=opts.n_ubatch,
     )
     judged = Level(CheckLevel.DEEP)
     with _scratch() as out:
-        ds = draft_settings_for(sf, opts.n_gpu_layers) if plan.draft else None
-        reply, why, crashed = call(out=out, draft_settings=ds)
+        reply, why, crashed = call(out=out)
         if reply is None:
             _failed(judged, sf, why, crashed)
             _mark_pending(plan, "the recompute failed")
@@ -104,26 +110,37 @@ def check_appendices(
 def _with_floors(
     judge: _Judge, sf: SlotFile, plan: _Plan, reply: dict[str, Any], caches: Caches, call: Callable[..., Any]
 ) -> None:
-    """Judge again, each against its stepwise noise floor, the checkpoints whose data_tgt failed
-    by its values alone (deep-mismatch) against the minimum floors."""
-    retry = []
+    """Judge again, each against its stepwise noise floor, the blobs that failed by their values
+    alone (deep-mismatch) against the minimum floors."""
+    retry, dretry = [], []
     for ck, e in zip(sf.checkpoints, plan.checkpoints, strict=True):
-        sec = f"sckp.checkpoint[{ck.index}].data_tgt"
-        mine = [p for p in judge.lv.problems if p.section.startswith(sec)]
-        if e["status"] == Status.FAIL and all(p.code == ProblemCode.DEEP_MISMATCH for p in mine):
+        if _reopen(judge.lv, e, f"sckp.checkpoint[{ck.index}].data_tgt"):
             retry.append(ck.n_tokens)
-            judge.lv.problems = [p for p in judge.lv.problems if p not in mine]
-            e.update(status="pending")
-    if not retry:
+        if e["draft"] is not None and _reopen(judge.lv, e["draft"], f"sckp.checkpoint[{ck.index}].data_dft"):
+            dretry.append(ck.n_tokens)
+    if plan.sdft is not None and _reopen(judge.lv, plan.sdft, "sdft.data_dft"):
+        dretry.append(int(sf.tokens.tokens.size) if sf.tokens is not None else 0)
+    if not retry and not dretry:
         return
     with _scratch() as out:
-        got, why, crashed = call(out=out, n_stepwise=STEPWISE_TOKENS, floor_at=retry)
+        got, why, crashed = call(out=out, n_stepwise=CHECKPOINT_STEPWISE, floor_at=retry, draft_floor_at=dretry)
         if got is None:
             _failed(judge.lv, sf, f"the noise floor: {why}", crashed)
             _mark_pending(plan, "the noise-floor recompute failed")
             return
         with _mapped(out) as judge.floor_view:
-            _judge_all(judge, sf, plan, reply | {"floors": got["floors"]}, caches)
+            _judge_all(judge, sf, plan, reply | {k: got[k] for k in ("floors", "draft_floors")}, caches)
+
+
+def _reopen(lv: Level, e: dict[str, Any], section: str) -> bool:
+    """Whether the blob of entry ``e`` failed by its values alone (deep-mismatch); if so its
+    problems are dropped and the entry is pending again, for its stepwise floor."""
+    mine = [p for p in lv.problems if p.section.startswith(section)]
+    if e["status"] != Status.FAIL or not all(p.code == ProblemCode.DEEP_MISMATCH for p in mine):
+        return False
+    lv.problems = [p for p in lv.problems if p not in mine]
+    e.update(status="pending")
+    return True
 
 
 def _failed(lv: Level, sf: SlotFile, why: str, crashed: bool) -> None:
@@ -210,27 +227,25 @@ def _mark_pending(plan: _Plan, why: str) -> None:
 def _judge_all(judge: _Judge, sf: SlotFile, plan: _Plan, reply: dict[str, Any], caches: Caches) -> None:
     """Every pending entry of ``plan`` against the worker's recomputed blobs (``reply``)."""
     got = {int(c["n_tokens"]): c for c in reply.get("checkpoints", [])}
-    floors = {int(f["n_tokens"]): f for f in reply.get("floors", [])}
+    floors = {(int(f["n_tokens"]), False): f for f in reply.get("floors", [])}
+    dfloors = {(int(f["n_tokens"]), bool(f["full"])): f for f in reply.get("draft_floors", [])}
     dcaches = caches_of(sf.draft_expect)
     for ck, e in zip(sf.checkpoints, plan.checkpoints, strict=True):
-        rec, fl = got.get(ck.n_tokens) or {}, floors.get(ck.n_tokens) or {}
+        rec = got.get(ck.n_tokens) or {}
         label, sec = f"checkpoint {ck.index} (n_tokens {ck.n_tokens})", f"sckp.checkpoint[{ck.index}]"
         if e["status"] == "pending":
             w = _Want(ck.tgt, rec.get("tgt"), f"{sec}.data_tgt", label, ck.n_tokens, sf.expect, True, caches)
-            e.update(judge(dataclasses.replace(w, floor=fl.get("blob"), k=int(fl.get("k") or 0))))
+            e.update(judge(w.with_floor(floors.get((ck.n_tokens, False)))))
         d = e["draft"]
         if d is not None and d["status"] == "pending":
             label += ", draft"
-            d.update(
-                judge(
-                    _Want(ck.dft, rec.get("dft"), f"{sec}.data_dft", label, ck.n_tokens, sf.draft_expect, True, dcaches)
-                )
-            )
+            w = _Want(ck.dft, rec.get("dft"), f"{sec}.data_dft", label, ck.n_tokens, sf.draft_expect, True, dcaches)
+            d.update(judge(w.with_floor(dfloors.get((ck.n_tokens, False)))))
     dft = sf.draft.dft if sf.draft is not None else None
     if plan.sdft is not None and plan.sdft["status"] == "pending" and dft is not None:
         n = int(sf.tokens.tokens.size) if sf.tokens is not None else 0
         w = _Want(dft, reply.get("draft"), "sdft.data_dft", "draft state", n, sf.draft_expect, False, dcaches)
-        plan.sdft.update(judge(w))
+        plan.sdft.update(judge(w.with_floor(dfloors.get((n, True)))))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -249,6 +264,10 @@ class _Want:
     caches: Caches
     floor: list[int] | None = None
     k: int = 0
+
+    def with_floor(self, f: dict[str, Any] | None) -> _Want:
+        """This blob with the worker's noise-floor blob ``f`` (None: none)."""
+        return dataclasses.replace(self, floor=f["blob"], k=int(f["k"])) if f else self
 
 
 @dataclasses.dataclass

@@ -383,26 +383,31 @@ class Worker:
         the blob there as it does: ``llama_state_seq_get_data_ext(ctx, seq, PARTIAL_ONLY)``.  With
         a draft model and ``draft_settings``, the same tokens in a draft context: its PARTIAL_ONLY
         blob at each checkpoint (``data_dft``) and its whole state at the end (SDFT's ``data_dft``).
-        Without a draft, decoding stops at the last checkpoint.  With ``floor_at`` (a subset of
-        ``at``) and ``n_stepwise``, instead: the noise floor of those checkpoints
-        (:func:`_floor_blobs`).  The blobs go to ``out``, back to back; the reply gives each
-        one's [offset, length]."""
+        Without a draft, decoding stops at the last checkpoint.  With ``n_stepwise`` and
+        ``floor_at`` / ``draft_floor_at`` (n_tokens of ``at``; the token count: SDFT's whole draft
+        state), instead: the noise floor of those blobs (:func:`_floor_blobs`).  The blobs go to
+        ``out``, back to back; the reply gives each one's [offset, length]."""
         s = request_settings(req["settings"])
         tokens = [int(t) for t in req["tokens"]]
-        at = sorted({int(a) for a in req["at"] if 0 < int(a) <= len(tokens)})
+        n, n_step = len(tokens), int(req.get("n_stepwise") or 0)
+        at = sorted({int(a) for a in req["at"] if 0 < int(a) <= n})
         take = sorted(set(at) & {int(a) for a in req.get("floor_at") or []})
-        n_batch = int(req.get("n_batch") or DEEP_N_BATCH)
-        ctx = self.model.context(s, n_batch, int(req.get("n_ubatch") or DEEP_N_UBATCH))  # ContextError: the reply
+        dtake = sorted((set(at) | {n}) & {int(a) for a in req.get("draft_floor_at") or []})
+        n_batch, n_ubatch = int(req.get("n_batch") or DEEP_N_BATCH), int(req.get("n_ubatch") or DEEP_N_UBATCH)
+        ctx = self.model.context(s, n_batch, n_ubatch)  # a ContextError is the reply
         dctx, dseq = None, s.seq_id
-        if self.draft is not None and req.get("draft_settings") is not None and not take:
+        if self.draft is not None and req.get("draft_settings") is not None and (dtake or not take):
             ds = request_settings(req["draft_settings"])
-            dctx, dseq = self.draft.context(ds, n_batch, int(req.get("n_ubatch") or DEEP_N_UBATCH)), ds.seq_id
-        upto = len(tokens) if dctx is not None else max(at, default=0)  # the draft's whole state needs all
-        out: dict[str, Any] = {"ok": True, "checkpoints": [], "draft": None, "floors": []}
+            dctx, dseq = self.draft.context(ds, n_batch, n_ubatch), ds.seq_id
+        upto = n if dctx is not None else max(at, default=0)  # the draft's whole state needs all
+        out: dict[str, Any] = {"ok": True, "checkpoints": [], "draft": None, "floors": [], "draft_floors": []}
         try:
             with open(req["out"], "wb") as bf:
-                if take:
-                    out["floors"] = _floor_blobs(bf, ctx, tokens, at, take, s.seq_id, n_batch, int(req["n_stepwise"]))
+                if take or dtake:
+                    if take:
+                        out["floors"] = _floor_blobs(bf, ctx, tokens, at, take, s.seq_id, n_batch, n_step)
+                    if dtake and dctx is not None:
+                        out["draft_floors"] = _floor_blobs(bf, dctx, tokens, at, dtake, dseq, n_batch, n_step, n)
                 else:
                     out["checkpoints"], out["draft"] = _prefill_into(
                         bf, ctx, dctx, tokens[:upto], at, s.seq_id, n_batch, dseq
@@ -411,7 +416,7 @@ class Worker:
             for c in (ctx, dctx):
                 if c is not None:
                     rt.L.llama_memory_clear(rt.L.llama_get_memory(c), True)
-        out["message"] = f"prefilled {max(take) if take else upto} tokens"
+        out["message"] = f"prefilled {max(take + dtake) if take or dtake else upto} tokens"
         return out
 
     def handle(self, req: dict[str, Any]) -> dict[str, Any]:
@@ -471,24 +476,31 @@ def _prefill_into(
 
 
 def _floor_blobs(
-    bf: Any, ctx: Any, tokens: list[int], at: list[int], take: list[int], seq: int, n_batch: int, n_stepwise: int
+    bf: Any,
+    ctx: Any,
+    tokens: list[int],
+    at: list[int],
+    take: list[int],
+    seq: int,
+    n_batch: int,
+    n_stepwise: int,
+    full: int = -1,
 ) -> list[dict[str, Any]]:
     """The noise floor of the checkpoint blobs at ``take``, as the deep check's body floor: the
     prefill of :func:`_prefill_into` (segments cut at ``at``) but with the last ``k`` tokens
     before each checkpoint in ``take`` (at most ``n_stepwise``, its segment, half its n_tokens)
     decoded one per llama_decode call, the path the server's generated tokens take (a
     checkpoint's window can hold an earlier turn's generated rows); the PARTIAL_ONLY blob there
-    to ``bf``.  Never rolled back, so recurrent memory gets a floor too.  Returns per checkpoint
-    its n_tokens, ``k`` and [offset, length]."""
-    flags = rt.L.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+    to ``bf`` (at ``full``: the whole state, SDFT's draft).  Never rolled back, so recurrent
+    memory gets a floor too.  Returns per blob its n_tokens, ``k``, ``full`` and [offset, length]."""
     out: list[dict[str, Any]] = []
     for a, b in segments(max(take), at):
         k = min(n_stepwise, b - a, b // 2) if b in take else 0
         decode(ctx, tokens[a : b - k], a, seq, True, n_batch)
         if k:
             decode_one_thread(ctx, tokens[b - k : b], b - k, seq)
-            blob = get_blob(ctx, seq, flags)
-            out.append({"n_tokens": b, "k": k, "blob": [bf.tell(), len(blob)]})
+            blob = get_blob(ctx, seq, 0 if b == full else rt.L.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY)
+            out.append({"n_tokens": b, "k": k, "full": b == full, "blob": [bf.tell(), len(blob)]})
             bf.write(blob)
     bf.flush()
     return out
