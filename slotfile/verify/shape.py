@@ -36,6 +36,10 @@ CORROBORATE = 2.0
 USUAL_UBATCH = (256, 128, 64, 32)  # llama-server -ub values tried below the first recompute's
 NEAR = 8  # positions either side where another layer's difference corroborates a cell's
 SCHEDULE_DEPENDENT = 2.0  # a cell's ratio moving this many times between recomputes: drift
+# a drifting region: the other layers' largest ratios within NEAR positions have a median of at
+# least this many floors (a clean region of an agreeing recompute: about 0); a cell there is
+# drift up to 2 * limit times that background (g-swa-full: 3.8 floors on a background of 1.26)
+DRIFTING = 0.75
 
 
 @dataclass(frozen=True)
@@ -126,10 +130,23 @@ def drift_shape(j: Judgment, limit: float = MARGIN_LIMIT, others: tuple[Judgment
             seen = [float(a[i, p]) for a in alt] + [float(r[i, p])]
             if max(seen) > SCHEDULE_DEPENDENT * max(min(seen), 1e-9):
                 continue  # the split moves it: drift
+            bg = max(_background(x, runs, i, int(p)) for x in (r, *alt))
+            if bg >= DRIFTING and r[i, p] <= 2 * limit * bg:
+                continue  # as far from the recompute as every layer around it, relative to its floor
             why = _not_drift(m, runs, high, i, int(p), limit)
             if why:
                 return Shape(False, why, onset)
     return Shape(True, f"drift: from position {onset} on, the layers differ together (model space)", onset)
+
+
+def _background(r: np.ndarray, runs: list[RunCells], i: int, p: int) -> float:
+    """The median over the other layers holding position ``p`` of their largest ratio within
+    :data:`NEAR` positions of it."""
+    key = (runs[i].block, runs[i].layer)
+    rows = [k for k, x in enumerate(runs) if (x.block, x.layer) != key and x.positions is not None and p in x.positions]
+    if not rows:
+        return 0.0
+    return float(np.median(r[rows, max(0, p - NEAR) : p + NEAR + 1].max(axis=1)))
 
 
 def _not_drift(m: np.ndarray, runs: list[RunCells], high: np.ndarray, i: int, p: int, limit: float) -> str:
