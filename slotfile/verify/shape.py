@@ -127,13 +127,14 @@ def drift_shape(j: Judgment, limit: float = MARGIN_LIMIT, others: tuple[Judgment
     onset = int(cols[0]) if cols.size else None
     for i in range(len(runs)):
         for p in np.flatnonzero(r[i] > limit):
+            why = _first_layer(m, runs, int(p), limit)
             seen = [float(a[i, p]) for a in alt] + [float(r[i, p])]
-            if max(seen) > SCHEDULE_DEPENDENT * max(min(seen), 1e-9):
+            if not why and max(seen) > SCHEDULE_DEPENDENT * max(min(seen), 1e-9):
                 continue  # the split moves it: drift
             bg = max(_background(x, runs, i, int(p)) for x in (r, *alt))
-            if bg >= DRIFTING and r[i, p] <= 2 * limit * bg:
+            if not why and bg >= DRIFTING and r[i, p] <= 2 * limit * bg:
                 continue  # as far from the recompute as every layer around it, relative to its floor
-            why = _not_drift(m, runs, high, i, int(p), limit)
+            why = why or _isolated(runs, high, i, int(p), float(r[i, p]))
             if why:
                 return Shape(False, why, onset)
     return Shape(True, f"drift: from position {onset} on, the layers differ together (model space)", onset)
@@ -149,16 +150,23 @@ def _background(r: np.ndarray, runs: list[RunCells], i: int, p: int) -> float:
     return float(np.median(r[rows, max(0, p - NEAR) : p + NEAR + 1].max(axis=1)))
 
 
-def _not_drift(m: np.ndarray, runs: list[RunCells], high: np.ndarray, i: int, p: int, limit: float) -> str:
-    """Why cell ``p`` of run ``i`` (over the limit) is not drift ('' : it is)."""
+def _isolated(runs: list[RunCells], high: np.ndarray, i: int, p: int, ratio: float) -> str:
+    """Why cell ``p`` of run ``i`` is damage in its layer's bytes: no other layer differs near
+    it ('': another does)."""
     c = runs[i]
     layer_of = [(x.block, x.layer) for x in runs]
     near = high[:, max(0, p - NEAR) : p + NEAR + 1].any(axis=1)
-    if not {layer_of[k] for k in np.flatnonzero(near)} - {layer_of[i]}:
-        return (
-            f"isolated: {c.part} layer {c.layer} of {c.block} at position {p} differs by "
-            f"{m[i, p]:.3g} floors and no other layer differs near it (damage in that layer's bytes)"
-        )
+    if {layer_of[k] for k in np.flatnonzero(near)} - {layer_of[i]}:
+        return ""
+    return (
+        f"isolated: {c.part} layer {c.layer} of {c.block} at position {p} differs by "
+        f"{ratio:.3g} floors and no other layer differs near it (damage in that layer's bytes)"
+    )
+
+
+def _first_layer(m: np.ndarray, runs: list[RunCells], p: int, limit: float) -> str:
+    """Why position ``p`` is damage: the first layer of every block holding it differs beyond
+    the limit in K and V ('': it does not)."""
     held = [k for k, x in enumerate(runs) if x.layer == 0 and not np.isnan(m[k, p])]
     if held and float(np.nan_to_num(m[held, p]).min()) > limit:
         return (
