@@ -2,15 +2,20 @@
 --slot-save-path, beside the I/O baseline ``find DIR -type f | xargs cat > /dev/null`` measured
 in the same run (the machine is shared: compare ratios, and read the load average printed).
 
-The directory holds N copies (real files, not links) of the fixture slot files of both state
-versions (fixtures/slots/*.slot, fixtures/slots/v4/*.slot: ~30 shapes), spread over 20
-subdirectories.  Each command runs as a child process (start-up included), ``--runs`` times;
+The directory holds N copies (real files, not links), spread over 20 subdirectories, of
+``--source fixtures``: the fixture slot files of both state versions (fixtures/slots/*.slot,
+fixtures/slots/v4/*.slot: ~30 shapes, ~15 KiB each), or ``--source real``: the slot files real
+llama-servers wrote (~/.cache/slotfile/corpus/{v3,v4}-native/*.bin, bench/corpus.md) under
+``--max-kib`` (800: 150 files, ~115 KiB each).  ``--source real-distinct`` reads those real files
+once each, no copies: every file a new shape, as in a server's directory where every prompt
+has its own length (``--files`` does not apply).  Each command runs as a child process (start-up
+included), ``--runs`` times;
 the best run is reported, with the child's peak RSS (ru_maxrss of that child alone) and its
 CPU seconds (user + system): on a loaded machine the files per CPU second say what an idle
 core gives, the wall-clock rate what this run got.
 
-    python bench/ls_dir.py                       # 100, 2000 and 20000 files
-    python bench/ls_dir.py --files 2000 --runs 5
+    python bench/ls_dir.py                       # 100, 2000 and 20000 files, both sources
+    python bench/ls_dir.py --files 2000 --runs 5 --source real
 """
 
 from __future__ import annotations
@@ -27,15 +32,22 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SLOTS = ROOT / "fixtures" / "slots"
+CORPUS = Path(os.path.expanduser("~/.cache/slotfile/corpus"))
+SOURCES = ("fixtures", "real", "real-distinct")
 
 
-def sources() -> list[Path]:
-    return sorted(p for d in (SLOTS, SLOTS / "v4") for p in d.iterdir() if p.suffix in (".slot", ".session"))
+def sources(kind: str, max_kib: int) -> list[Path]:
+    if kind == "fixtures":
+        return sorted(p for d in (SLOTS, SLOTS / "v4") for p in d.iterdir() if p.suffix in (".slot", ".session"))
+    found = sorted(p for d in ("v3-native", "v4-native") for p in (CORPUS / d).glob("*.bin"))
+    got = [p for p in found if p.stat().st_size <= max_kib * 1024]
+    if not got:
+        raise SystemExit(f"no real-server slot files under {CORPUS} (bench/corpus.md says how to make them)")
+    return got
 
 
-def build(d: Path, n: int) -> int:
+def build(d: Path, n: int, srcs: list[Path]) -> int:
     """N copies, aged an hour (outside --settle); the bytes written."""
-    srcs = sources()
     old = time.time() - 3600
     total = 0
     for i in range(n):
@@ -66,10 +78,12 @@ def child(args: list[str]) -> tuple[float, int, dict, float]:
     return dt, ru.ru_maxrss, json.loads(data), ru.ru_utime + ru.ru_stime
 
 
-def measure(n: int, runs: int) -> dict:
+def measure(n: int, runs: int, kind: str, max_kib: int) -> dict:
+    srcs = sources(kind, max_kib)
+    n = len(srcs) if kind == "real-distinct" else n
     with tempfile.TemporaryDirectory(prefix="slotfile-ls-bench-") as tmp:
         d = Path(tmp)
-        size = build(d, n)
+        size = build(d, n, srcs)
         load = os.getloadavg()
         cat, ls, ver = [], [], []
         for _ in range(runs):
@@ -81,6 +95,7 @@ def measure(n: int, runs: int) -> dict:
         lsb, vb, cb = min(ls, key=lambda r: r[0]), min(ver, key=lambda r: r[0]), min(cat)
         assert lsb[2]["totals"]["files"] == n and vb[2]["summary"]["files"] == n
         return {
+            "source": kind,
             "files": n,
             "mib": round(size / 2**20, 1),
             "load_average_at_start": [round(x, 2) for x in load],
@@ -105,8 +120,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--files", type=int, action="append", help="repeatable (default 100, 2000, 20000)")
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--source", choices=SOURCES, action="append", help="repeatable (default fixtures, real)")
+    ap.add_argument("--max-kib", type=int, default=800, help="--source real: the largest file copied")
     a = ap.parse_args()
-    rows = [measure(n, a.runs) for n in a.files or (100, 2000, 20000)]
+    rows = []
+    for kind in a.source or ("fixtures", "real"):
+        for n in (1,) if kind == "real-distinct" else a.files or (100, 2000, 20000):
+            rows.append(measure(n, a.runs, kind, a.max_kib))
+            print(json.dumps(rows[-1]), file=sys.stderr)  # as it goes: a 20,000-file run takes minutes
     print(json.dumps({"cpus": os.cpu_count(), "python": sys.version.split()[0], "rows": rows}, indent=2))
 
 

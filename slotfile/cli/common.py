@@ -103,3 +103,19 @@ def exit_code(files: list[SlotFile | None]) -> int:
     if any(f.errors for f in files if f is not None):
         return PROBLEMS
     return OK
+
+
+def write_json(doc: Any) -> None:
+    """``doc`` on stdout exactly as ``json.dumps(doc, indent=2)`` and a newline, written in
+    pieces as it is encoded: a directory's document never exists as one text (the encoder's
+    list of pieces for 20,000 files was 5-8 times the text, most of ls's peak memory)."""
+    import json
+
+    out, buf = sys.stdout, []
+    for piece in json.JSONEncoder(indent=2).iterencode(doc):
+        buf.append(piece)
+        if len(buf) >= 8192:
+            out.write("".join(buf))
+            buf.clear()
+    buf.append("\n")
+    out.write("".join(buf))

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from slotfile.cli.common import fail, out_console
-from slotfile.cli.terminal import escape_text
+from slotfile.cli.listing import Row, pipe_line, print_rows, screen_width, summary
+from slotfile.cli.terminal import count
 from slotfile.exitcodes import OK, OPERATIONAL, PROBLEMS, USAGE
 from slotfile.slotdir.walk import Tally
 
@@ -95,18 +96,24 @@ def report_batch(
 def _print_batch(
     results: list[FileResult], counts: dict[str, int], scan: DirScan, tally: Tally, elapsed: float, dry_run: bool
 ) -> None:
+    """One row per file (:mod:`slotfile.cli.listing`): the action and the name, what was found
+    and where the output went under it; one line per file in a pipe."""
     out = out_console()
+    width = screen_width(out)
+    rows = []
     for x in results:
         tail = f" -> {x.output}" if x.output and x.action in ("copied", "converted") else ""
-        out.print(escape_text(f"{x.action:13} {x.rel}: {x.fate}: {x.reason}{tail}"), soft_wrap=True)
-    summary = ", ".join(f"{n} {k}" for k, n in counts.items()) or "nothing to do"
+        if width is None:
+            pipe_line(x.rel, f"{x.action}: {x.fate}: {x.reason}{tail}")
+        style = "bold red" if x.action in ("failed", "error") else ""
+        rows.append(Row((x.action, x.rel), style, (("", f"{x.fate}: {x.reason}{tail}"),)))
+    if width is not None and rows:
+        print_rows(out, ("action", "file"), rows, width)
+    done = ", ".join(f"{n} {k}" for k, n in counts.items()) or "nothing to do"
     left = (
-        f"; left out: {len(scan.temps)} temp file(s), {len(scan.busy)} still being written"
+        f"; left out: {count(len(scan.temps), 'temp file')}, {len(scan.busy)} still being written"
         if scan.temps or scan.busy
         else ""
     )
-    out.print(
-        f"{len(results)} file(s): {summary}{left}; {tally.line()} in {elapsed:.1f} s"
-        + (" (dry run: nothing written)" if dry_run else ""),
-        soft_wrap=True,
-    )
+    line = f"{count(len(results), 'file')}: {done}{left}; {tally.line()} in {elapsed:.1f} s"
+    summary(out, line + (" (dry run: nothing written)" if dry_run else ""), width)

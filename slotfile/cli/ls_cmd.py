@@ -23,16 +23,15 @@ be read; 2 usage.
 
 from __future__ import annotations
 
-import json
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from slotfile.cli.common import fail, out_console, say_waiting
-from slotfile.cli.server_common import server_dict, wide_console
-from slotfile.cli.terminal import escape_text, human_size
+from slotfile.cli.common import fail, out_console, say_waiting, write_json
+from slotfile.cli.listing import Row, pipe_line, print_rows, screen_width, summary
+from slotfile.cli.server_common import server_dict
+from slotfile.cli.terminal import count, human_size
 from slotfile.exitcodes import OK, OPERATIONAL, PROBLEMS, USAGE
 from slotfile.slotdir.walk import (
     SETTLE_SECONDS,
@@ -43,7 +42,7 @@ from slotfile.slotdir.walk import (
     human_age,
     scan_dir,
     settle_problem,
-    summarize,
+    summarize_all,
 )
 
 SCHEMA = "slotfile.ls/1"
@@ -80,7 +79,7 @@ def run_ls(args: LsArgs) -> int:
     t0 = time.monotonic()
     scan = scan_dir(root, settle=args.settle, settle_wait=args.settle_wait, on_wait=say_waiting("ls"))
     now = time.time()  # ages from after the wait
-    rows = [summarize(e) for e in scan.slots]
+    rows = summarize_all(scan.slots)  # in order; on several processes for a large DIR
     fates = _fates(rows, server, side)
     from slotfile.seal.verify_hook import ls_states
 
@@ -102,7 +101,7 @@ def run_ls(args: LsArgs) -> int:
     if args.json_out:
         doc = document(scan, rows, fates, server, now, elapsed, rc)
         _add_seal_columns(doc, sealed, gone, picked)
-        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+        write_json(doc)  # streamed: memory flat in the number of files
     else:
         render(scan, rows, fates, now, elapsed, sealed, gone, picked)
     return rc
@@ -246,6 +245,11 @@ def _fa(s: FileSummary) -> str:
     return {True: "on", False: "off", None: "-"}[s.flash_attn]
 
 
+# the memory class first, left-aligned: a row never starts with spaces, as the name under it does
+HEADS = ("memory", "ver", "size", "tokens", "streams", "K/V", "fa", "ckpt", "draft", "age")
+RIGHT = ("size", "tokens", "ckpt", "age")
+
+
 def render(
     scan: DirScan,
     rows: list[FileSummary],
@@ -256,73 +260,59 @@ def render(
     gone: list[str] | None = None,
     picked: dict[str, Any] | None = None,
 ) -> None:
-    """The table of the slot files (when there are any), then the totals line."""
+    """One row per slot file (:mod:`slotfile.cli.listing`: fixed columns and the name on a
+    terminal, one plain line per file on a pipe), then the totals."""
     out = out_console()
-    table = _table(scan, rows, fates, now, sealed, picked)
-    if rows:
-        wide_console(out).print(table)
-    out.print(_totals_line(scan, rows, fates, elapsed, sealed, gone), soft_wrap=True)
+    width = screen_width(out)
+    heads = (*HEADS, *(("sealed",) if sealed is not None else ()))
+    listed = [_row(s, fates, now, sealed, picked) for s in rows]
+    if width is None:
+        for s, row in zip(rows, listed, strict=True):
+            pipe_line(s.rel, ", ".join(f"{h} {c}" for h, c in zip(heads, row.cells, strict=False)), _plain(row))
+    elif rows:
+        print_rows(out, (*heads, "file"), listed, width, right=RIGHT)
+    summary(out, _totals_line(scan, rows, fates, elapsed, sealed, gone), width)
 
 
-def _table(
-    scan: DirScan,
-    rows: list[FileSummary],
-    fates: dict[str, Any],
-    now: float,
-    sealed: dict[str, str] | None,
-    picked: dict[str, Any] | None,
-) -> Any:
-    """The rich table: one row per slot file, with the restore, sealed and model columns when
-    they were asked for."""
-    from rich.table import Table
-
-    table = Table(title=f"slotfile ls {escape_text(scan.root)}", title_justify="left")
-    cols = ["file", "size", "tokens", "ver", "memory", "streams", "K/V", "fa", "ckpt", "draft", "age"]
-    if fates:
-        cols.append("restore")
-    if sealed is not None:
-        cols.append("sealed")
-    if picked is not None:
-        cols.append("model")
-    for c in cols:
-        table.add_column(c, justify="right" if c in ("size", "tokens", "ckpt", "age") else "left", overflow="fold")
-    for s in rows:
-        if s.error:
-            table.add_row(escape_text(s.rel), human_size(s.size), "-", "-", "unreadable", *["-"] * (len(cols) - 5))
-            continue
-        table.add_row(*_row(s, fates, now, sealed, picked))
-    return table
+def _plain(row: Row) -> list[str]:
+    return [text for _, text in row.details]
 
 
 def _row(
     s: FileSummary, fates: dict[str, Any], now: float, sealed: dict[str, str] | None, picked: dict[str, Any] | None
-) -> list[str]:
-    """The cells of a readable slot file's row."""
+) -> Row:
+    """A file's row: the cells (then its name), and the lines under it: why it is damaged,
+    the restore predicted (``--server-args``), the model (``--models``)."""
+    seal = (sealed.get(s.path, "-"),) if sealed is not None else ()
+    if s.error:
+        cells = ("unreadable", "-", human_size(s.size), *["-"] * (len(HEADS) - 3), *seal, s.rel)
+        return Row(cells, "bold magenta")
     kv = f"{s.type_k}/{s.type_v or '-'}" if s.type_k else "-"
-    mem = (s.memory_class or s.format or "?") + (" DAMAGED" if s.damaged else "")
-    row = [
-        escape_text(s.rel),
+    cells = (
+        s.memory_class or s.format or "?",
+        str(s.version if s.version is not None else "-"),
         human_size(s.size),
         str(s.n_tokens if s.n_tokens is not None else "-"),
-        str(s.version if s.version is not None else "-"),
-        mem,
         _streams(s),
         kv,
         _fa(s),
         str(s.checkpoints),
         "yes" if s.draft else "-",
         human_age(s.age(now)),
-    ]
+        *seal,
+        s.rel,
+    )
+    details: list[tuple[str, str]] = []
+    if s.damaged:
+        details.append(("red", f"damaged: {s.first_problem}"))
     if fates:
         f = fates.get(s.path)
-        row.append(escape_text(f"{f['fate']}: {f['reason']}") if f else "-")
-    if sealed is not None:
-        row.append(sealed.get(s.path, "-"))
+        details.append(("cyan", f"restore: {f['fate']}: {f['reason']}" if f else "restore: -"))
     if picked is not None:
         from slotfile.seal.verify_hook import model_cell
 
-        row.append(escape_text(model_cell(picked.get(s.path))))
-    return row
+        details.append(("", f"model: {model_cell(picked.get(s.path))}"))
+    return Row(cells, "bold red" if s.damaged else "", tuple(details))
 
 
 def _totals_line(
@@ -333,26 +323,26 @@ def _totals_line(
     sealed: dict[str, str] | None,
     gone: list[str] | None,
 ) -> str:
-    """The line under the table: totals, the files set apart, the manifest, the rate."""
+    """The line under the listing: totals, the files set apart, the manifest, the rate."""
     line = (
-        f"{len(rows)} slot file(s), {human_size(sum(s.size for s in rows))}, "
-        f"{sum(s.n_tokens or 0 for s in rows)} tokens"
+        f"{count(len(rows), 'slot file')}, {human_size(sum(s.size for s in rows))}, "
+        f"{count(sum(s.n_tokens or 0 for s in rows), 'token')}"
     )
     damaged = sum(1 for s in rows if s.damaged)
     if damaged:
         line += f", {damaged} damaged"
     line += (
-        f"; apart: {len(scan.temps)} temp file(s) ({human_size(sum(e.size for e in scan.temps))}), "
+        f"; set apart: {count(len(scan.temps), 'temp file')} ({human_size(sum(e.size for e in scan.temps))}), "
         f"{len(scan.busy)} still being written ({human_size(sum(e.size for e in scan.busy))})"
     )
     if scan.symlinks:
-        line += f", {len(scan.symlinks)} symlink(s) not followed"
+        line += f", {count(len(scan.symlinks), 'symlink')} not followed"
     if fates:
-        line += " [restore: from the structure only; verify --server-args proves it with a load]"
+        line += "; restore: from the structure only, verify --server-args proves it with a load"
     if sealed is not None:
         n_ok = sum(1 for v in sealed.values() if v == "sealed")
         line += f"; manifest: {n_ok} sealed as they are, {len(sealed) - n_ok} changed or unsealed"
-        line += f", {len(gone or [])} sealed file(s) gone (verify DIR checks the bytes)"
+        line += f", {count(len(gone or []), 'sealed file')} gone (verify DIR checks the bytes)"
     line += f"; {tally(scan, rows).line()}"
     line += f"; {len(rows) / elapsed:.0f} files/s" if elapsed > 0 and rows else ""
     return line

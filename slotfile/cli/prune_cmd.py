@@ -4,7 +4,8 @@ JSON (``--json``), schema ``slotfile.prune/1``::
 
     {"schema": "slotfile.prune/1", "root": str, "delete": bool,
      "rules": {"max_total", "older_than_s", "keep", "damaged", "settle_s"},
-     "remove": [{"path", "rel", "size", "age_s", "why", "removed", "error"}],
+     "remove": [{"path", "rel", "size", "age_s", "rule", "why", "removed", "error"}],
+     # rule: the one that picked the file: damaged, older-than, keep or max-total
      "total_before": int, "total_after": int, "untouchable_bytes": int,
      "quota_met": bool, "note": str, "errors": [str], "still_being_written": [str],
      "tally": {"handled", "skipped", "failed"}, "exit_code": 0 | 4 | 8,
@@ -26,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from slotfile.cli.common import fail, out_console, say_waiting
-from slotfile.cli.terminal import escape_text, human_size
+from slotfile.cli.listing import Row, pipe_line, print_rows, screen_width, summary
+from slotfile.cli.terminal import count, escape_text, human_size
 from slotfile.exitcodes import OK, OPERATIONAL, PROBLEMS, USAGE
 from slotfile.slotdir.prune import SCHEMA, PrunePlan, carry_out, plan_prune
 from slotfile.slotdir.walk import (
@@ -40,7 +42,7 @@ from slotfile.slotdir.walk import (
     parse_size,
     scan_dir,
     settle_problem,
-    summarize,
+    summarize_all,
 )
 
 
@@ -105,7 +107,9 @@ def run_prune(args: PruneArgs) -> int:
         _render(plan, args.delete, scan, tally, now)
         if manifest is not None:
             out_console().print(
-                escape_text(f"manifest {manifest['path']}: {len(manifest['dropped'])} entry(ies) dropped"),
+                escape_text(
+                    f"manifest {manifest['path']}: {count(len(manifest['dropped']), 'entry', 'entries')} dropped"
+                ),
                 soft_wrap=True,
             )
     return rc
@@ -135,8 +139,7 @@ def _rules(args: PruneArgs) -> tuple[int | None, float | None] | int:
 def _summaries(scan: DirScan, errors: list[str]) -> dict[str, FileSummary]:
     """Every slot file read (for --damaged); the ones that cannot be read add to ``errors``."""
     summaries: dict[str, FileSummary] = {}
-    for entry in scan.slots:
-        s = summarize(entry)
+    for entry, s in zip(scan.slots, summarize_all(scan.slots), strict=True):
         if s.error:
             errors.append(s.error)
         summaries[entry.path] = s
@@ -181,27 +184,44 @@ def _document(
 
 
 def _render(plan: PrunePlan, delete: bool, scan: DirScan, tally: Tally, now: float) -> None:
+    """One row per file planned (:mod:`slotfile.cli.listing`), then what the plan frees."""
     out = out_console()
-    n_apart = len(scan.temps) + len(scan.busy)
+    width = screen_width(out)
     verb = "removed" if delete else "would remove"
+    rows = []
     for r in plan.remove:
         state = verb if r.error is None else "NOT removed"
-        out.print(
-            escape_text(
-                f"{state}: {r.entry.rel} ({human_size(r.entry.size)}, {human_age(now - r.entry.mtime)} "
-                f"old): {r.why}" + (f": {r.error}" if r.error else "")
-            ),
-            soft_wrap=True,
+        size, age = human_size(r.entry.size), human_age(now - r.entry.mtime)
+        details = [("red", r.why)] if r.rule == "damaged" else []
+        details += [("red", f"not removed: {r.error}")] if r.error else []
+        rows.append(Row((state, size, age, r.rule, r.entry.rel), "bold red" if r.error else "", tuple(details)))
+        if width is None:
+            pipe_line(r.entry.rel, f"{state}, size {size}, age {age}: {r.why}", [r.error] if r.error else [])
+    if width is not None and rows:
+        print_rows(out, ("action", "size", "age", "rule", "file"), rows, width, right=("size", "age"))
+    summary(out, _plan_line(plan, delete, scan, tally), width)
+
+
+def _plan_line(plan: PrunePlan, delete: bool, scan: DirScan, tally: Tally) -> str:
+    """What the plan removes and frees, what it left alone, what is left to do."""
+    n = len(plan.remove)
+    if not n:
+        line = "nothing to remove"
+    elif delete:
+        done = [r for r in plan.remove if r.done]
+        line = f"removed {count(len(done), 'file')}, {human_size(sum(r.entry.size for r in done))} freed"
+        line += f", {n - len(done)} not removed" if len(done) < n else ""
+    else:
+        line = f"would remove {count(n, 'file')}, {human_size(plan.total_before - plan.total_after)}"
+    after = plan.total_before - sum(r.entry.size for r in plan.remove if r.done) if delete else plan.total_after
+    line += f"; slot files {human_size(plan.total_before)} -> {human_size(after)}"
+    if scan.temps or scan.busy:
+        line += (
+            f"; left alone: {count(len(scan.temps), 'temp file')} and {len(scan.busy)} still being written"
+            f" ({human_size(plan.untouchable)})"
         )
-    freed = plan.total_before - plan.total_after
-    line = (
-        f"{len(plan.remove)} file(s) {verb}, {human_size(freed)} freed; slot files "
-        f"{human_size(plan.total_before)} -> {human_size(plan.total_after)}"
-    )
-    if n_apart:
-        line += f"; {n_apart} temp file(s) or file(s) being written left alone ({human_size(plan.untouchable)})"
     if plan.note:
         line += f"; {plan.note}"
-    if not delete and plan.remove:
-        line += " (plan only: add --delete to remove)"
-    out.print(line + f"; {tally.line()}", soft_wrap=True)
+    if not delete and n:
+        line += "; a plan only: add --delete to remove them"
+    return line + f"; {tally.line()}"

@@ -36,7 +36,8 @@ from typing import TYPE_CHECKING, Any
 
 from slotfile.cli.common import fail, out_console, progress_bar, say_waiting
 from slotfile.cli.dir_batch import outdir_usage, report_batch, settle_batch
-from slotfile.cli.server_common import server_and_model, server_dict, wide_console
+from slotfile.cli.listing import Row, pipe_line, print_rows, print_wrapped, screen_width, summary
+from slotfile.cli.server_common import server_and_model, server_dict
 from slotfile.cli.terminal import escape_text, human_size
 from slotfile.exitcodes import OK, OPERATIONAL, PROBLEMS, USAGE
 from slotfile.slotdir.restore import Fate
@@ -227,28 +228,25 @@ def _render_restore(
     elapsed: float,
     quiet: bool,
 ) -> None:
-    from rich.table import Table
-
     out = out_console()
-    if not quiet:
-        table = Table(title=f"will these restore? server: {server.describe()}", title_justify="left")
-        for c in ("file", "size", "tokens", "verdict", "why"):
-            table.add_column(c, justify="right" if c in ("size", "tokens") else "left", overflow="fold")
-        for s, r in results:
-            fate = r.fate if r is not None else "unreadable"
-            table.add_row(
-                escape_text(s.rel),
-                human_size(s.size),
-                str(s.n_tokens if s.n_tokens is not None else "-"),
-                str(fate),
-                escape_text(r.reason if r is not None else s.error or ""),
+    width = None if quiet else screen_width(out)
+    if width is not None:  # one row per file (slotfile.cli.listing), the reason under it
+        print_wrapped(out, f"will these restore? server: {server.describe()}", width)
+        rows = [
+            Row(
+                (str(r.fate) if r is not None else "unreadable", human_size(s.size), _tokens(s), s.rel),
+                "bold green" if r is not None and r.fate == Fate.AS_IS else "bold red",
+                (("", r.reason if r is not None else s.error or ""),),
             )
-        if results:
-            wide_console(out).print(table)
-    else:
-        for s, r in results:
-            if r is not None and r.fate != Fate.AS_IS:
-                out.print(escape_text(f"{s.path}: {r.fate}: {r.reason}"), soft_wrap=True)
+            for s, r in results
+        ]
+        if rows:
+            print_rows(out, ("verdict", "size", "tokens", "file"), rows, width, right=("size", "tokens"))
+    for s, r in results:
+        if quiet and r is not None and r.fate != Fate.AS_IS:
+            out.print(escape_text(f"{s.path}: {r.fate}: {r.reason}"), soft_wrap=True)
+        elif width is None and not quiet:
+            pipe_line(s.rel, f"{r.fate if r is not None else 'unreadable'}: {r.reason if r is not None else s.error}")
     counts: dict[str, int] = {}
     for _, r in results:
         k = str(r.fate) if r is not None else "unreadable"
@@ -256,7 +254,13 @@ def _render_restore(
     line = f"{len(results)} file(s): " + (", ".join(f"{n} {k}" for k, n in counts.items()) or "none checked")
     if found.temps or found.busy:
         line += f"; left out: {found.temps} temp file(s), {found.n_busy} still being written"
-    out.print(line + f"; {tally.line()} in {elapsed:.1f} s", soft_wrap=True)
+    if width is None:
+        line += f"; server: {server.describe()}"
+    summary(out, line + f"; {tally.line()} in {elapsed:.1f} s", width)
+
+
+def _tokens(s: FileSummary) -> str:
+    return str(s.n_tokens if s.n_tokens is not None else "-")
 
 
 # ---------------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
-"""What the commands that take ``--server-args`` share: reading the flags and the model, the
-server as JSON, and a console wide enough for one line per file."""
+"""What the commands that take ``--server-args`` share: reading the flags and the model, and
+the server as JSON.  (Their listings: :mod:`slotfile.cli.listing`.)"""
 
 from __future__ import annotations
 
@@ -10,8 +10,6 @@ from typing import Any
 from slotfile.cli.common import fail
 from slotfile.exitcodes import OPERATIONAL, USAGE
 from slotfile.slotdir.serverargs import ServerArgsError, ServerSettings, parse_server_args
-
-TABLE_WIDTH = 220  # when stdout is not a terminal
 
 
 def server_and_model(
@@ -43,13 +41,3 @@ def server_dict(server: Any) -> dict[str, Any]:
     d["n_stream"] = server.n_stream
     d["describe"] = server.describe()
     return d
-
-
-def wide_console(out: Any) -> Any:
-    """``out`` (a console on stdout); on a pipe or a file, one wide enough for one line per
-    file (as verify's table)."""
-    from rich.console import Console
-
-    if out.is_terminal or os.environ.get("COLUMNS"):
-        return out
-    return Console(highlight=False, markup=False, soft_wrap=False, width=TABLE_WIDTH)

@@ -7,7 +7,9 @@ import re
 from slotfile.problems import Problem
 
 # what escape_text rewrites: a text without any of it is printed as it is
-_NEEDS_ESCAPE = re.compile(r"[\\\x00-\x1f\x7f-\x9f\u2028-\u202e\u2066-\u2069]")
+# (and lone surrogates: a file name that is not UTF-8 arrives with each undecodable byte as
+# U+DC80..U+DCFF, Python's surrogateescape; printed raw they would be those bytes again)
+_NEEDS_ESCAPE = re.compile(r"[\\\x00-\x1f\x7f-\x9f\u2028-\u202e\u2066-\u2069\ud800-\udfff]")
 
 
 def escape_text(text: str, limit: int | None = None) -> str:
@@ -23,7 +25,9 @@ def escape_text(text: str, limit: int | None = None) -> str:
             out.append("\\t")
         elif ch == "\\":
             out.append("\\\\")
-        elif o < 0x20 or 0x7F <= o < 0xA0 or o in (0x2028, 0x2029) or 0x202A <= o <= 0x202E or 0x2066 <= o <= 0x2069:
+        elif 0xDC80 <= o <= 0xDCFF:  # an undecodable byte of a name: shown as that byte
+            out.append(f"\\x{o - 0xDC00:02x}")
+        elif _NEEDS_ESCAPE.match(ch):
             out.append(f"\\x{o:02x}" if o < 0x100 else f"\\u{o:04x}")
         else:
             out.append(ch)
@@ -41,6 +45,11 @@ def human_size(n: int) -> str:
             return f"{n} {unit}" if unit == "B" else f"{size:.1f} {unit}"
         size /= 1024
     return str(n)
+
+
+def count(n: int, noun: str, plural: str | None = None) -> str:
+    """1 -> '1 file', 2 -> '2 files' (``plural`` when adding an s is wrong: 'entries')."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
 
 
 def problem_line(level: str, p: Problem) -> str:

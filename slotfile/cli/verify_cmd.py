@@ -44,7 +44,6 @@ min_floor}.
 
 from __future__ import annotations
 
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -279,9 +278,9 @@ def _emit(
             rc = OPERATIONAL
             doc["exit_code"] = rc
     if req.json_out:
-        import json
+        from slotfile.cli.common import write_json
 
-        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+        write_json(doc)  # streamed: memory flat in the number of files
     elif reports:  # nothing verified: the error lines on stderr say why, stdout stays empty
         paths = req.paths
         base = paths[0] if len(paths) == 1 and paths[0].is_dir() else None

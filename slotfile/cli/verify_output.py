@@ -3,24 +3,21 @@ quiet lines, the summary line, the JSON document and the JUnit XML."""
 
 from __future__ import annotations
 
-import os
 import platform
-import sys
-import textwrap
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.text import Text
 
 from slotfile.cli.common import out_console
+from slotfile.cli.listing import Row, pipe_line, print_rows, screen_width, summary
 from slotfile.cli.terminal import escape_text, human_size, problem_line
 from slotfile.diagnosis import CAUSE_SHORT, Cause
 from slotfile.problems import Severity
 from slotfile.verify import DEEP_JUDGMENT, LEVELS, SCHEMA, FileReport, VerifyOptions
 from slotfile.verify.options import required_levels
-from slotfile.verify.records import Status, Verdict
+from slotfile.verify.records import SkipKind, Status, Verdict
 
 STRUCTURE_ONLY = "(structure only; add --model to test-load)"
 
@@ -67,7 +64,6 @@ def document(
 
 _VERDICT_STYLE = {Verdict.PASS: "bold green", Verdict.FAIL: "bold red", Verdict.ERROR: "bold magenta"}
 _STATUS_MARK = {Status.PASS: "ok", Status.FAIL: "FAIL", Status.SKIPPED: "-"}
-DETAIL_INDENT = "    "
 
 
 def _warnings(r: FileReport) -> list[str]:
@@ -108,31 +104,49 @@ def _details(r: FileReport) -> list[tuple[str, str]]:
     could not be checked here, and the next step (style "command": a command line, never
     wrapped).  A file that is not a slot file says what to pass in its problem already."""
     lines: list[tuple[str, str]] = []
-    if r.first_problem and not r.error:
+    if r.first_problem and not r.error and not (r.unmet and r.cause is None):
         lines.append(("red", r.first_problem))
-    elif not r.error and _warnings(r):
+    elif not r.error and not r.unmet and _warnings(r):
         lines.append(("yellow", f"warning: {_warnings(r)[0]}"))
-    unmet = {u["level"] for u in r.unmet}
-    for u in r.unchecked:
-        if u.split(":")[0] not in unmet:
-            lines.append(("yellow", f"not checked here: {u}"))
-    for m in r.unmet:  # the first one's reason is the first problem above
-        if m is not r.unmet[0] or not (r.first_problem or "").startswith(f"{m['level']}: required"):
-            lines.append(("red", f"required {m['level']} not checked: {m['reason']}"))
-        lines.append(
-            (
-                "cyan",
-                f"to check {m['level']}: pass {m['hint']}"
-                if m["hint"].startswith("--")
-                else f"to check {m['level']}: {m['hint']}",
-            )
-        )
+    lines += _not_checked_here(r)
+    for m in r.unmet:
+        lines.append(("red", f"required {m['level']} not checked here: {_short_reason(r, m['level'])}"))
+        hint = m["hint"]
+        lines.append(("cyan", f"to check {m['level']}: " + (f"pass {hint}" if hint.startswith("--") else hint)))
     step = r.next_step
     if step is not None and r.cause != Cause.NOT_SLOT_FILE:
         lines.append(("cyan", f"next step: {step.text}" + (":" if step.command else "")))
         if step.command:
             lines.append(("command", step.command))
     return lines
+
+
+def _not_checked_here(r: FileReport) -> list[tuple[str, str]]:
+    """The levels that could not be checked here (and were not required: those say so as
+    failures), in two lines at most at 80 columns: why, and what to pass.  The full reason
+    (the loader, the llama.cpp line that writes the version) is in the JSON's ``unchecked``."""
+    unmet = {u["level"] for u in r.unmet}
+    names = [n for n, lv in r.levels.items() if lv.skip_kind == SkipKind.CANNOT_CHECK and n not in unmet]
+    if "load" in unmet and names == ["deep"] and _short_reason(r, "deep") == _ANOTHER:
+        return []  # said with the load level
+    if "load" in names:  # another state or session version; deep is skipped with it
+        from slotfile.verify.engine import unmet_requirements
+
+        hint = next(m["hint"] for m in unmet_requirements(r, ("load",)) if m["level"] == "load")
+        return [("yellow", f"not checked here: {', '.join(names)}: {_ANOTHER}; pass {hint}")]
+    return [("yellow", f"not checked here: {n}: {r.levels[n].reason}") for n in names]
+
+
+_ANOTHER = "needs another llama.cpp"
+
+
+def _short_reason(r: FileReport, level: str) -> str:
+    """Why a level was skipped, short: a load (and the deep check after it) that the loader
+    here cannot run is said as "needs another llama.cpp"; the full reason is in the JSON."""
+    load = r.levels["load"]
+    if level in ("load", "deep") and load.skip_kind == SkipKind.CANNOT_CHECK:
+        return _ANOTHER
+    return r.levels[level].reason or "skipped"
 
 
 def render(
@@ -147,18 +161,18 @@ def render(
 ) -> None:
     """The text report on stdout (``console``: the invocation's, by default a fresh one)."""
     out = console if console is not None else out_console()
+    width = None if quiet else screen_width(out)
     if quiet:  # the failing files, one line each, then the summary (unreadable ones are on stderr already)
         for r in reports:
             if r.verdict == Verdict.FAIL:
                 out.print(escape_text(f"{r.path}: {r.verdict}: {r.first_problem}"), soft_wrap=True)
-    elif out.is_terminal or os.environ.get("COLUMNS"):
-        cols = os.environ.get("COLUMNS", "")
-        _listing(out, reports, base, int(cols) if cols.isdigit() else out.width)
+    elif width is not None:
+        _listing(out, reports, base, width)
     else:  # a pipe or a file: one line per file, nothing wrapped
         for r in reports:
             _pipe_line(r, base)
     line = summary_line(reports, loaders, elapsed, structure_only)
-    out.print(line + (f"; {tally}" if tally else ""), soft_wrap=True)
+    summary(out, line + (f"; {tally}" if tally else ""), width)
 
 
 def summary_line(reports: list[FileReport], loaders: list[dict[str, Any]], elapsed: float, structure_only: bool) -> str:
@@ -188,58 +202,29 @@ def summary_line(reports: list[FileReport], loaders: list[dict[str, Any]], elaps
 
 
 def _listing(out: Console, reports: list[FileReport], base: Path | None, width: int) -> None:
-    """One row per file (verdict, levels, size, tokens, then the path, which is never folded),
-    and under a row that has something to say its first problem and next step, wrapped to the
-    terminal at word boundaries."""
+    """One row per file (verdict, levels, size, tokens, then the path), and under a row that
+    has something to say its first problem and next step (:func:`listing.print_rows`)."""
     rows = [
-        (
-            _verdict_word(r),
-            _levels(r),
-            human_size(r.size) if r.size is not None else "-",
-            str(r.n_tokens) if r.n_tokens is not None else "-",
-            escape_text(display_name(r.path, base)),
+        Row(
+            (
+                _verdict_word(r),
+                _levels(r),
+                human_size(r.size) if r.size is not None else "-",
+                str(r.n_tokens) if r.n_tokens is not None else "-",
+                display_name(r.path, base),
+            ),
+            _VERDICT_STYLE[r.verdict] if r.verdict != Verdict.PASS or not _warnings(r) else "bold yellow",
+            tuple(_details(r)),
         )
         for r in reports
     ]
-    heads = ("verdict", "levels", "size", "tokens", "file")
-    w = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(heads[:4])]
-    fmt = f"{{:<{w[0]}}}  {{:<{w[1]}}}  {{:>{w[2]}}}  {{:>{w[3]}}}  {{}}"
-    out.print(Text(fmt.format(*heads), style="bold"), soft_wrap=True)
-    for r, row in zip(reports, rows, strict=True):
-        line = Text(fmt.format(*row))
-        line.stylize(
-            _VERDICT_STYLE[r.verdict] if r.verdict != Verdict.PASS or not _warnings(r) else "bold yellow",
-            0,
-            len(row[0]),
-        )
-        if len(line) >= width:  # the path would wrap mid-word at the edge: it goes on its own line
-            line = line[: len(line) - len(row[4])]
-            line.rstrip()
-            line.append("\n" + DETAIL_INDENT + row[4])
-        out.print(line, soft_wrap=True)
-        for style, text in _details(r):
-            if style == "command":  # whole, to copy and paste
-                out.print(Text(DETAIL_INDENT + "  " + escape_text(text), style="bold"), soft_wrap=True)
-                continue
-            wrapped = textwrap.wrap(
-                escape_text(text),
-                width=max(40, width - 1),
-                initial_indent=DETAIL_INDENT,
-                subsequent_indent=DETAIL_INDENT + "  ",
-                break_long_words=False,
-                break_on_hyphens=False,
-            )
-            for piece in wrapped:
-                out.print(Text(piece, style=style), soft_wrap=True)
+    print_rows(out, ("verdict", "levels", "size", "tokens", "file"), rows, width, right=("size", "tokens"))
 
 
 def _pipe_line(r: FileReport, base: Path | None) -> None:
     """``PATH: VERDICT [levels] first problem; next step: ...`` on one line (grep, awk)."""
-    parts = [f"{display_name(r.path, base)}: {_verdict_word(r)} [{_levels(r)}]"]
-    details = [text for _, text in _details(r)]
-    if details:
-        parts.append(" " + "; ".join(details).replace(":; ", ": "))
-    sys.stdout.write(escape_text("".join(parts)) + "\n")
+    details = "; ".join(text for _, text in _details(r)).replace(":; ", ": ")
+    pipe_line(display_name(r.path, base), f"{_verdict_word(r)} [{_levels(r)}]" + (f" {details}" if details else ""))
 
 
 def _x(s: Any) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from construct import ConstructError
+from construct import ConstructError, Container, Struct
 
 from slotfile.format import grammar as g
 from slotfile.format import versions
@@ -54,9 +54,10 @@ def parse_tokens(sf: SlotFile, view: memoryview, n: int, packed_allowed: bool) -
     if not packed_allowed or int(words[0]) != g.PACKED_MARKER:
         sf.tokens = TokenPayload(TokenForm.PLAIN, start, n, words)
         return
+    c = packed_without_media(view, start, end)
     s = g.ViewStream(view, start, end)
     try:
-        c = g.PackedTokens.parse_stream(s)
+        c = g.PackedTokens.parse_stream(s) if c is None else c
     except ConstructError as e:
         f = failure_of(e, s)
         where = f" ({f.loc})" if f.loc else ""
@@ -76,6 +77,34 @@ def parse_tokens(sf: SlotFile, view: memoryview, n: int, packed_allowed: bool) -
         for k, m in zip(c.media_keys, c.media, strict=False)
     ]
     sf.tokens = TokenPayload(TokenForm.PACKED, start, n, c.tokens, c.version, media, c.padding.length, raw=c)
+
+
+# marker, version, n_tokens: the grammar's own fields at struct's speed
+_PACKED_HEAD = g.fixed_reader(
+    Struct(*(f for f in g.PackedTokens.subcons if getattr(f, "name", None) in ("marker", "version", "n_tokens")))
+)
+
+
+def packed_without_media(view: memoryview, start: int, end: int) -> Any | None:
+    """What ``PackedTokens.parse_stream`` gives for ``view[start:end]`` when it holds what the
+    server writes for a text-only prompt (server_tokens::serialize: -1, version 1, n, the n
+    ids, 0 media, no padding), read with struct and numpy; None for any other payload, which
+    the grammar reads (and names what is wrong).  tests/test_scale.py holds the two equal."""
+    n = (end - start - 16) // 4
+    if n < 0 or end - start != 16 + 4 * n:
+        return None
+    marker, version, n_tokens = _PACKED_HEAD.unpack_from(view, start)
+    at = start + 12 + 4 * n  # n_media
+    if marker != g.PACKED_MARKER or version != g.SERVER_TOKENS_VERSION or n_tokens != n or any(view[at:end]):
+        return None
+    stream = g.ViewStream(view, start, end)
+    stream.seek(end)
+    c = Container()
+    c["_io"], c["offset"], c["marker"], c["version"], c["n_tokens"] = stream, start, marker, version, n_tokens
+    c["tokens"] = np.frombuffer(view[start + 12 : at], dtype="<i4", count=n)
+    c["n_media"], c["media_keys"], c["media"] = 0, np.frombuffer(view[end:end], dtype="<u4", count=0), []
+    c["padding_offset"], c["padding"] = end, g.Run(end, 0, view[end:end])
+    return c
 
 
 def parse_session_prefix(sf: SlotFile, view: memoryview, off: int) -> int | None:
@@ -263,32 +292,29 @@ def body_from(det: Detection, start: int) -> Body:
 
 
 def _kv_from(role: str, c: Any, has_v: bool) -> MemoryBlock:
-    blk = MemoryBlock(role, MemoryKind.KV, c.offset, c.end, has_v=has_v, n_stream=c.n_stream, raw=c)
-    for i, sc in enumerate(c.streams):
-        st = KVStream(i, sc.offset, sc.cell_count)
-        d = sc.data
+    # item access, not construct's attribute access (a Python __getattr__ per field): this runs
+    # for every layer of every file of a directory
+    blk = MemoryBlock(role, MemoryKind.KV, c["offset"], c["end"], has_v=has_v, n_stream=c["n_stream"], raw=c)
+    for i, sc in enumerate(c["streams"]):
+        n = sc["cell_count"]
+        st = KVStream(i, sc["offset"], n)
+        d = sc["data"]
         if d is not None:
-            st.cells, st.v_trans, st.n_layer = d.meta, d.v_trans, d.n_layer
-            if d.n_rot_k is not None:
-                st.n_rot_k, st.n_rot_v, st.rot_offset = d.n_rot_k, d.n_rot_v, int(d.v_trans_offset) + 8
-            st.k = [LayerRun("K", j, L.offset, L.type, L.row_size, sc.cell_count, L.data) for j, L in enumerate(d.k)]
-            for j, L in enumerate(d.v):
-                if d.v_trans:
-                    st.v.append(
-                        LayerRun(
-                            "V",
-                            j,
-                            L.offset,
-                            L.type,
-                            L.n_embd * L.el_size,
-                            sc.cell_count,
-                            L.data,
-                            transposed=True,
-                            n_embd=L.n_embd,
-                        )
+            st.cells, st.v_trans, st.n_layer = d["meta"], d["v_trans"], d["n_layer"]
+            if d["n_rot_k"] is not None:
+                st.n_rot_k, st.n_rot_v, st.rot_offset = d["n_rot_k"], d["n_rot_v"], int(d["v_trans_offset"]) + 8
+            st.k = [LayerRun("K", j, L["offset"], L["type"], L["row_size"], n, L["data"]) for j, L in enumerate(d["k"])]
+            if d["v_trans"]:
+                st.v = [
+                    LayerRun(
+                        "V", j, L["offset"], L["type"], L["n_embd"] * L["el_size"], n, L["data"], True, L["n_embd"]
                     )
-                else:
-                    st.v.append(LayerRun("V", j, L.offset, L.type, L.row_size, sc.cell_count, L.data))
+                    for j, L in enumerate(d["v"])
+                ]
+            else:
+                st.v = [
+                    LayerRun("V", j, L["offset"], L["type"], L["row_size"], n, L["data"]) for j, L in enumerate(d["v"])
+                ]
         blk.streams.append(st)
     return blk
 

@@ -63,8 +63,10 @@ def check_block(sf: SlotFile, blk: MemoryBlock, sec: str) -> None:
             if ct is None:
                 continue
             _check_positions(sf, ct.cells["pos"], ct.offset, ct.cells.dtype.itemsize, f"{sec}.stream[{st.index}]")
+            if sf.format != FileFormat.GGSQ or not _mixed(ct.seq_ids):
+                continue
             seq = np.unique(ct.seq_ids)
-            if sf.format == FileFormat.GGSQ and seq.size > 1:
+            if seq.size > 1:
                 sf.problem(
                     Severity.WARNING,
                     ProblemCode.INVALID,
@@ -84,6 +86,12 @@ def check_block(sf: SlotFile, blk: MemoryBlock, sec: str) -> None:
                 f"{run.part} layer {run.index}: ggml type id {run.type_id} is not known to this "
                 "build (newer llama.cpp or a fork)",
             )
+
+
+def _mixed(ids: np.ndarray) -> bool:
+    """More than one seq id (np.unique sorts; this does not)."""
+    ids = np.asarray(ids).ravel()
+    return bool(ids.size > 1 and (ids != ids[0]).any())
 
 
 MAX_ROT = 1 << 16  # far above any head size: a Hadamard matrix of this width would be 16 GiB of f32

@@ -82,7 +82,7 @@ def open_slot_file(
     GGUF (or ``expect`` / ``draft_expect``, their expectation already built); the layout then
     comes from the model and every disagreement is a problem (:mod:`slotfile.model.check`)."""
     p = Path(path)
-    with open(p, "rb") as f:
+    with open(p, "rb", buffering=0) as f:  # unbuffered: nothing is read through it
         size = os.fstat(f.fileno()).st_size
         buf: Any = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
     return parse_buffer(buf, str(p), model=model, draft_model=draft_model, expect=expect, draft_expect=draft_expect)
@@ -161,6 +161,9 @@ def _parse_file(sf: SlotFile, view: memoryview) -> None:
     check_semantics(sf)
 
 
+_FILE_HEADER = g.fixed_reader(g.FileHeader)  # the grammar's header at struct's speed (read once per file)
+
+
 def _parse_header(sf: SlotFile, view: memoryview) -> bool:
     """Magic, version and token count (llama_state_seq_save_file's first 12 bytes); False when
     nothing after them can be read: a foreign or empty file, a cut header, a wrong magic or an
@@ -188,10 +191,9 @@ def _parse_header(sf: SlotFile, view: memoryview) -> bool:
         if magic in (b"qsgg", b"nsgg"):
             sf.format = FileFormat.GGSQ if magic == b"qsgg" else FileFormat.GGSN
         return False
-    hdr = g.FileHeader.parse(bytes(view[:12]))
-    sf.version, sf.n_token_count = hdr.version, hdr.n_token_count
+    magic_word, sf.version, sf.n_token_count = _FILE_HEADER.unpack_from(view, 0)
     sf.sections.append(Section("header", 0, 12))
-    return _check_magic_version(sf, view, hdr.magic, hdr.version)
+    return _check_magic_version(sf, view, magic_word, sf.version)
 
 
 def _check_magic_version(sf: SlotFile, view: memoryview, magic: int, version: int) -> bool:

@@ -522,6 +522,46 @@ class LoaderPool:
             cuts=[int(c) for c in resp.get("cuts") or []],
         )
 
+    def deep_blobs(
+        self,
+        tokens: list[int],
+        at: list[int],
+        out: str,
+        settings: LoadSettings,
+        draft_settings: LoadSettings | None = None,
+        timeout: float = 300,
+        *,
+        n_batch: int = 0,
+        n_ubatch: int = 0,
+        n_stepwise: int = 0,
+        floor_at: list[int] | None = None,
+    ) -> tuple[dict[str, Any] | None, str, bool]:
+        """Prefill ``tokens`` with ``settings``, taking the PARTIAL_ONLY blob at each n_tokens in
+        ``at`` (and with a draft model and ``draft_settings``, the draft's blobs and its whole
+        state at the end), written to ``out`` (``Worker.deep_blobs``); with ``floor_at`` and
+        ``n_stepwise``, instead the noise floor of those checkpoints.  Returns (the worker's
+        reply: ``checkpoints`` [{n_tokens, pos_min, pos_max, tgt: [offset, length], dft}],
+        ``draft`` [offset, length] or None, ``floors`` [{n_tokens, k, blob}]; None when it
+        failed, why, whether the worker died)."""
+        req = {
+            "op": "deep_blobs",
+            "settings": settings.to_dict(),
+            "draft_settings": draft_settings.to_dict() if draft_settings and self.draft_model else None,
+            "tokens": [int(t) for t in tokens],
+            "at": [int(a) for a in at],
+            "out": str(out),
+            "n_batch": int(n_batch),
+            "n_ubatch": int(n_ubatch),
+            "n_stepwise": int(n_stepwise),
+            "floor_at": [int(a) for a in floor_at or []],
+        }
+        resp, died, log = self._call(req, timeout)
+        if resp is not None and resp.get("ok"):
+            return resp, "", False
+        line = telling_line(log)
+        msg = died if resp is None else str(resp.get("message", ""))
+        return None, msg + (f": {line}" if line and line not in msg else ""), resp is None
+
     def close(self) -> None:
         self._closed = True
         with self._lock:

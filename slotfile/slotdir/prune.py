@@ -33,6 +33,7 @@ SCHEMA = "slotfile.prune/1"
 class Removal:
     entry: DirEntry
     why: str
+    rule: str = ""  # the rule that wants it gone: damaged, older-than, keep, max-total
     done: bool = False
     error: str | None = None
 
@@ -42,6 +43,7 @@ class Removal:
             "rel": self.entry.rel,
             "size": self.entry.size,
             "age_s": round(now - self.entry.mtime, 1),
+            "rule": self.rule,
             "why": self.why,
             "removed": self.done,
             "error": self.error,
@@ -74,20 +76,23 @@ def plan_prune(
         total_before=sum(e.size for e in files),
         untouchable=sum(e.size for e in scan.temps) + sum(e.size for e in scan.busy),
     )
-    gone: dict[str, str] = {}
+    gone: dict[str, tuple[str, str]] = {}  # path -> (rule, why)
     if damaged and summaries is not None:
         for e in files:
             s = summaries.get(e.path)
             if s is not None and s.damaged:
-                gone[e.path] = f"damaged: {s.first_problem}"
+                gone[e.path] = ("damaged", f"damaged: {s.first_problem}")
     if older_than is not None:
         for e in files:
             if e.path not in gone and now - e.mtime > older_than:
-                gone[e.path] = f"older than {_age(older_than)} ({_age(now - e.mtime)})"
+                gone[e.path] = ("older-than", f"older than {_age(older_than)} ({_age(now - e.mtime)})")
     if keep is not None:
         left = [e for e in files if e.path not in gone]
         for e in left[: max(0, len(left) - keep)]:
-            gone[e.path] = f"beyond the {keep} newest file(s)"
+            gone[e.path] = (
+                "keep",
+                {0: "--keep 0", 1: "not the newest file"}.get(keep, f"beyond the {keep} newest files"),
+            )
     if max_total is not None:
         # the quota is the directory's: temp files and files being written count, never go
         total = sum(e.size for e in files if e.path not in gone) + plan.untouchable
@@ -95,14 +100,14 @@ def plan_prune(
             if total <= max_total:
                 break
             if e.path not in gone:
-                gone[e.path] = f"oldest while the total exceeds {max_total} bytes"
+                gone[e.path] = ("max-total", f"oldest while the total exceeds {max_total} bytes")
                 total -= e.size
         plan.quota_met = total <= max_total
         if not plan.quota_met:
             plan.note = f"the files that may be removed do not free enough: {total} bytes remain"
-    order = [e for e in files if e.path in gone and gone[e.path].startswith("damaged")]
-    order += [e for e in files if e.path in gone and not gone[e.path].startswith("damaged")]
-    plan.remove = [Removal(e, gone[e.path]) for e in order]
+    order = [e for e in files if e.path in gone and gone[e.path][0] == "damaged"]
+    order += [e for e in files if e.path in gone and gone[e.path][0] != "damaged"]
+    plan.remove = [Removal(e, gone[e.path][1], gone[e.path][0]) for e in order]
     plan.total_after = plan.total_before - sum(r.entry.size for r in plan.remove)
     return plan
 

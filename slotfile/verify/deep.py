@@ -24,6 +24,7 @@ from slotfile.llama.loader import DeepResult, LoaderPool, LoadSettings
 from slotfile.llama.worker.runtime import DEEP_N_BATCH, DEEP_N_UBATCH
 from slotfile.model.expect import attn_rot_disabled
 from slotfile.problems import CheckLevel, ProblemCode
+from slotfile.verify.deep_blobs import check_appendices
 from slotfile.verify.judge import (
     LOGITS_MIN_FLOOR,
     MARGIN_LIMIT,
@@ -152,6 +153,7 @@ def level_deep(
                 body.offset,
                 ("llama.cpp crashed: " if res.crashed else "recompute failed: ") + res.message,
             )
+    check_appendices(lv, sf, pool, opts, settings, caches)  # SCKP and SDFT blobs (deep_blobs.py)
     return lv.finish()
 
 

@@ -16,6 +16,7 @@ from typing import Any
 from slotfile.diagnosis import Cause, facts_of
 from slotfile.format.records import SlotFile
 from slotfile.llama.loader import LIB_ENV, Library, LoaderError, LoaderPool, server_library, settings_for
+from slotfile.slotdir.walk import PARALLEL_MIN, forked_map
 from slotfile.verify.deep import level_deep
 from slotfile.verify.judge import caches_of
 from slotfile.verify.load import level_load
@@ -177,6 +178,8 @@ class Verifier:
             raise VerifyError(str(e)) from e
 
     def _run(self, paths: list[Path], on_done: Callable[[FileReport], None] | None) -> list[FileReport]:
+        if self.pool is None and self.opts.model is None and len(paths) >= PARALLEL_MIN:
+            return self._run_forked(paths, on_done)
         if self.opts.jobs <= 1 or len(paths) <= 1:
             out = []
             for p in paths:
@@ -197,6 +200,36 @@ class Verifier:
                 if on_done:
                     on_done(r)
         return [r for r in results if r is not None]
+
+    def _run_forked(self, paths: list[Path], on_done: Callable[[FileReport], None] | None) -> list[FileReport]:
+        """Structure only (no model, no loader): the files on forked processes (a directory's
+        worth; slotfile.slotdir.walk.forked_map), each reading its files with this Verifier."""
+        global _FORKED
+        _FORKED = self
+        try:
+            sizes = [_size(p) for p in paths]
+            out: list[FileReport] = forked_map(_verify_list, paths, sizes)
+        finally:
+            _FORKED = None
+        for r in out:
+            if on_done:
+                on_done(r)
+        return out
+
+
+_FORKED: Verifier | None = None  # the Verifier the forked processes use (they inherit it)
+
+
+def _verify_list(paths: list[Path]) -> list[FileReport]:
+    assert _FORKED is not None
+    return [_FORKED.verify(p) for p in paths]
+
+
+def _size(p: Path) -> int:
+    try:
+        return p.stat().st_size
+    except OSError:
+        return 0
 
 
 def unmet_requirements(rep: FileReport, require: tuple[str, ...]) -> list[dict[str, str]]:

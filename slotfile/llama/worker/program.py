@@ -42,6 +42,10 @@ Requests (``op``); every context comes from :func:`~slotfile.llama.worker.runtim
   damaged file no longer shows is completed from the model or refused), taking PARTIAL_ONLY
   checkpoint blobs at the requested n_tokens on the way (and draft blobs with a draft model),
   then write header + tokens + body with ``llama_state_seq_save_file``.
+* ``deep_blobs``: the deep check of the appendices: prefill the stored tokens in a fresh context
+  with the file's settings and the server's batch sizes, stopping at each checkpoint's n_tokens
+  to take the PARTIAL_ONLY blob there (and, with a draft model, the draft context's blob and at
+  the end its whole state), written to a scratch file for the parent to compare.
 * ``resave``: load a file with ``llama_state_seq_load_file`` and write it again with
   ``llama_state_seq_save_file`` (optionally with another token payload).
 * ``quit``.
@@ -369,9 +373,56 @@ class Worker:
             "model": model.info(),
         }
 
+    # ---------------------------------------------------------------- deep_blobs
+
+    def deep_blobs(self, req: dict[str, Any]) -> dict[str, Any]:
+        """Recompute what the SCKP and SDFT appendices hold: prefill ``tokens`` in a fresh context
+        with the file's settings and the deep check's batch sizes (``n_batch``/``n_ubatch``),
+        stopping at each n_tokens of ``at``, where the server stopped its prompt to call
+        ``server_context::create_checkpoint`` (tools/server/server-context.cpp:2290), and taking
+        the blob there as it does: ``llama_state_seq_get_data_ext(ctx, seq, PARTIAL_ONLY)``.  With
+        a draft model and ``draft_settings``, the same tokens in a draft context: its PARTIAL_ONLY
+        blob at each checkpoint (``data_dft``) and its whole state at the end (SDFT's ``data_dft``).
+        Without a draft, decoding stops at the last checkpoint.  With ``floor_at`` (a subset of
+        ``at``) and ``n_stepwise``, instead: the noise floor of those checkpoints
+        (:func:`_floor_blobs`).  The blobs go to ``out``, back to back; the reply gives each
+        one's [offset, length]."""
+        s = request_settings(req["settings"])
+        tokens = [int(t) for t in req["tokens"]]
+        at = sorted({int(a) for a in req["at"] if 0 < int(a) <= len(tokens)})
+        take = sorted(set(at) & {int(a) for a in req.get("floor_at") or []})
+        n_batch = int(req.get("n_batch") or DEEP_N_BATCH)
+        ctx = self.model.context(s, n_batch, int(req.get("n_ubatch") or DEEP_N_UBATCH))  # ContextError: the reply
+        dctx, dseq = None, s.seq_id
+        if self.draft is not None and req.get("draft_settings") is not None and not take:
+            ds = request_settings(req["draft_settings"])
+            dctx, dseq = self.draft.context(ds, n_batch, int(req.get("n_ubatch") or DEEP_N_UBATCH)), ds.seq_id
+        upto = len(tokens) if dctx is not None else max(at, default=0)  # the draft's whole state needs all
+        out: dict[str, Any] = {"ok": True, "checkpoints": [], "draft": None, "floors": []}
+        try:
+            with open(req["out"], "wb") as bf:
+                if take:
+                    out["floors"] = _floor_blobs(bf, ctx, tokens, at, take, s.seq_id, n_batch, int(req["n_stepwise"]))
+                else:
+                    out["checkpoints"], out["draft"] = _prefill_into(
+                        bf, ctx, dctx, tokens[:upto], at, s.seq_id, n_batch, dseq
+                    )
+        finally:
+            for c in (ctx, dctx):
+                if c is not None:
+                    rt.L.llama_memory_clear(rt.L.llama_get_memory(c), True)
+        out["message"] = f"prefilled {max(take) if take else upto} tokens"
+        return out
+
     def handle(self, req: dict[str, Any]) -> dict[str, Any]:
         op = req.get("op")
-        fn = {"load": self.load, "deep": self.deep, "prefill": self.prefill, "resave": self.resave}.get(str(op))
+        fn = {
+            "load": self.load,
+            "deep": self.deep,
+            "deep_blobs": self.deep_blobs,
+            "prefill": self.prefill,
+            "resave": self.resave,
+        }.get(str(op))
         if fn is None:
             return {"ok": False, "message": f"unknown op {op!r}"}
         t0 = time.monotonic()
@@ -385,17 +436,19 @@ class Worker:
 
 
 def _prefill_into(
-    bf: Any, ctx: Any, dctx: Any, tokens: list[int], at: list[int], seq: int, n_batch: int
+    bf: Any, ctx: Any, dctx: Any, tokens: list[int], at: list[int], seq: int, n_batch: int, dseq: int | None = None
 ) -> tuple[list[dict[str, Any]], list[int] | None]:
     """Decode ``tokens`` segment by segment, writing the PARTIAL_ONLY blobs at each checkpoint
-    position in ``at`` (and the draft's, with a draft context), then the draft's whole state, to
-    ``bf``: (the checkpoints' offsets and positions, the draft state's [offset, length])."""
+    position in ``at`` (and the draft's, with a draft context; its sequence ``dseq``, default
+    ``seq``), then the draft's whole state, to ``bf``: (the checkpoints' offsets and positions,
+    the draft state's [offset, length])."""
+    dseq = seq if dseq is None else dseq
     flags = rt.L.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
     cps: list[dict[str, Any]] = []
     for a, b in segments(len(tokens), at):
         decode(ctx, tokens[a:b], a, seq, True, n_batch)
         if dctx is not None:
-            decode(dctx, tokens[a:b], a, seq, True, n_batch)
+            decode(dctx, tokens[a:b], a, dseq, True, n_batch)
         if b in at:
             pmin, pmax = pos_range(ctx, seq)
             item: dict[str, Any] = {"n_tokens": b, "pos_min": pmin, "pos_max": pmax}
@@ -403,18 +456,42 @@ def _prefill_into(
             item["tgt"] = [bf.tell(), len(tgt)]
             bf.write(tgt)
             if dctx is not None:
-                dft = get_blob(dctx, seq, flags)
+                dft = get_blob(dctx, dseq, flags)
                 item["dft"] = [bf.tell(), len(dft)]
                 bf.write(dft)
             cps.append(item)
     draft = None
     if dctx is not None:
-        full = get_blob(dctx, seq, 0)
+        full = get_blob(dctx, dseq, 0)
         draft = [bf.tell(), len(full)]
         bf.write(full)
     bf.flush()
     os.fsync(bf.fileno())
     return cps, draft
+
+
+def _floor_blobs(
+    bf: Any, ctx: Any, tokens: list[int], at: list[int], take: list[int], seq: int, n_batch: int, n_stepwise: int
+) -> list[dict[str, Any]]:
+    """The noise floor of the checkpoint blobs at ``take``, as the deep check's body floor: the
+    prefill of :func:`_prefill_into` (segments cut at ``at``) but with the last ``k`` tokens
+    before each checkpoint in ``take`` (at most ``n_stepwise``, its segment, half its n_tokens)
+    decoded one per llama_decode call, the path the server's generated tokens take (a
+    checkpoint's window can hold an earlier turn's generated rows); the PARTIAL_ONLY blob there
+    to ``bf``.  Never rolled back, so recurrent memory gets a floor too.  Returns per checkpoint
+    its n_tokens, ``k`` and [offset, length]."""
+    flags = rt.L.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+    out: list[dict[str, Any]] = []
+    for a, b in segments(max(take), at):
+        k = min(n_stepwise, b - a, b // 2) if b in take else 0
+        decode(ctx, tokens[a : b - k], a, seq, True, n_batch)
+        if k:
+            decode_one_thread(ctx, tokens[b - k : b], b - k, seq)
+            blob = get_blob(ctx, seq, flags)
+            out.append({"n_tokens": b, "k": k, "blob": [bf.tell(), len(blob)]})
+            bf.write(blob)
+    bf.flush()
+    return out
 
 
 def _compare_logits(after_restore: Any, recomputed: Any, floor: Any | None) -> dict[str, Any]:

@@ -1,0 +1,333 @@
+"""The deep level's check of what follows the body (``--deep``): every SCKP checkpoint's
+``data_tgt`` against a recompute of its first ``n_tokens`` stored tokens, and with
+``--draft-model`` each checkpoint's ``data_dft`` and the SDFT ``data_dft`` against the draft
+model's recompute of the same tokens.
+
+The worker prefills the tokens once, stopping at every checkpoint's n_tokens (where the server
+stopped its prompt to call ``create_checkpoint``) and taking the PARTIAL_ONLY blob there
+(``Worker.deep_blobs``).  Each recomputed blob is parsed by the reader's own blob parser
+(:func:`slotfile.format.read_appendix.parse_seq_blob`) and judged layer by layer as the body is
+(:func:`slotfile.verify.judge.compare_bodies`), first against the cache type's minimum floors
+(:data:`~slotfile.verify.judge.MIN_FLOOR`; a single prompt's checkpoints recompute bit for bit);
+a checkpoint above them is judged again against a stepwise floor of its own, as the body is:
+the same prefill with the :data:`~slotfile.verify.judge.STEPWISE_TOKENS` tokens before it
+decoded one per call (a later turn's checkpoint holds an earlier turn's generated rows, which
+the server decoded that way).  Draft blobs are judged against the minimum floors.  A blob that
+cannot be recomputed from the stored tokens is skipped with the reason in the details, never
+silently.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import mmap
+import os
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from slotfile.format import grammar as g
+from slotfile.format.read_appendix import parse_seq_blob
+from slotfile.format.records import BlobInfo, Body, Checkpoint, MemoryKind, ModelExpect, SlotFile
+from slotfile.llama.pool import LoaderPool
+from slotfile.llama.settings import draft_settings_for, settings_for
+from slotfile.llama.worker.settings import LoadSettings
+from slotfile.problems import CheckLevel, ProblemCode
+from slotfile.verify.judge import STEPWISE_TOKENS, Caches, DeepInputs, caches_of, compare_bodies
+from slotfile.verify.options import VerifyOptions
+from slotfile.verify.records import Level, Status
+
+WORST_KEYS = ("section", "part", "layer", "ratio", "by", "worst_pos")
+
+
+@dataclasses.dataclass
+class _Plan:
+    """What the worker recomputes: checkpoint n_tokens, whether the draft runs, and the report
+    entries of the blobs (skipped ones already hold their reason)."""
+
+    at: list[int]
+    draft: bool
+    checkpoints: list[dict[str, Any]]
+    sdft: dict[str, Any] | None
+
+
+def check_appendices(
+    lv: Level,
+    sf: SlotFile,
+    pool: LoaderPool,
+    opts: VerifyOptions,
+    settings: LoadSettings | None,
+    caches: Caches,
+) -> None:
+    """Recompute and judge every checkpoint blob and the SDFT draft state of ``sf`` (its tokens
+    already passed the body's deep preconditions): problems into ``lv``, per-blob figures into
+    ``lv.details["checkpoints"]`` and ``lv.details["draft"]``.  A checkpoint whose values exceed
+    the minimum floors is judged again against its stepwise floor (:func:`_with_floors`): a
+    second pass that single-prompt files, whose checkpoints recompute exactly, never pay."""
+    tokens = [int(t) for t in sf.tokens.tokens] if sf.tokens is not None else []
+    plan = _plan(sf, len(tokens), pool.draft_model is not None, lv.has(ProblemCode.DEEP_ROTATION))
+    lv.details["checkpoints"], lv.details["draft"] = plan.checkpoints, plan.sdft
+    if not plan.at and not plan.draft:
+        return
+    t0 = time.monotonic()
+    call = functools.partial(
+        pool.deep_blobs,
+        tokens,
+        plan.at,
+        settings=settings or settings_for(sf, opts.n_gpu_layers),
+        timeout=opts.timeout,
+        n_batch=opts.n_batch,
+        n_ubatch=opts.n_ubatch,
+    )
+    judged = Level(CheckLevel.DEEP)
+    with _scratch() as out:
+        ds = draft_settings_for(sf, opts.n_gpu_layers) if plan.draft else None
+        reply, why, crashed = call(out=out, draft_settings=ds)
+        if reply is None:
+            _failed(judged, sf, why, crashed)
+            _mark_pending(plan, "the recompute failed")
+        else:
+            with _mapped(out) as view:
+                judge = _Judge(judged, dataclasses.replace(sf, problems=[], sections=[]), view)
+                _judge_all(judge, sf, plan, reply, caches)
+                _with_floors(judge, sf, plan, reply, caches, call)
+    lv.problems += judged.problems
+    lv.details["appendix_seconds"] = round(time.monotonic() - t0, 3)
+
+
+def _with_floors(
+    judge: _Judge, sf: SlotFile, plan: _Plan, reply: dict[str, Any], caches: Caches, call: Callable[..., Any]
+) -> None:
+    """Judge again, each against its stepwise noise floor, the checkpoints whose data_tgt failed
+    by its values alone (deep-mismatch) against the minimum floors."""
+    retry = []
+    for ck, e in zip(sf.checkpoints, plan.checkpoints, strict=True):
+        sec = f"sckp.checkpoint[{ck.index}].data_tgt"
+        mine = [p for p in judge.lv.problems if p.section.startswith(sec)]
+        if e["status"] == Status.FAIL and all(p.code == ProblemCode.DEEP_MISMATCH for p in mine):
+            retry.append(ck.n_tokens)
+            judge.lv.problems = [p for p in judge.lv.problems if p not in mine]
+            e.update(status="pending")
+    if not retry:
+        return
+    with _scratch() as out:
+        got, why, crashed = call(out=out, n_stepwise=STEPWISE_TOKENS, floor_at=retry)
+        if got is None:
+            _failed(judge.lv, sf, f"the noise floor: {why}", crashed)
+            _mark_pending(plan, "the noise-floor recompute failed")
+            return
+        with _mapped(out) as judge.floor_view:
+            _judge_all(judge, sf, plan, reply | {"floors": got["floors"]}, caches)
+
+
+def _failed(lv: Level, sf: SlotFile, why: str, crashed: bool) -> None:
+    where = sf.sckp or sf.draft
+    lv.error(
+        ProblemCode.CRASHED if crashed else ProblemCode.DEEP_FAILED,
+        "sckp" if sf.sckp else "sdft",
+        where.offset if where else None,
+        ("llama.cpp crashed recomputing the appendix blobs: " if crashed else "recomputing the appendix blobs failed: ")
+        + why,
+    )
+
+
+def _plan(sf: SlotFile, n: int, draft_model: bool, rotation: bool) -> _Plan:
+    """Which blobs can be recomputed from the ``n`` stored tokens, and why not the others."""
+    rot = "the body's rotation setting is not this llama.cpp's (deep-rotation): its blobs differ the same way"
+    cks: list[dict[str, Any]] = []
+    at: list[int] = []
+    for ck in sf.checkpoints:
+        where = rot if rotation else _ck_skip(ck, n)
+        e: dict[str, Any] = {"index": ck.index, "n_tokens": ck.n_tokens, "offset": ck.offset}
+        e.update(_entry(ck.tgt, where, True))
+        e["draft"] = _entry(ck.dft, where, draft_model) if ck.dft.length else None
+        if where is None and (e["status"] == "pending" or (e["draft"] or {}).get("status") == "pending"):
+            at.append(ck.n_tokens)
+        cks.append(e)
+    sdft = None
+    dft = sf.draft.dft if sf.draft is not None else None
+    if dft is not None and dft.length:
+        sdft = _entry(dft, rot if rotation else _holds_prefix(dft.body, n), draft_model) | {"offset": dft.offset}
+    wants_draft = (sdft or {}).get("status") == "pending" or any(
+        (c["draft"] or {}).get("status") == "pending" for c in cks
+    )
+    return _Plan(at, wants_draft, cks, sdft)
+
+
+def _entry(blob: BlobInfo, why: str | None, loaded: bool) -> dict[str, Any]:
+    """A blob's report entry before the recompute: pending, or skipped with the reason
+    (``loaded``: the blob's model is in the worker)."""
+    if not loaded:
+        why = "no --draft-model"
+    elif why is None and (blob.body is None or blob.body.layout is None):
+        why = f"its {blob.name} does not parse (see the structure and model levels)"
+    if why is not None:
+        return {"status": "skipped", "reason": why, "margin": None, "worst": None}
+    return {"status": "pending", "margin": None, "worst": None}
+
+
+def _ck_skip(ck: Checkpoint, n: int) -> str | None:
+    """Why checkpoint ``ck`` cannot be recomputed from the ``n`` stored tokens (None: it can)."""
+    if not 0 < ck.n_tokens <= n:
+        return f"its n_tokens {ck.n_tokens} is not within the {n} stored tokens: nothing to recompute it from"
+    if ck.pos_max != ck.n_tokens - 1:
+        return (
+            f"its pos_max {ck.pos_max} is not n_tokens - 1 = {ck.n_tokens - 1}: not the state after the first "
+            f"{ck.n_tokens} stored tokens (a context shift or cache reuse)"
+        )
+    return None
+
+
+def _holds_prefix(body: Body | None, n: int) -> str | None:
+    """Why the draft state ``body`` is not the state after the ``n`` stored tokens (None: it is)."""
+    if body is None or body.layout is None or not body.blocks:
+        return "the stored blob does not parse (see the structure and model levels)"
+    first = body.blocks[0]
+    if first.kind == MemoryKind.KV:
+        act = first.active_streams()
+        if len(act) != 1 or not np.array_equal(act[0].positions, np.arange(n)):
+            return f"the draft cache does not hold positions 0..{n - 1} of the {n} stored tokens"
+    else:
+        pos = first.positions()
+        if pos.size != 1 or int(pos[0]) != n - 1:
+            return f"the draft's recurrent state is not at position {n - 1} of the {n} stored tokens"
+    return None
+
+
+def _mark_pending(plan: _Plan, why: str) -> None:
+    """Every pending entry failed with the recompute: ``why``."""
+    for e in [*plan.checkpoints, *(c["draft"] for c in plan.checkpoints), plan.sdft]:
+        if e is not None and e["status"] == "pending":
+            e.update(status="fail", reason=why)
+
+
+def _judge_all(judge: _Judge, sf: SlotFile, plan: _Plan, reply: dict[str, Any], caches: Caches) -> None:
+    """Every pending entry of ``plan`` against the worker's recomputed blobs (``reply``)."""
+    got = {int(c["n_tokens"]): c for c in reply.get("checkpoints", [])}
+    floors = {int(f["n_tokens"]): f for f in reply.get("floors", [])}
+    dcaches = caches_of(sf.draft_expect)
+    for ck, e in zip(sf.checkpoints, plan.checkpoints, strict=True):
+        rec, fl = got.get(ck.n_tokens) or {}, floors.get(ck.n_tokens) or {}
+        label, sec = f"checkpoint {ck.index} (n_tokens {ck.n_tokens})", f"sckp.checkpoint[{ck.index}]"
+        if e["status"] == "pending":
+            w = _Want(ck.tgt, rec.get("tgt"), f"{sec}.data_tgt", label, ck.n_tokens, sf.expect, True, caches)
+            e.update(judge(dataclasses.replace(w, floor=fl.get("blob"), k=int(fl.get("k") or 0))))
+        d = e["draft"]
+        if d is not None and d["status"] == "pending":
+            label += ", draft"
+            d.update(
+                judge(
+                    _Want(ck.dft, rec.get("dft"), f"{sec}.data_dft", label, ck.n_tokens, sf.draft_expect, True, dcaches)
+                )
+            )
+    dft = sf.draft.dft if sf.draft is not None else None
+    if plan.sdft is not None and plan.sdft["status"] == "pending" and dft is not None:
+        n = int(sf.tokens.tokens.size) if sf.tokens is not None else 0
+        w = _Want(dft, reply.get("draft"), "sdft.data_dft", "draft state", n, sf.draft_expect, False, dcaches)
+        plan.sdft.update(judge(w))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Want:
+    """One stored blob to judge: its recompute at ``span`` ([offset, length] in the worker's
+    scratch file), the model's expectation to read both with, and the noise-floor blob (the
+    recompute with its last ``k`` tokens decoded one per call; None: the minimum floors)."""
+
+    stored: BlobInfo
+    span: list[int] | None
+    section: str
+    label: str
+    n_tokens: int
+    exp: ModelExpect | None
+    exp_partial: bool
+    caches: Caches
+    floor: list[int] | None = None
+    k: int = 0
+
+
+@dataclasses.dataclass
+class _Judge:
+    """Judges stored blobs against the recomputed ones in ``view`` (the worker's scratch file)."""
+
+    lv: Level
+    scratch: SlotFile  # the file's settings for the reader's blob parser; its problems are the recompute's
+    view: memoryview
+    floor_view: memoryview | None = None  # the noise-floor blobs (_with_floors)
+
+    def __call__(self, w: _Want) -> dict[str, Any]:
+        """The report entry of ``w.stored``; its problems into ``lv`` under ``w.section``."""
+        sb = w.stored.body
+        assert sb is not None and sb.layout is not None  # _plan: only parsed blobs are pending
+        sub = Level(CheckLevel.DEEP)
+        rows: list[dict[str, Any]] = []
+        rec = self._parse(w, w.span, sb, self.view)
+        if rec is None:
+            sub.error(ProblemCode.DEEP_INTERNAL, "body", sb.offset, "the worker returned no recomputed blob")
+        elif rec.layout is None:
+            sub.error(ProblemCode.DEEP_INTERNAL, "body", sb.offset, "the recomputed blob does not parse")
+        else:
+            flo = self._parse(w, w.floor, sb, self.floor_view) if self.floor_view is not None else None
+            floor = flo if flo is not None and flo.layout is not None else None
+            rows = compare_bodies(sub, sb, rec, DeepInputs(floor, w.caches, w.n_tokens, w.k if floor else 0))
+        for p in sub.problems:
+            where = w.section + p.section.removeprefix("body")
+            self.lv.add(p.severity, p.code, where, p.offset, f"{w.label}: {p.message}")
+        worst = max(rows, key=lambda r: r["ratio"], default=None)
+        if worst is not None:
+            worst = {k: worst[k] for k in WORST_KEYS} | {"section": w.section + worst["section"].removeprefix("body")}
+        return {
+            "status": sub.finish().status,
+            "margin": worst["ratio"] if worst else 0.0,
+            "worst": worst,
+            "layers": len(rows),
+            "stepwise": w.k if w.floor else 0,
+        }
+
+    def _parse(self, w: _Want, span: list[int] | None, sb: Body, view: memoryview) -> Body | None:
+        """The blob at ``span`` read by the reader's blob parser, trying the stored blob's block
+        sequence first (None: the worker wrote none)."""
+        if not span or not span[1]:
+            return None
+        off, length = int(span[0]), int(span[1])
+        # BlobInfo.offset is that of the u64 length the file would have before the blob
+        rec = BlobInfo(w.stored.name, off - 8, length, g.Run(off, length, view[off : off + length]))
+        assert sb.layout is not None
+        parse_seq_blob(
+            self.scratch, view, rec, w.section, partial=sb.layout.kinds, exp=w.exp, exp_partial=w.exp_partial
+        )
+        return rec.body
+
+
+@contextlib.contextmanager
+def _scratch() -> Iterator[str]:
+    """An empty temporary file for the worker's blobs, removed afterwards."""
+    fd, path = tempfile.mkstemp(prefix="slotfile-deep-blobs-", suffix=".bin")
+    os.close(fd)
+    try:
+        yield path
+    finally:
+        Path(path).unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def _mapped(path: str) -> Iterator[memoryview]:
+    """The worker's scratch file, mapped (as large as the appendix it recomputes), never read
+    whole; the mapping goes when the last view of it does."""
+    with open(path, "rb") as f:
+        if not os.fstat(f.fileno()).st_size:
+            yield memoryview(b"")
+            return
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    view = memoryview(mm)
+    try:
+        yield view
+    finally:
+        with contextlib.suppress(BufferError):  # numpy views of it still alive: it goes with them
+            view.release()
+            mm.close()

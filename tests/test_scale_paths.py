@@ -1,0 +1,335 @@
+"""The fast paths of a directory run give the verdicts of a plain full parse per file.
+
+A directory of many same-shape clean files with damaged copies (header, tokens, body cells,
+checkpoint blobs, SDFT) is read with the per-shape cache warm, and every file's summary, its
+structure verdict and ``prune --damaged``'s plan must be those of a fresh read (empty cache).
+The struct/numpy readers of hot fixed-size pieces (file header, a text-only packed token
+payload) must give what the construct grammar gives, or decline.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from slotfile.format import grammar as g
+from slotfile.format import layout_cache
+from slotfile.format.read_body import packed_without_media
+from slotfile.format.reader import parse_buffer
+from slotfile.slotdir.prune import plan_prune
+from slotfile.slotdir.walk import scan_dir, summarize
+from slotfile.verify.options import VerifyOptions
+
+from .conftest import SLOTS
+
+FIXTURES = sorted(p for d in (SLOTS, SLOTS / "v4") for p in d.glob("*.slot"))
+CORPUS = Path(os.path.expanduser("~/.cache/slotfile/corpus"))
+REAL = sorted(p for p in CORPUS.glob("*-native/*.bin") if p.stat().st_size < 256 * 1024)[:40]
+# the shapes with every section a directory run reads: checkpoints, SDFT, iSWA, REC, two streams
+TARGETS = [
+    pytest.param("llama_draft_sdft.slot", marks=pytest.mark.slow),
+    pytest.param("v4/llama_draft_sdft.slot", marks=pytest.mark.slow),
+    "gemma3_iswa_fa.slot",
+    "v4/extra-jamba.slot",
+    "extra-lfm2.slot",
+    "llama_unified_2seq.slot",
+    "v4/llama_plain_tokens.slot",
+]
+
+
+def _verdict(data: bytes) -> tuple[object, ...]:
+    sf = parse_buffer(data)
+    body = sf.body
+    return (
+        tuple(p.line() for p in sf.problems),
+        tuple(repr(s) for s in sf.sections),
+        (body.layout.describe(), body.confidence, tuple(a.describe() for a in body.alternatives))
+        if body is not None and body.layout is not None
+        else None,
+    )
+
+
+def _cell_offsets(blocks: Any) -> list[int]:
+    """Where the cell tables of ``blocks`` start (pos of cell 0, n_seq_id, a later cell)."""
+    out = []
+    for b in blocks:
+        tables = [st.cells for st in b.streams] + [b.cells]
+        for t in tables:
+            if t is not None and len(t.raw):
+                out += [t.offset, t.offset + 4, t.offset + len(t.raw) - t.cells.dtype.itemsize]
+    return out
+
+
+def _places(data: bytes) -> list[int]:
+    """Offsets in every section of a clean file: its start, first words, middle and end, and
+    the cell tables of the body, the checkpoint blobs and the draft."""
+    sf = parse_buffer(data)
+    out = set()
+    for s in sf.sections:
+        for off in (s.offset, s.offset + 4, s.offset + 8, s.offset + s.size // 2, s.offset + s.size - 4):
+            if 0 <= off < len(data) - 3:
+                out.add(off)
+    assert sf.body is not None
+    out.update(_cell_offsets(sf.body.blocks))
+    for ck in sf.checkpoints:
+        for b in (ck.tgt, ck.dft):
+            if b.body is not None:
+                out.update(_cell_offsets(b.body.blocks))
+    if sf.draft is not None and sf.draft.dft is not None and sf.draft.dft.body is not None:
+        out.update(_cell_offsets(sf.draft.dft.body.blocks))
+    return sorted(o for o in out if 0 <= o <= len(data) - 4)
+
+
+def _damaged(data: bytes) -> list[bytes]:
+    """Same-length damage at every place (a byte flipped, a word set to -1, 0, a big count,
+    one more) and a cut in the middle."""
+    out = []
+    for off in _places(data):
+        word = int.from_bytes(data[off : off + 4], "little")
+        for new in (word ^ 0xFF, 0xFFFFFFFF, 0, 10**6, (word + 1) & 0xFFFFFFFF):
+            b = bytearray(data)
+            b[off : off + 4] = new.to_bytes(4, "little")
+            out.append(bytes(b))
+    out.append(data[: len(data) // 2])
+    return out
+
+
+@pytest.mark.parametrize("name", TARGETS)
+def test_damage_in_any_section_reads_as_a_fresh_parse_reads_it(name: str) -> None:
+    data = (SLOTS / name).read_bytes()
+    variants = _damaged(data)
+    cold = []
+    for v in variants:
+        layout_cache.SHAPES.clear()
+        cold.append(_verdict(v))
+    layout_cache.SHAPES.clear()
+    clean = _verdict(data)  # the clean file primes the cache; then the copies come in a row, as in a DIR
+    for v, want in zip(variants, cold, strict=True):
+        assert _verdict(v) == want, f"{name}: the cache changed the verdict of a damaged copy"
+        assert _verdict(data) == clean
+
+
+def _dir_with_damage(tmp: Path, name: str, copies: int) -> list[Path]:
+    """``copies`` clean copies of ``name`` and a damaged copy at every place of every section."""
+    data = (SLOTS / name).read_bytes()
+    paths = []
+    for i in range(copies):
+        p = tmp / f"clean{i:03d}.slot"
+        shutil.copyfile(SLOTS / name, p)
+        paths.append(p)
+    for i, v in enumerate(_damaged(data)[::3]):
+        p = tmp / f"hurt{i:03d}.slot"
+        p.write_bytes(v)
+        paths.append(p)
+    old = time.time() - 3600
+    for p in paths:
+        os.utime(p, (old, old))
+    return paths
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["llama_draft_sdft.slot", "v4/gemma3_iswa_fa.slot"])
+def test_ls_prune_and_verify_of_a_directory_match_fresh_reads(tmp_path: Path, name: str) -> None:
+    _dir_with_damage(tmp_path, name, 30)
+    layout_cache.SHAPES.clear()
+    scan = scan_dir(tmp_path, settle=0)
+    warm = {e.path: summarize(e) for e in scan.slots}
+    fresh = {}
+    for e in scan.slots:
+        layout_cache.SHAPES.clear()
+        fresh[e.path] = summarize(e)
+    assert {p: s.to_dict(0) for p, s in warm.items()} == {p: s.to_dict(0) for p, s in fresh.items()}
+    hurt = sorted(p for p, s in fresh.items() if s.damaged)
+    assert hurt and all("hurt" in p for p in hurt)  # the copies are found, and no clean file is
+    plan = plan_prune(scan, warm, now=time.time(), damaged=True)
+    assert sorted(r.entry.path for r in plan.remove) == hurt
+    # verify DIR's structure level (no --model): the same problems warm as fresh
+    from slotfile.verify.engine import Verifier
+
+    with Verifier(VerifyOptions()) as v:
+        layout_cache.SHAPES.clear()
+        runs = {e.path: v.verify(Path(e.path)).levels["structure"] for e in scan.slots}
+        for e in scan.slots:
+            layout_cache.SHAPES.clear()
+            lv = v.verify(Path(e.path)).levels["structure"]
+            got = runs[e.path]
+            assert (got.status, [p.line() for p in got.problems]) == (lv.status, [p.line() for p in lv.problems])
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Two values of a parsed container alike: arrays by dtype and items, runs and streams by
+    place, the rest by value."""
+    if isinstance(a, np.ndarray):
+        return isinstance(b, np.ndarray) and a.dtype == b.dtype and np.array_equal(a, b)
+    if isinstance(a, g.Run):
+        return (a.offset, a.length, bytes(a.view)) == (b.offset, b.length, bytes(b.view))
+    if isinstance(a, g.ViewStream):
+        return (a.start, a.end, a.tell(), a.loc, a.short) == (b.start, b.end, b.tell(), b.loc, b.short)
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
+    return type(a) is type(b) and a == b
+
+
+def _payloads() -> list[tuple[str, bytes, int]]:
+    out = []
+    for p in [*FIXTURES, *REAL]:
+        data = p.read_bytes()
+        sf = parse_buffer(data)
+        if sf.tokens is not None and sf.tokens.form == "packed":
+            out.append((p.name, data, sf.n_token_count or 0))
+    return out
+
+
+def test_the_packed_token_reader_gives_the_grammars_container_or_declines() -> None:
+    hits = 0
+    for name, data, n in _payloads():
+        start, end = 12, 12 + 4 * n
+        variants = [data]
+        for w in sorted({0, 1, 2, 3, n - 2, n - 1, max(0, n - 5)}):
+            for new in (0, 1, 0xFFFFFFFF, n - 4, n - 3, n):
+                b = bytearray(data)
+                b[start + 4 * w : start + 4 * w + 4] = (new & 0xFFFFFFFF).to_bytes(4, "little")
+                variants.append(bytes(b))
+        for v in variants:
+            view = memoryview(v)
+            fast = packed_without_media(view, start, end)
+            if fast is None:
+                continue
+            hits += 1
+            slow = g.PackedTokens.parse_stream(g.ViewStream(view, start, end))
+            assert _same(fast, slow), name
+            assert fast["tokens"].base is not None  # a view over the file, as the grammar gives
+    assert hits >= 30  # the text-only payloads do take the fast path
+
+
+def test_the_header_reader_is_the_grammars_header() -> None:
+    from slotfile.format.reader import _FILE_HEADER
+
+    for p in FIXTURES:
+        head = p.read_bytes()[:12]
+        c = g.FileHeader.parse(head)
+        assert _FILE_HEADER.unpack_from(head, 0) == (c.magic, c.version, c.n_token_count)
+    assert _FILE_HEADER.size == g.FileHeader.sizeof()
+
+
+def test_a_file_whose_cells_differ_takes_the_cached_shape_with_its_own_cells(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Files of one shape differ in their cells (positions, seq ids, the token in the ext):
+    such a file gets the cached blocks over its own cell bytes, without the re-parse, and the
+    verdict of a fresh parse; a cell the grammar refuses (n_seq_id, negative position) does not."""
+    from slotfile.format import layout
+
+    data = (SLOTS / "v4" / "llama_f16_fa.slot").read_bytes()
+    sf = parse_buffer(data)
+    assert sf.body is not None
+    ct = sf.body.blocks[0].streams[0].cells
+    assert ct is not None and len(ct.cells) > 3
+    moved = bytearray(data)
+    cell = ct.cells.dtype.itemsize
+    moved[ct.offset + cell : ct.offset + cell + 4] = (77).to_bytes(4, "little")  # cell 1's position
+    layout_cache.SHAPES.clear()
+    want = _verdict(bytes(moved))
+    layout_cache.SHAPES.clear()
+    _verdict(data)
+
+    def no_reparse(*a: Any, **k: Any) -> None:
+        raise AssertionError("re-parsed")
+
+    monkeypatch.setattr(layout, "_reparse", no_reparse)
+    assert _verdict(bytes(moved)) == want
+    got = parse_buffer(bytes(moved)).body
+    assert got is not None and int(got.blocks[0].streams[0].positions[1]) == 77
+    for field, value in (("n_seq_id", 2), ("pos", -5)):
+        bad = bytearray(data)
+        at = ct.offset + 2 * cell + ct.cells.dtype.fields[field][1]
+        bad[at : at + 4] = value.to_bytes(4, "little", signed=True)
+        with pytest.raises(AssertionError, match="re-parsed"):
+            _verdict(bytes(bad))
+
+
+def test_the_streamed_json_is_the_one_text_json_dumps_gives(capsys: pytest.CaptureFixture[str]) -> None:
+    from slotfile.cli.common import write_json
+
+    doc = {"files": [{"path": f"d/{i}", "size": i, "ok": i % 2 == 0, "r": 0.5 * i, "x": None} for i in range(9000)]}
+    doc["é"] = ["\n", float("inf"), [], {}]
+    write_json(doc)
+    assert capsys.readouterr().out == json.dumps(doc, indent=2) + "\n"
+
+
+def test_a_large_directory_on_two_processes_reads_as_on_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ls, prune and verify (structure) read a large DIR on forked processes: every file's
+    summary and structure verdict, in order, are those of one process reading them all."""
+    from slotfile.slotdir import walk
+    from slotfile.verify import engine
+    from slotfile.verify.engine import Verifier
+
+    if not walk._can_fork():
+        pytest.skip("no fork start method here, or threads running: one process reads them")
+    monkeypatch.setattr(walk, "PARALLEL_MIN", 40)
+    monkeypatch.setattr(engine, "PARALLEL_MIN", 40)
+    _dir_with_damage(tmp_path, "v4/llama_q8_0_fa.slot", 40)
+    shutil.copyfile(SLOTS / "gemma3_iswa_fa.slot", tmp_path / "other.slot")
+    (tmp_path / "empty.slot").write_bytes(b"")
+    scan = scan_dir(tmp_path, settle=0)
+    assert len(scan.slots) >= 80
+    one = [summarize(e) for e in scan.slots]
+    two = walk.summarize_all(scan.slots, jobs=2)
+    assert [s.to_dict(0) for s in two] == [s.to_dict(0) for s in one]
+    assert any(s.damaged for s in one) and not all(s.damaged for s in one)
+    paths = [Path(e.path) for e in scan.slots]
+    monkeypatch.setenv(walk.JOBS_ENV, "2")
+    with Verifier(VerifyOptions()) as v:
+        seen: list[str] = []
+        forked = v.run(paths, on_done=lambda r: seen.append(r.path))
+        alone = [v.verify(p) for p in paths]
+    assert seen == [str(p) for p in paths]
+
+    def facts(r: Any) -> tuple[object, ...]:
+        lv = r.levels["structure"]
+        return (
+            r.path,
+            r.size,
+            r.n_tokens,
+            r.error,
+            r.verdict,
+            lv.status,
+            [p.line() for p in lv.problems],
+            lv.details,
+        )
+
+    assert [facts(r) for r in forked] == [facts(r) for r in alone]
+
+
+@pytest.mark.parametrize("name", ["llama_draft_sdft.slot", "v4/extra-jamba.slot", "v4/llama_2stream.slot"])
+def test_checkpoint_entries_read_with_struct_are_the_grammars(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from slotfile.format import appendix
+
+    data = (SLOTS / name).read_bytes()
+    sckp = next(s for s in parse_buffer(data).sections if s.name == "sckp")
+    start = sckp.offset + 12
+    hits = 0
+
+    def read(v: bytes) -> list[Any]:
+        view = memoryview(v)
+        got: list[Any] = []
+        for kw in ({"stop_at_sdft": True}, {"count": 2}):
+            for item in appendix.entries(view, start, len(v), **kw):
+                got.append(item)
+                if isinstance(item, appendix.EntryFrame):
+                    got += [appendix.blob_seq_id(view, b.data.offset, b.data.offset + b.length) for b in (item.tgt,)]
+        return got
+
+    for v in [data, *_damaged(data)]:
+        fast = read(v)
+        hits += sum(isinstance(x, appendix.EntryFrame) for x in fast)
+        with monkeypatch.context() as m:
+            m.setattr(appendix, "entry_fast", lambda *a: None)
+            m.setattr(appendix, "seq_id_fast", lambda *a: None)
+            assert read(v) == fast
+    assert hits > 100
