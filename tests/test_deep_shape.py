@@ -180,9 +180,16 @@ def test_drift_is_replayed_then_accepted(gemma_bytes):
     # -ub 256/128/64 put their first boundary after the onset at 46: only -ub 32 can explain it
     assert asked == [Schedule(2048, 32)]
     assert [t["n_ubatch"] for t in out.tried] == [512, 32]
-    # no schedule replays it: still the drift shape, so a pass with that evidence
-    out = judge_with_schedules(file_body, inputs, (Schedule(2048, 512), drifted), lambda s: (None, "no"))
-    assert out.drift and out.decided_by == "drift" and out.tried[-1]["error"] == "no"
+    # a split that halves it without replaying it: the state depends on the split, drift (a pass)
+    less = parse_buffer(drift_from(gemma_bytes, 46, 1.15)).body
+    drifted_more = parse_buffer(drift_from(gemma_bytes, 46, 1.6)).body
+    out = judge_with_schedules(file_body, inputs, (Schedule(2048, 512), drifted_more), lambda s: (less, ""))
+    assert out.judgment.problems and out.drift and out.decided_by == "drift", out.evidence
+    assert out.tried[-1]["margin"] * 2 <= out.tried[0]["margin"]
+    # no split moves it and it starts well after the first tokens: damage, though spread like drift
+    out = judge_with_schedules(file_body, inputs, (Schedule(2048, 512), drifted_more), lambda s: (None, "no"))
+    assert not out.drift and out.decided_by == "shape" and "no split tried moves it" in out.evidence
+    assert out.tried[-1]["error"] == "no"
     # damage is never retried
     damaged = parse_buffer(flip_exponent(gemma_bytes)).body
     out = judge_with_schedules(damaged, inputs, (Schedule(2048, 512), file_body), replay)

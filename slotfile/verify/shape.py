@@ -233,7 +233,16 @@ def judge_with_schedules(
                 jr, s, "schedule", f"replaying the split {s.label()} leaves every layer within its floors", tried
             )
     final = drift_shape(best, others=tuple(x for x in seen if x is not best))
-    if final.drift:
+    if not final.drift:
+        return Outcome(best, best_s, "shape", final.evidence, tried)
+    # drift that is left must show it: a split that moved it (the state depends on how the
+    # prompt was cut), or an onset at the first tokens (another build's kernels differ there)
+    if best.margin * SCHEDULE_DEPENDENT <= j.margin or (shape.onset is not None and shape.onset <= 2 * NEAR):
         ev = f"{final.evidence}; closest split {best_s.label()} at {best.margin:.3g} floors"
         return Outcome(best, best_s, "drift", ev, tried, drift=True)
-    return Outcome(best, best_s, "shape", final.evidence, tried)
+    ev = (
+        f"spread like drift from position {shape.onset}, but no split tried moves it ({j.margin:.3g} floors "
+        f"first, {best.margin:.3g} at best with {len(tried)} recomputes) and another build's drift starts at "
+        "the first tokens: damage"
+    )
+    return Outcome(best, best_s, "shape", ev, tried)
