@@ -98,10 +98,10 @@ def test_zero_run_follows_byte_order():
     assert _zero_run(z, z, transposed=False) == (0, -1)  # zeros where the recompute is zero too
 
 
-def _cells(layers: dict[tuple[str, int], dict[int, float]], n: int = 40) -> Judgment:
+def _cells(layers: dict[tuple[str, int], dict[int, float]], n: int = 40, base: float = 0.5) -> Judgment:
     j = Judgment()
     for (part, layer), hot in layers.items():
-        r = np.full(n, 0.5)
+        r = np.full(n, base)
         for p, v in hot.items():
             r[p] = v
         j.cells.append(RunCells("kv", part, layer, np.arange(n), r))
@@ -122,6 +122,10 @@ def test_drift_shape_needs_other_layers_and_a_quiet_first_layer():
     assert drift_shape(alone, others=(moved,)).drift
     same = _cells({("K", 0): {}, ("K", 1): {20: 8.0}, ("V", 2): {35: 3.0}})
     assert not drift_shape(alone, others=(same,)).drift  # damage differs from every recompute alike
+    # a region where every layer drifts at about its floor: a cell up to 2 x limit x that
+    # background is drift (the split could not be replayed), far beyond it damage
+    assert drift_shape(_cells({("K", 0): {}, ("K", 1): {20: 6.0}, ("V", 2): {}}, base=1.2)).drift
+    assert not drift_shape(_cells({("K", 0): {}, ("K", 1): {20: 12.0}, ("V", 2): {}}, base=1.2)).drift
     # the first layer over the limit in K and V: a token or first-layer rows changed
     token = _cells({("K", 0): {20: 9.0}, ("V", 0): {20: 8.0}, ("K", 1): {20: 9.0}})
     assert drift_shape(token).evidence.startswith("first layer: at position 20")
@@ -176,9 +180,16 @@ def test_drift_is_replayed_then_accepted(gemma_bytes):
     # -ub 256/128/64 put their first boundary after the onset at 46: only -ub 32 can explain it
     assert asked == [Schedule(2048, 32)]
     assert [t["n_ubatch"] for t in out.tried] == [512, 32]
-    # no schedule replays it: still the drift shape, so a pass with that evidence
-    out = judge_with_schedules(file_body, inputs, (Schedule(2048, 512), drifted), lambda s: (None, "no"))
-    assert out.drift and out.decided_by == "drift" and out.tried[-1]["error"] == "no"
+    # a split that halves it without replaying it: the state depends on the split, drift (a pass)
+    less = parse_buffer(drift_from(gemma_bytes, 46, 1.15)).body
+    drifted_more = parse_buffer(drift_from(gemma_bytes, 46, 1.6)).body
+    out = judge_with_schedules(file_body, inputs, (Schedule(2048, 512), drifted_more), lambda s: (less, ""))
+    assert out.judgment.problems and out.drift and out.decided_by == "drift", out.evidence
+    assert out.tried[-1]["margin"] * 2 <= out.tried[0]["margin"]
+    # no split moves it and it starts well after the first tokens: damage, though spread like drift
+    out = judge_with_schedules(file_body, inputs, (Schedule(2048, 512), drifted_more), lambda s: (None, "no"))
+    assert not out.drift and out.decided_by == "shape" and "no split tried moves it" in out.evidence
+    assert out.tried[-1]["error"] == "no"
     # damage is never retried
     damaged = parse_buffer(flip_exponent(gemma_bytes)).body
     out = judge_with_schedules(damaged, inputs, (Schedule(2048, 512), file_body), replay)

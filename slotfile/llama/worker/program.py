@@ -260,8 +260,7 @@ class Worker:
             after_restore = self._logits(ctx)
             # recompute from the tokens in the same context, cleared
             rt.L.llama_memory_clear(mem, True)
-            # the server stops a prompt at checkpoints and starts it after a reused prefix:
-            # each piece of ``cuts`` is decoded in its own n_batch/n_ubatch calls
+            # the server's checkpoint breaks and reused prefix: each piece in its own calls
             for a, b in segments(n, [int(c) for c in req.get("cuts") or []]):
                 decode(ctx, tokens[a:b], a, seq, False, n_batch)
             self._write_state(ctx, seq, req["out"])
@@ -283,9 +282,8 @@ class Worker:
             rt.L.llama_memory_clear(mem, True)
         lg = _compare_logits(after_restore, recomputed, floor)
         n_stepwise = n_stepwise if floor is not None else 0
-        cuts = sorted({int(c) for c in req.get("cuts") or [] if 0 < int(c) < n})
         out.update(ok=True, message="recomputed", logits=lg, n_batch=n_batch, n_ubatch=n_ubatch, n_stepwise=n_stepwise)
-        out["cuts"] = cuts
+        out["cuts"] = [b for _a, b in segments(n, [int(c) for c in req.get("cuts") or []])][:-1]
         return out
 
     def _write_state(self, ctx: Any, seq: int, path: str) -> None:
