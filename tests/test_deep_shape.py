@@ -276,3 +276,33 @@ def test_worker_replays_cuts():
         rec = open_slot_file(f"{d}/a.slot")
         assert not judge_layers(sf.body, rec.body).problems
         rec.close()
+
+
+def test_first_layer_is_the_models_layer_0_not_each_blocks():
+    # iSWA (Gemma 3): the SWA block holds model layer 0, the base block's layer 0 is model layer 5.
+    # A changed token differs far beyond the limit in the model's first layer while the base
+    # block's layer 0 (drifting like any deeper layer) may stay under it: still a changed token.
+    from slotfile.format.records import CacheExpect
+    from slotfile.verify.shape import first_layer_block
+
+    caches = {
+        "kv-base": CacheExpect("kv-base", (5, 11, 17), (256,) * 3, (256,) * 3),
+        "kv-swa": CacheExpect("kv-swa", (0, 1, 2, 3, 4, 6), (256,) * 6, (256,) * 6),
+    }
+    assert first_layer_block(caches) == "kv-swa" and first_layer_block({}) is None
+    n = 64
+    j = Judgment()
+    for block, part, layer, hot in (
+        ("kv-swa", "K", 0, {20: 5.5}),
+        ("kv-swa", "V", 0, {20: 7.8}),
+        ("kv-swa", "V", 1, {20: 9.0, 24: 3.0}),
+        ("kv-base", "K", 0, {20: 3.4}),
+        ("kv-base", "V", 0, {20: 4.1}),
+    ):
+        r = np.zeros(n)
+        for p, v in hot.items():
+            r[p] = v
+        j.cells.append(RunCells(block, part, layer, np.arange(n), r))
+    j.problems.append((ProblemCode.DEEP_MISMATCH, "body.kv-swa.stream[0]", 0, "layer over its floors"))
+    assert drift_shape(j, first_block="kv-swa").evidence.startswith("first layer: at position 20")
+    assert drift_shape(j).drift  # taking the base block's layer 0 as a first layer hid it

@@ -27,7 +27,7 @@ import numpy as np
 
 from slotfile.format.records import Body
 from slotfile.problems import ProblemCode
-from slotfile.verify.judge import MARGIN_LIMIT, DeepInputs, Judgment, RunCells, judge_layers
+from slotfile.verify.judge import MARGIN_LIMIT, Caches, DeepInputs, Judgment, RunCells, judge_layers
 
 MAX_RETRIES = 4  # extra recomputes, each only while the difference has the drift shape
 # a layer at a position "differs too" (corroborates a failing cell of another layer) above this
@@ -101,14 +101,18 @@ def _position_matrix(cells: list[RunCells]) -> tuple[np.ndarray, list[RunCells]]
     return m, runs
 
 
-def drift_shape(j: Judgment, limit: float = MARGIN_LIMIT, others: tuple[Judgment, ...] = ()) -> Shape:
+def drift_shape(
+    j: Judgment, limit: float = MARGIN_LIMIT, others: tuple[Judgment, ...] = (), first_block: str | None = None
+) -> Shape:
     """Whether the cells of ``j`` that exceed ``limit`` floors have the shape of drift: near each
     such cell (within :data:`NEAR` positions) another layer differs too (above
     :data:`CORROBORATE` floors), and the first layer of the blocks holding it stays within the
     limit in K or V.  ``others``: the same file judged against recomputes with other schedules;
     a cell whose ratio changes by more than :data:`SCHEDULE_DEPENDENT` times between them is
     drift whatever its neighbours (damage differs from every recompute alike).  No: the evidence
-    names the first cell that is not drift (or the byte damage, or a problem not a value's)."""
+    names the first cell that is not drift (or the byte damage, or a problem not a value's).
+    ``first_block``: the block whose layer 0 is the model's layer 0 (:func:`first_layer_block`;
+    None: every block's layer 0 is taken as a first layer)."""
     if j.byte_damage:
         return Shape(False, "bytes: " + j.byte_damage[0])
     other = [p for p in j.problems if p[0] != ProblemCode.DEEP_MISMATCH]
@@ -127,7 +131,7 @@ def drift_shape(j: Judgment, limit: float = MARGIN_LIMIT, others: tuple[Judgment
     onset = int(cols[0]) if cols.size else None
     for i in range(len(runs)):
         for p in np.flatnonzero(r[i] > limit):
-            why = _first_layer(m, runs, int(p), limit)
+            why = _first_layer(m, runs, int(p), limit, first_block)
             seen = [float(a[i, p]) for a in alt] + [float(r[i, p])]
             if not why and max(seen) > SCHEDULE_DEPENDENT * max(min(seen), 1e-9):
                 continue  # the split moves it: drift
@@ -164,10 +168,23 @@ def _isolated(runs: list[RunCells], high: np.ndarray, i: int, p: int, ratio: flo
     )
 
 
-def _first_layer(m: np.ndarray, runs: list[RunCells], p: int, limit: float) -> str:
-    """Why position ``p`` is damage: the first layer of every block holding it differs beyond
-    the limit in K and V ('': it does not)."""
-    held = [k for k, x in enumerate(runs) if x.layer == 0 and not np.isnan(m[k, p])]
+def first_layer_block(caches: Caches) -> str | None:
+    """The role of the cache holding the model's first layer with K/V (``CacheExpect.layers``):
+    in an iSWA model each block numbers its layers from 0, but only one block's layer 0 is the
+    model's, the one computed from the token and its position alone (Gemma 3: the SWA block;
+    the base block's layer 0 is model layer 5 and drifts like any other).  None: unknown."""
+    firsts = {role: c.layers[0] for role, c in caches.items() if c.layers}
+    return min(firsts, key=lambda r: firsts[r]) if firsts else None
+
+
+def _first_layer(m: np.ndarray, runs: list[RunCells], p: int, limit: float, first_block: str | None = None) -> str:
+    """Why position ``p`` is damage: the model's first layer (layer 0 of ``first_block``, or of
+    every block when unknown) differs beyond the limit in K and V ('': it does not)."""
+    held = [
+        k
+        for k, x in enumerate(runs)
+        if x.layer == 0 and (first_block is None or x.block == first_block) and not np.isnan(m[k, p])
+    ]
     if held and float(np.nan_to_num(m[held, p]).min()) > limit:
         return (
             f"first layer: at position {p} the first layer's K and V differ beyond the limit "
@@ -212,7 +229,8 @@ def judge_with_schedules(
     tried = [{**sched.as_dict(), "margin": j.margin, "problems": len(j.problems)}]
     if not j.problems:
         return Outcome(j, sched, "statistics", "every layer within its noise floors", tried)
-    shape = drift_shape(j)
+    first_block = first_layer_block(inputs.caches)
+    shape = drift_shape(j, first_block=first_block)
     if not shape.drift:
         return Outcome(j, sched, "bytes" if j.byte_damage else "shape", shape.evidence, tried)
     best, best_s, seen = j, sched, [j]
@@ -232,7 +250,7 @@ def judge_with_schedules(
             return Outcome(
                 jr, s, "schedule", f"replaying the split {s.label()} leaves every layer within its floors", tried
             )
-    final = drift_shape(best, others=tuple(x for x in seen if x is not best))
+    final = drift_shape(best, others=tuple(x for x in seen if x is not best), first_block=first_block)
     if not final.drift:
         return Outcome(best, best_s, "shape", final.evidence, tried)
     # drift that is left must show it: a split that moved it (the state depends on how the
