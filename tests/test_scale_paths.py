@@ -262,48 +262,63 @@ def test_the_streamed_json_is_the_one_text_json_dumps_gives(capsys: pytest.Captu
     assert capsys.readouterr().out == json.dumps(doc, indent=2) + "\n"
 
 
-def test_a_large_directory_on_two_processes_reads_as_on_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_large_directory_on_two_processes_reads_as_on_one(tmp_path: Path) -> None:
     """ls, prune and verify (structure) read a large DIR on forked processes: every file's
-    summary and structure verdict, in order, are those of one process reading them all."""
+    summary and structure verdict, in order, are those of one process reading them all.  Where
+    this process may not fork (other tests left threads running: walk._can_fork says no and a
+    directory run reads in one process), the same check runs in a freshly spawned interpreter,
+    where it can: the test never skips."""
+    import multiprocessing
+
+    from slotfile.slotdir import walk
+
+    if walk._can_fork():
+        _two_processes_read_as_one(str(tmp_path))
+        return
+    proc = multiprocessing.get_context("spawn").Process(target=_two_processes_read_as_one, args=(str(tmp_path),))
+    proc.start()
+    proc.join(600)
+    assert proc.exitcode == 0, f"the check in a spawned process exited {proc.exitcode}"
+
+
+def _two_processes_read_as_one(tmp: str) -> None:
     from slotfile.slotdir import walk
     from slotfile.verify import engine
     from slotfile.verify.engine import Verifier
 
-    if not walk._can_fork():
-        pytest.skip("no fork start method here, or threads running: one process reads them")
-    monkeypatch.setattr(walk, "PARALLEL_MIN", 40)
-    monkeypatch.setattr(engine, "PARALLEL_MIN", 40)
-    _dir_with_damage(tmp_path, "v4/llama_q8_0_fa.slot", 40)
-    shutil.copyfile(SLOTS / "gemma3_iswa_fa.slot", tmp_path / "other.slot")
-    (tmp_path / "empty.slot").write_bytes(b"")
-    scan = scan_dir(tmp_path, settle=0)
-    assert len(scan.slots) >= 80
-    one = [summarize(e) for e in scan.slots]
-    two = walk.summarize_all(scan.slots, jobs=2)
-    assert [s.to_dict(0) for s in two] == [s.to_dict(0) for s in one]
-    assert any(s.damaged for s in one) and not all(s.damaged for s in one)
-    paths = [Path(e.path) for e in scan.slots]
-    monkeypatch.setenv(walk.JOBS_ENV, "2")
-    with Verifier(VerifyOptions()) as v:
-        seen: list[str] = []
-        forked = v.run(paths, on_done=lambda r: seen.append(r.path))
-        alone = [v.verify(p) for p in paths]
-    assert seen == [str(p) for p in paths]
+    assert walk._can_fork()
+    tmp_path = Path(tmp)
+    saved = (walk.PARALLEL_MIN, engine.PARALLEL_MIN, os.environ.get(walk.JOBS_ENV))
+    walk.PARALLEL_MIN = engine.PARALLEL_MIN = 40
+    try:
+        _dir_with_damage(tmp_path, "v4/llama_q8_0_fa.slot", 40)
+        shutil.copyfile(SLOTS / "gemma3_iswa_fa.slot", tmp_path / "other.slot")
+        (tmp_path / "empty.slot").write_bytes(b"")
+        scan = scan_dir(tmp_path, settle=0)
+        assert len(scan.slots) >= 80
+        one = [summarize(e) for e in scan.slots]
+        two = walk.summarize_all(scan.slots, jobs=2)
+        assert [s.to_dict(0) for s in two] == [s.to_dict(0) for s in one]
+        assert any(s.damaged for s in one) and not all(s.damaged for s in one)
+        paths = [Path(e.path) for e in scan.slots]
+        os.environ[walk.JOBS_ENV] = "2"
+        with Verifier(VerifyOptions()) as v:
+            seen: list[str] = []
+            forked = v.run(paths, on_done=lambda r: seen.append(r.path))
+            alone = [v.verify(p) for p in paths]
+        assert seen == [str(p) for p in paths]
+        assert [_facts(r) for r in forked] == [_facts(r) for r in alone]
+    finally:
+        walk.PARALLEL_MIN, engine.PARALLEL_MIN = saved[0], saved[1]
+        if saved[2] is None:
+            os.environ.pop(walk.JOBS_ENV, None)
+        else:
+            os.environ[walk.JOBS_ENV] = saved[2]
 
-    def facts(r: Any) -> tuple[object, ...]:
-        lv = r.levels["structure"]
-        return (
-            r.path,
-            r.size,
-            r.n_tokens,
-            r.error,
-            r.verdict,
-            lv.status,
-            [p.line() for p in lv.problems],
-            lv.details,
-        )
 
-    assert [facts(r) for r in forked] == [facts(r) for r in alone]
+def _facts(r: Any) -> tuple[object, ...]:
+    lv = r.levels["structure"]
+    return (r.path, r.size, r.n_tokens, r.error, r.verdict, lv.status, [p.line() for p in lv.problems], lv.details)
 
 
 @pytest.mark.parametrize("name", ["llama_draft_sdft.slot", "v4/extra-jamba.slot", "v4/llama_2stream.slot"])
