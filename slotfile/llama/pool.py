@@ -480,8 +480,8 @@ class LoaderPool:
         prefill's n_batch (tokens per llama_decode call), ``n_ubatch`` its micro-batch (0: the
         server's defaults, 2048 and 512).  With ``n_stepwise`` and ``out_floor``: the last
         ``n_stepwise`` tokens decoded again one per call, that state written to ``out_floor`` (the
-        noise floor).  ``cuts``: positions where the prefill starts a new llama_decode call, as
-        a server's checkpoint breaks or a reused prefix split it."""
+        noise floor).  ``cuts``: where the prefill starts a new llama_decode call (a server's
+        checkpoint breaks, a reused prefix)."""
         if settings is None:
             from slotfile.format.reader import open_slot_file
 
