@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from slotfile.format import versions
+from slotfile.format.reader import open_slot_file
 from slotfile.format.records import FileFormat
 from slotfile.llama.library import Library, LoaderError, resolve_library
 from slotfile.llama.settings import draft_settings_for, settings_for
@@ -425,8 +426,6 @@ class LoaderPool:
         """Test-load one file the way the server restores a slot (see slotfile/llama/worker/program.py).
         ``sf``: the file as the caller already parsed it (otherwise it is parsed here)."""
         if sf is None:
-            from slotfile.format.reader import open_slot_file
-
             try:
                 sf = open_slot_file(path)
             except OSError as e:
@@ -483,9 +482,7 @@ class LoaderPool:
         noise floor).  ``cuts``: where the prefill starts a new llama_decode call (a server's
         checkpoint breaks, a reused prefix)."""
         if settings is None:
-            from slotfile.format.reader import open_slot_file
-
-            settings = settings_for(open_slot_file(path), self.n_gpu_layers)
+            settings = self._settings_of(path)
         req = {
             "op": "deep",
             "path": str(Path(path).resolve()),
@@ -521,6 +518,9 @@ class LoaderPool:
             n_stepwise=int(resp.get("n_stepwise") or 0),
             cuts=[int(c) for c in resp.get("cuts") or []],
         )
+
+    def _settings_of(self, path: str) -> LoadSettings:
+        return settings_for(open_slot_file(path), self.n_gpu_layers)
 
     def deep_blobs(
         self,
