@@ -50,24 +50,6 @@ DOC = (
 )
 
 
-class LongCtx(dn.Ctx):
-    """deep_noise's context with room for a long prompt (its own n_ctx is 1024)."""
-
-    def __init__(self, model: Any, type_id: int, fa: bool, n_batch: int, n_ubatch: int, threads: int) -> None:
-        L = dn.lib()
-        p = L.llama_context_default_params()
-        p.n_ctx, p.n_batch, p.n_ubatch = 4096, n_batch, n_ubatch
-        p.n_threads = p.n_threads_batch = threads
-        p.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED if fa else L.LLAMA_FLASH_ATTN_TYPE_DISABLED
-        p.type_k = p.type_v = type_id
-        p.swa_full = False
-        p.no_perf = True
-        self.ptr = L.llama_init_from_model(model, p)
-        assert self.ptr, "context"
-        self.n_batch = n_batch
-        self.pos = 0
-
-
 def partial_blob(ctx: Any) -> bytes:
     """``create_checkpoint``'s data_tgt: the PARTIAL_ONLY blob of sequence 0 (with its prefix)."""
     L = dn.lib()
@@ -99,7 +81,7 @@ def write_checkpointed_chat(model: Any, path: Path, type_id: int, fa: bool, ub: 
     """The two-turn chat of deep_noise.write_chat_slot with server-like checkpoints (``doc``:
     words of a document put before the question); returns the checkpoint count."""
     L = dn.lib()
-    ctx = LongCtx(model, type_id, fa, 2048, ub, dn.THREADS)
+    ctx = dn.Ctx(model, type_id, fa, 2048, ub, dn.THREADS, n_ctx=4096)  # room for a long prompt
     toks: list[int] = []
     cps: list[tuple[int, int, int, bytes]] = []
     words = (DOC.split() * (doc // len(DOC.split()) + 1))[:doc]

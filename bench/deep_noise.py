@@ -80,10 +80,12 @@ def lib() -> Any:
 
 
 class Ctx:
-    def __init__(self, model: Any, type_id: int, fa: bool, n_batch: int, n_ubatch: int, threads: int) -> None:
+    def __init__(
+        self, model: Any, type_id: int, fa: bool, n_batch: int, n_ubatch: int, threads: int, n_ctx: int = 1024
+    ) -> None:
         L = lib()
         p = L.llama_context_default_params()
-        p.n_ctx, p.n_batch, p.n_ubatch = 1024, n_batch, n_ubatch
+        p.n_ctx, p.n_batch, p.n_ubatch = n_ctx, n_batch, n_ubatch
         p.n_threads = p.n_threads_batch = threads
         p.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED if fa else L.LLAMA_FLASH_ATTN_TYPE_DISABLED
         p.type_k = p.type_v = type_id

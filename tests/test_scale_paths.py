@@ -28,6 +28,7 @@ from slotfile.slotdir.walk import scan_dir, summarize
 from slotfile.verify.options import VerifyOptions
 
 from .conftest import SLOTS
+from .test_scale import _verdict
 
 FIXTURES = sorted(p for d in (SLOTS, SLOTS / "v4") for p in d.glob("*.slot"))
 CORPUS = Path(os.path.expanduser("~/.cache/slotfile/corpus"))
@@ -42,18 +43,6 @@ TARGETS = [
     "llama_unified_2seq.slot",
     "v4/llama_plain_tokens.slot",
 ]
-
-
-def _verdict(data: bytes) -> tuple[object, ...]:
-    sf = parse_buffer(data)
-    body = sf.body
-    return (
-        tuple(p.line() for p in sf.problems),
-        tuple(repr(s) for s in sf.sections),
-        (body.layout.describe(), body.confidence, tuple(a.describe() for a in body.alternatives))
-        if body is not None and body.layout is not None
-        else None,
-    )
 
 
 def _cell_offsets(blocks: Any) -> list[int]:
