@@ -28,6 +28,7 @@ import numpy as np
 from slotfile.format.records import Body
 from slotfile.problems import ProblemCode
 from slotfile.verify.judge import MARGIN_LIMIT, Caches, DeepInputs, Judgment, RunCells, judge_layers
+from slotfile.verify.misplaced import find_misplaced
 
 MAX_RETRIES = 4  # extra recomputes, each only while the difference has the drift shape
 # a layer at a position "differs too" (corroborates a failing cell of another layer) above this
@@ -75,7 +76,7 @@ Recompute = Callable[[Schedule], tuple[Body | None, str]]
 @dataclass
 class Outcome:
     """The judgment the verdict rests on, the schedule of its recompute, what decided it
-    (``statistics``, ``bytes``, ``shape``, ``schedule`` or ``drift``) and every schedule tried."""
+    (``statistics``, ``misplaced``, ``bytes``, ``shape``, ``schedule`` or ``drift``) and every schedule tried."""
 
     judgment: Judgment
     schedule: Schedule
@@ -229,6 +230,12 @@ def judge_with_schedules(
     tried = [{**sched.as_dict(), "margin": j.margin, "problems": len(j.problems)}]
     if not j.problems:
         return Outcome(j, sched, "statistics", "every layer within its noise floors", tried)
+    moved = find_misplaced(file_body, body, j)  # before any difference is excused as drift
+    if moved:
+        j.problems[:0] = moved
+        return Outcome(
+            j, sched, "misplaced", moved[0][3] + (f" (+{len(moved) - 1} more)" if len(moved) > 1 else ""), tried
+        )
     first_block = first_layer_block(inputs.caches)
     shape = drift_shape(j, first_block=first_block)
     if not shape.drift:

@@ -1,0 +1,222 @@
+"""Damage that moves data (issue 25): a block of the file that matches another recomputed block.
+
+Drift (:mod:`slotfile.verify.shape`) moves each stored row a little away from its own
+recompute, in no particular direction: the row stays far closer to its own recompute than to
+any other.  Damage that *moves* bytes - two layers exchanged, a layer's K and V exchanged, two
+cells' rows exchanged, a row copied over another - leaves a stored block that is near another
+recomputed block (another layer of the same type and byte length in the same stream, the other
+of K and V, another cell's row of the same layer) and far from its own.  The judge calls
+:func:`find_misplaced` on the first recompute, before any difference is excused as drift: a
+block that fails its floors and lies within :data:`MATCH` of its own distance of another
+recomputed block is damage whatever the shape.
+
+Distances are relative: ``||stored - recomputed|| / max(||stored||, ||recomputed||)`` (0: the
+same values, about 1.4 for unrelated vectors of one norm).  A layer is compared on up to
+:data:`SAMPLE` of its values at fixed places in the file's byte order (the bytes a swap moves
+with; a transposed V stores each element of all cells together), a cell on its whole row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from slotfile.format.records import Body, LayerRun, MemoryBlock, MemoryKind
+from slotfile.format.types import TypeId
+from slotfile.problems import ProblemCode
+from slotfile.verify.judge import MARGIN_LIMIT, Judgment, Problem, RunCells, align_cells
+from slotfile.verify.stats import CHUNK_CELLS, dequant_rows
+
+# another recomputed block "matches" a stored one that is nearer to it than this fraction of the
+# stored block's distance to its own recompute (drift keeps every block nearest its own: the
+# ratio stays above 1 on every clean corpus file; a moved block sits near 0)
+MATCH = 0.25
+SAMPLE = 1 << 16  # values of a layer compared, evenly spaced in byte order
+MAX_CELLS = 64  # over-limit cells per layer looked up among the layer's recomputed rows
+TINY = 1e-30
+
+
+@dataclass
+class Group:
+    """The runs of one stream (or one recurrent block) of the file and of the recompute, and for
+    each file cell the recompute's cell holding its position (None: the same order)."""
+
+    section: str
+    runs: list[tuple[LayerRun, LayerRun]]  # (file run, recomputed run) by part and layer
+    positions: np.ndarray | None
+    rec_positions: np.ndarray | None
+    align: np.ndarray | None
+
+
+def _groups(file_body: Body, rec_body: Body) -> Iterator[Group]:
+    """Every stream of the file with the same cells (by position) as the recompute's."""
+    for fb, rb in zip(file_body.blocks, rec_body.blocks, strict=False):
+        yield from _block_groups(fb, rb)
+
+
+def _block_groups(fb: MemoryBlock, rb: MemoryBlock) -> Iterator[Group]:
+    if fb.kind != MemoryKind.KV:
+        if fb.cell_count == rb.cell_count:
+            pairs = [
+                (f, r) for pf, pr in ((fb.r, rb.r), (fb.p, rb.p), (fb.s, rb.s)) for f, r in zip(pf, pr, strict=False)
+            ]
+            yield Group(f"body.{fb.role}", _same_shape(pairs), None, None, None)
+        return
+    for fs, rs in zip(fb.streams, rb.streams, strict=False):
+        if not fs.cell_count or fs.cell_count != rs.cell_count:
+            continue
+        if not np.array_equal(np.sort(fs.positions), np.sort(rs.positions)):
+            continue
+        pairs = [*zip(fs.k, rs.k, strict=False), *zip(fs.v, rs.v, strict=False)]
+        sec = f"body.{fb.role}.stream[{fs.index}]"
+        yield Group(sec, _same_shape(pairs), fs.positions, rs.positions, align_cells(fs.positions, rs.positions))
+
+
+def _same_shape(pairs: list[tuple[LayerRun, LayerRun]]) -> list[tuple[LayerRun, LayerRun]]:
+    return [
+        (f, r)
+        for f, r in pairs
+        if (f.type_id, f.row_size, f.transposed, f.n_cells) == (r.type_id, r.row_size, r.transposed, r.n_cells)
+        and f.elements
+    ]
+
+
+def _flat_length(run: LayerRun) -> int:
+    return run.n_cells * int(run.elements or 0)
+
+
+def sample(run: LayerRun, flat: np.ndarray, align: np.ndarray | None) -> np.ndarray:
+    """The run's values at flat indices ``flat`` of the file's byte order, each taken from the
+    cell ``align`` maps the file's cell to (a recompute holding the positions in other cells)."""
+    n, e = run.n_cells, int(run.elements or 0)
+    el, cell = np.divmod(flat, n) if run.transposed else np.divmod(flat, e)[::-1]
+    src = cell if align is None else align[cell]
+    if run.type_id in (TypeId.F32, TypeId.F16, TypeId.BF16):
+        arr = run.array()
+        v = arr[el, src] if run.transposed else arr[src, el]
+        if run.type_id == TypeId.BF16:
+            v = (v.astype(np.uint32) << 16).view(np.float32)
+        return np.nan_to_num(np.asarray(v, dtype=np.float64), nan=0.0, posinf=0.0, neginf=0.0)
+    rows, inv = np.unique(src, return_inverse=True)
+    x = dequant_rows(run, 0, rows.size, cells=rows)
+    return np.nan_to_num(x[inv, el], nan=0.0, posinf=0.0, neginf=0.0)
+
+
+def distance(x: np.ndarray, y: np.ndarray) -> float:
+    """``||x - y|| / max(||x||, ||y||)`` (0 when both are zero)."""
+    den = max(float(np.linalg.norm(x)), float(np.linalg.norm(y)))
+    return float(np.linalg.norm(x - y)) / den if den > TINY else 0.0
+
+
+def _failing(j: Judgment, limit: float) -> dict[tuple[str, str, int], RunCells | None]:
+    """The layers of ``j`` over ``limit`` floors, by (section, part, layer), with their cells."""
+    cells = j.cells if len(j.cells) == len(j.rows) else [None] * len(j.rows)
+    out: dict[tuple[str, str, int], RunCells | None] = {}
+    for row, c in zip(j.rows, cells, strict=True):
+        if row.get("ratio", 0.0) > limit:
+            ok = c is not None and (c.block, c.part, c.layer) == (row["block"], row["part"], row["layer"])
+            out[(row["section"], row["part"], row["layer"])] = c if ok else None
+    return out
+
+
+def find_misplaced(file_body: Body, rec_body: Body, j: Judgment, limit: float = MARGIN_LIMIT) -> list[Problem]:
+    """Every layer of the file over ``limit`` floors in ``j`` whose values match another
+    recomputed layer of its stream (:func:`_layer_match`), else whose over-limit cells match
+    other cells' recomputed rows (:func:`_cell_matches`): one problem per layer."""
+    failing = _failing(j, limit)
+    if not failing or file_body.layout is None or rec_body.layout is None:
+        return []
+    out: list[Problem] = []
+    for g in _groups(file_body, rec_body):
+        cache: dict[int, np.ndarray] = {}
+        for fr, rr in g.runs:
+            key = (g.section, fr.part, fr.index)
+            if key not in failing:
+                continue
+            p = _layer_match(g, fr, rr, cache)
+            rc = failing[key]
+            if p is None and rc is not None and g.positions is not None:
+                p = _cell_matches(g, fr, rr, rc, limit)
+            if p is not None:
+                out.append(p)
+    return out
+
+
+def _layer_match(g: Group, fr: LayerRun, rr: LayerRun, cache: dict[int, np.ndarray]) -> Problem | None:
+    """The file's layer against every recomputed layer of the group with its type and byte
+    length (another layer, the other of K and V): a problem when one is within :data:`MATCH`
+    of the distance to its own recompute."""
+    size = _flat_length(fr)
+    flat = np.unique(np.linspace(0, size - 1, min(size, SAMPLE)).astype(np.int64))
+    x = sample(fr, flat, None)
+
+    def rec(r: LayerRun) -> np.ndarray:
+        if id(r) not in cache:
+            cache[id(r)] = sample(r, flat, g.align)
+        return cache[id(r)]
+
+    own = distance(x, rec(rr))
+    best: tuple[float, LayerRun] | None = None
+    for _f, other in g.runs:
+        if other is rr or other.type_id != fr.type_id or _flat_length(other) != size:
+            continue
+        d = distance(x, rec(other))
+        if best is None or d < best[0]:
+            best = (d, other)
+    if best is None or not best[0] < MATCH * own:
+        return None
+    d, other = best
+    msg = (
+        f"{fr.part} layer {fr.index} ({fr.type_name}) matches the recompute of {other.part} layer "
+        f"{other.index} (distance {d:.3g} vs {own:.3g} to its own recompute): data moved, "
+        f"{'K and V exchanged' if other.index == fr.index else 'layers exchanged or copied'}"
+    )
+    return (ProblemCode.DEEP_MISMATCH, g.section, fr.data.offset, msg)
+
+
+def _cell_matches(g: Group, fr: LayerRun, rr: LayerRun, rc: RunCells, limit: float) -> Problem | None:
+    """The layer's cells over ``limit`` floors (the :data:`MAX_CELLS` worst) against every
+    recomputed row of the layer: a problem naming the first cell whose row is within
+    :data:`MATCH` of its own distance of another cell's recomputed row."""
+    bad = np.flatnonzero(rc.ratio > limit)
+    if bad.size < 1 or fr.n_cells < 2:
+        return None
+    bad = np.sort(bad[np.argsort(-rc.ratio[bad], kind="stable")][:MAX_CELLS])
+    x = np.nan_to_num(dequant_rows(fr, 0, bad.size, cells=bad), nan=0.0, posinf=0.0, neginf=0.0)
+    own_cells = bad if g.align is None else g.align[bad]
+    d = _row_distances(x, rr)  # (bad cells, recomputed cells)
+    own = d[np.arange(bad.size), own_cells]
+    d[np.arange(bad.size), own_cells] = np.inf
+    near = np.argmin(d, axis=1)
+    hit = np.flatnonzero(d[np.arange(bad.size), near] < MATCH * own)
+    if not hit.size:
+        return None
+    i = int(hit[0])
+    c, k = int(bad[i]), int(near[i])
+    pos, rpos = g.positions, g.rec_positions
+    assert pos is not None and rpos is not None
+    msg = (
+        f"{fr.part} layer {fr.index} ({fr.type_name}): cell {c} (position {int(pos[c])}) holds the row "
+        f"recomputed for position {int(rpos[k])} (distance {d[i, k]:.3g} vs {own[i]:.3g} to its own recompute; "
+        f"{hit.size} cell(s) like it): rows exchanged or copied"
+    )
+    elsize = fr.row_size // max(int(fr.elements or 1), 1)
+    off = fr.data.offset + (c * elsize if fr.transposed else c * fr.row_size)
+    return (ProblemCode.DEEP_MISMATCH, g.section, off, msg)
+
+
+def _row_distances(x: np.ndarray, run: LayerRun) -> np.ndarray:
+    """Relative distances of rows ``x`` to every row of ``run`` (recompute cell order), in
+    chunks of :data:`CHUNK_CELLS` cells."""
+    nx2 = np.einsum("ij,ij->i", x, x)
+    out = np.empty((x.shape[0], run.n_cells))
+    for c0 in range(0, run.n_cells, CHUNK_CELLS):
+        c1 = min(run.n_cells, c0 + CHUNK_CELLS)
+        y = np.nan_to_num(dequant_rows(run, c0, c1), nan=0.0, posinf=0.0, neginf=0.0)
+        ny2 = np.einsum("ij,ij->i", y, y)
+        d2 = np.maximum(nx2[:, None] + ny2[None, :] - 2.0 * (x @ y.T), 0.0)
+        den = np.maximum(np.sqrt(np.maximum(nx2[:, None], ny2[None, :])), TINY)
+        out[:, c0:c1] = np.sqrt(d2) / den
+    return out

@@ -1,0 +1,199 @@
+"""``verify --deep`` names damage that moves data (issue 25): two layers exchanged, a layer's K
+and V exchanged, two cells' rows exchanged or one copied over another leave a stored block
+nearer another recomputed block than its own (``decided_by: misplaced``), before any
+difference is excused as drift.  Drift (rows scaled or noised in place) never does.
+
+The unit tests judge damaged copies of the committed tiny Gemma 3 fixture against the fixture
+itself (its recompute agrees bit for bit); the ``llama`` tests run the real worker, state v3
+through the installed llama-cpp-python and v4 through the v4 library."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from slotfile.format.reader import parse_buffer
+from slotfile.problems import ProblemCode
+from slotfile.verify.judge import DeepInputs, judge_layers
+from slotfile.verify.misplaced import MATCH, find_misplaced
+from slotfile.verify.shape import Schedule, judge_with_schedules
+
+from .conftest import MODELS, SLOTS
+
+GEMMA = SLOTS / "gemma3_iswa_nofa.slot"  # tiny Gemma 3 iSWA, f16, V transposed (flash attention off)
+GEMMA_V4 = SLOTS / "v4" / "gemma3_iswa_fa.slot"  # the same model, state v4, V as rows
+
+
+def _stream(data: bytes, role: str = "kv-base"):
+    sf = parse_buffer(data)
+    return next(b for b in sf.body.blocks if b.role == role).active_streams()[0]
+
+
+def _swap(data: bytes, pieces: list[tuple[int, int, int]]) -> bytes:
+    """The bytes at (offset a, offset b, length) exchanged, for each piece."""
+    out = bytearray(data)
+    for a, b, n in pieces:
+        out[a : a + n], out[b : b + n] = data[b : b + n], data[a : a + n]
+    return bytes(out)
+
+
+def layer_swap(data: bytes, la: int = 0, lb: int = 1) -> bytes:
+    """Layers ``la`` and ``lb`` of the global block exchanged, K and V."""
+    st = _stream(data)
+    return _swap(
+        data,
+        [(p[la].data.offset, p[lb].data.offset, p[la].n_cells * p[la].row_size) for p in (st.k, st.v)],
+    )
+
+
+def cell_swap(data: bytes, layer: int = 1, c1: int = 7, c2: int = 30) -> bytes:
+    """Two cells' K rows of one layer of the global block exchanged."""
+    k = _stream(data).k[layer]
+    return _swap(data, [(k.data.offset + c1 * k.row_size, k.data.offset + c2 * k.row_size, k.row_size)])
+
+
+def row_copy(data: bytes, layer: int = 1, src: int = 12, dst: int = 40) -> bytes:
+    """One cell's K row copied over another's (the other keeps its own)."""
+    k = _stream(data).k[layer]
+    out = bytearray(data)
+    a, b = k.data.offset + src * k.row_size, k.data.offset + dst * k.row_size
+    out[b : b + k.row_size] = data[a : a + k.row_size]
+    return bytes(out)
+
+
+def kv_swap(data: bytes, layer: int = 1) -> bytes:
+    """One layer's K and V exchanged (V transposed in this file: the same bytes, another order)."""
+    st = _stream(data)
+    k, v = st.k[layer], st.v[layer]
+    assert k.n_cells * k.row_size == v.n_cells * v.row_size and v.transposed
+    return _swap(data, [(k.data.offset, v.data.offset, k.n_cells * k.row_size)])
+
+
+def noised(data: bytes, scale: float, seed: int = 25) -> bytes:
+    """Every f16 K/V value of every layer moved in place: each value times (1 + scale * N(0,1)),
+    the model-space drift of another build magnified far past its floors."""
+    sf = parse_buffer(data)
+    out = np.frombuffer(bytearray(data), np.uint8)
+    rng = np.random.default_rng(seed)
+    for blk in sf.body.blocks:
+        st = blk.active_streams()[0]
+        for run in (*st.k, *st.v):
+            a = out[run.data.offset : run.data.offset + run.n_cells * run.row_size].view(np.float16)
+            a[:] = (a * (1 + scale * rng.standard_normal(a.size))).astype(np.float16)
+    return out.tobytes()
+
+
+@pytest.fixture(scope="module")
+def gemma_bytes() -> bytes:
+    return GEMMA.read_bytes()
+
+
+def _judge(damaged: bytes, clean: bytes):
+    inputs = DeepInputs(n_tokens=54)
+    return judge_with_schedules(
+        parse_buffer(damaged).body, inputs, (Schedule(2048, 512), parse_buffer(clean).body), None
+    )
+
+
+# ------------------------------------------------------------------ without llama.cpp
+
+
+def test_layer_swap_matches_the_other_layer(gemma_bytes):
+    out = _judge(layer_swap(gemma_bytes), gemma_bytes)
+    assert out.decided_by == "misplaced" and not out.drift
+    code, sec, off, msg = out.judgment.problems[0]
+    st = _stream(gemma_bytes)
+    assert code == ProblemCode.DEEP_MISMATCH and sec == "body.kv-base.stream[0]" and off == st.k[0].data.offset
+    assert msg.startswith("K layer 0 (f16) matches the recompute of K layer 1 (distance 0 vs")
+    assert "layers exchanged" in msg and "(+3 more)" in out.evidence  # K and V of both layers
+
+
+def test_kv_swap_matches_across_a_transposed_v(gemma_bytes):
+    out = _judge(kv_swap(gemma_bytes), gemma_bytes)
+    assert out.decided_by == "misplaced"
+    assert out.judgment.problems[0][3].startswith("K layer 1 (f16) matches the recompute of V layer 1")
+
+
+@pytest.mark.parametrize("damage", [cell_swap, row_copy])
+def test_moved_rows_match_another_position(gemma_bytes, damage):
+    out = _judge(damage(gemma_bytes), gemma_bytes)
+    assert out.decided_by == "misplaced", out.evidence
+    code, sec, off, msg = out.judgment.problems[0]
+    assert code == ProblemCode.DEEP_MISMATCH and sec == "body.kv-base.stream[0]"
+    k = _stream(gemma_bytes).k[1]
+    if damage is cell_swap:
+        assert msg.startswith("K layer 1 (f16): cell 7 (position 7) holds the row recomputed for position 30")
+        assert off == k.data.offset + 7 * k.row_size and "2 cell(s)" in msg
+    else:
+        assert msg.startswith("K layer 1 (f16): cell 40 (position 40) holds the row recomputed for position 12")
+        assert off == k.data.offset + 40 * k.row_size and "1 cell(s)" in msg
+
+
+@pytest.mark.parametrize("scale", [0.05, 0.3, 1.0])
+def test_drift_in_place_is_never_misplaced(gemma_bytes, scale):
+    """Values moved in place (every layer, every cell, up to the size of the values themselves)
+    fail their floors but stay nearest their own recompute: the rule stays silent."""
+    damaged = noised(gemma_bytes, scale)
+    j = judge_layers(parse_buffer(damaged).body, parse_buffer(gemma_bytes).body)
+    assert j.problems  # far over the floors
+    assert find_misplaced(parse_buffer(damaged).body, parse_buffer(gemma_bytes).body, j) == []
+    assert _judge(damaged, gemma_bytes).decided_by != "misplaced"
+
+
+def test_clean_file_has_nothing_misplaced(gemma_bytes):
+    body = parse_buffer(gemma_bytes).body
+    j = judge_layers(body, body)
+    assert not j.problems and find_misplaced(body, body, j) == []
+    # even with every layer taken as failing (limit -1), each block is nearest its own recompute
+    assert find_misplaced(body, body, j, limit=-1.0) == []
+    assert MATCH < 1
+
+
+# ------------------------------------------------------------------ the real worker
+
+
+def _verify(v, tmp_path: Path, name: str, data: bytes) -> dict:
+    p = tmp_path / name
+    p.write_bytes(data)
+    return v.verify(p).to_dict()
+
+
+@pytest.fixture(scope="module")
+def verifier():
+    from slotfile.verify import Verifier, VerifyOptions
+
+    with Verifier(VerifyOptions(model=str(MODELS / "gemma3.gguf"), deep=True)) as v:
+        yield v
+
+
+@pytest.mark.llama
+def test_real_loader_names_moved_data(verifier, gemma_bytes, tmp_path):
+    r = verifier.verify(GEMMA).to_dict()
+    assert r["verdict"] == "pass" and r["levels"]["deep"]["details"]["decided_by"] == "statistics"
+    for name, damage in (("layer", layer_swap), ("cell", cell_swap)):
+        r = _verify(verifier, tmp_path, f"{name}.slot", damage(gemma_bytes))
+        deep = r["levels"]["deep"]
+        assert deep["status"] == "fail" and deep["details"]["decided_by"] == "misplaced", deep["details"]["evidence"]
+        assert r["levels"]["load"]["status"] == "pass"
+        assert deep["problems"][0]["code"] == "deep-mismatch"
+        assert ("matches the recompute of K layer 1" if name == "layer" else "holds the row recomputed") in (
+            deep["problems"][0]["message"]
+        )
+
+
+@pytest.mark.llama
+@pytest.mark.slow
+def test_real_v4_loader_names_moved_data(llama_v4_lib, tmp_path):
+    from slotfile.verify import Verifier, VerifyOptions
+
+    data = GEMMA_V4.read_bytes()
+    opts = VerifyOptions(model=str(MODELS / "gemma3.gguf"), deep=True, llama_lib=str(llama_v4_lib))
+    with Verifier(opts) as v:
+        r = v.verify(GEMMA_V4).to_dict()
+        assert r["verdict"] == "pass" and r["version"] == 4, r["first_problem"]
+        for name, damage in (("layer", layer_swap), ("cell", cell_swap)):
+            r = _verify(v, tmp_path, f"v4-{name}.slot", damage(data))
+            deep = r["levels"]["deep"]
+            assert deep["status"] == "fail" and deep["details"]["decided_by"] == "misplaced", deep["details"]
