@@ -129,6 +129,7 @@ def find_misplaced(file_body: Body, rec_body: Body, j: Judgment, limit: float = 
     if not failing or file_body.layout is None or rec_body.layout is None:
         return []
     out: list[Problem] = []
+    over = _over_by_position(j, limit)
     for g in _groups(file_body, rec_body):
         cache: dict[int, np.ndarray] = {}
         for fr, rr in g.runs:
@@ -138,16 +139,37 @@ def find_misplaced(file_body: Body, rec_body: Body, j: Judgment, limit: float = 
             p = _layer_match(g, fr, rr, cache)
             rc = failing[key]
             if p is None and rc is not None and g.positions is not None:
-                p = _cell_matches(g, fr, rr, rc, limit)
+                p = _cell_matches(g, (fr, rr), rc, _confined(rc, over, limit))
             if p is not None:
                 out.append(p)
     return out
 
 
+def _over_by_position(j: Judgment, limit: float) -> dict[int, set[tuple[str, int]]]:
+    """Per position, the layers (block role, layer) with a cell over ``limit`` floors there."""
+    over: dict[int, set[tuple[str, int]]] = {}
+    for c in j.cells:
+        if c.positions is not None:
+            for p in c.positions[np.flatnonzero(c.ratio > limit)]:
+                over.setdefault(int(p), set()).add((c.block, c.layer))
+    return over
+
+
+def _confined(rc: RunCells, over: dict[int, set[tuple[str, int]]], limit: float) -> np.ndarray:
+    """The cells of ``rc`` over ``limit`` floors where no other layer is (its K or V may be):
+    damage lives in one layer's bytes, while a drifting row that tips towards another
+    position's recompute (a long repetitive prompt: two near-tied attention targets) carries
+    that difference into every layer above it."""
+    assert rc.positions is not None
+    bad = np.flatnonzero(rc.ratio > limit)
+    me = {(rc.block, rc.layer)}
+    return np.array([c for c in bad if not over.get(int(rc.positions[c]), set()) - me], dtype=np.int64)
+
+
 def _layer_match(g: Group, fr: LayerRun, rr: LayerRun, cache: dict[int, np.ndarray]) -> Problem | None:
     """The file's layer against every recomputed layer of the group with its type and byte
     length (another layer, the other of K and V): a problem when one is within :data:`MATCH`
-    of the distance to its own recompute."""
+    of the distance to its own recompute and the move is corroborated (:func:`corroborate`)."""
     size = _flat_length(fr)
     flat = np.unique(np.linspace(0, size - 1, min(size, SAMPLE)).astype(np.int64))
     x = sample(fr, flat, None)
@@ -158,53 +180,83 @@ def _layer_match(g: Group, fr: LayerRun, rr: LayerRun, cache: dict[int, np.ndarr
         return cache[id(r)]
 
     own = distance(x, rec(rr))
-    best: tuple[float, LayerRun] | None = None
-    for _f, other in g.runs:
+    best: tuple[float, LayerRun, LayerRun] | None = None
+    for fo, other in g.runs:
         if other is rr or other.type_id != fr.type_id or _flat_length(other) != size:
             continue
         d = distance(x, rec(other))
         if best is None or d < best[0]:
-            best = (d, other)
+            best = (d, fo, other)
     if best is None or not best[0] < MATCH * own:
         return None
-    d, other = best
+    d, fo, other = best
+    how = corroborate(x, sample(fo, flat, None), rec(rr), rec(other))
+    if not how:
+        return None
+    name = f"{other.part} layer {other.index}"
     msg = (
-        f"{fr.part} layer {fr.index} ({fr.type_name}) matches the recompute of {other.part} layer "
-        f"{other.index} (distance {d:.3g} vs {own:.3g} to its own recompute): data moved, "
-        f"{'K and V exchanged' if other.index == fr.index else 'layers exchanged or copied'}"
+        f"{fr.part} layer {fr.index} ({fr.type_name}) matches the recompute of {name} (distance {d:.3g} "
+        f"vs {own:.3g} to its own recompute) and the file's {name} "
+        + ("holds the same values" if how == "copied" else f"matches the recompute of {fr.part} layer {fr.index}")
+        + f": {'K and V' if other.index == fr.index else 'layers'} {how}"
     )
     return (ProblemCode.DEEP_MISMATCH, g.section, fr.data.offset, msg)
 
 
-def _cell_matches(g: Group, fr: LayerRun, rr: LayerRun, rc: RunCells, limit: float) -> Problem | None:
-    """The layer's cells over ``limit`` floors (the :data:`MAX_CELLS` worst) against every
-    recomputed row of the layer: a problem naming the first cell whose row is within
-    :data:`MATCH` of its own distance of another cell's recomputed row."""
-    bad = np.flatnonzero(rc.ratio > limit)
+def corroborate(x: np.ndarray, y: np.ndarray, rx: np.ndarray, ry: np.ndarray) -> str:
+    """How stored block ``x``, which matches recomputed block ``ry`` better than its own ``rx``,
+    got there, from the stored block ``y`` recomputed as ``ry``: ``copied`` (``y`` holds the
+    same values), ``exchanged`` (``y`` matches ``rx`` likewise), or '' (not corroborated: a
+    long repetitive prompt can tip one drifting row towards another position's recompute, never
+    two rows towards each other's, never to the same bytes)."""
+    if np.array_equal(x, y):
+        return "copied"
+    return "exchanged" if distance(y, rx) < MATCH * distance(y, ry) else ""
+
+
+def _cell_matches(g: Group, runs: tuple[LayerRun, LayerRun], rc: RunCells, bad: np.ndarray) -> Problem | None:
+    """The layer's cells ``bad`` (over the limit, in this layer alone: the :data:`MAX_CELLS`
+    worst) against every recomputed row of the layer: a problem naming the first cell whose row
+    is within :data:`MATCH` of its own distance of another cell's recomputed row, corroborated
+    by that cell's stored row (:func:`corroborate`)."""
+    fr, rr = runs
     if bad.size < 1 or fr.n_cells < 2:
         return None
     bad = np.sort(bad[np.argsort(-rc.ratio[bad], kind="stable")][:MAX_CELLS])
-    x = np.nan_to_num(dequant_rows(fr, 0, bad.size, cells=bad), nan=0.0, posinf=0.0, neginf=0.0)
+    x = _rows(fr, bad)
     own_cells = bad if g.align is None else g.align[bad]
     d = _row_distances(x, rr)  # (bad cells, recomputed cells)
     own = d[np.arange(bad.size), own_cells]
     d[np.arange(bad.size), own_cells] = np.inf
     near = np.argmin(d, axis=1)
-    hit = np.flatnonzero(d[np.arange(bad.size), near] < MATCH * own)
-    if not hit.size:
+    file_cell = np.arange(fr.n_cells)
+    if g.align is not None:
+        file_cell[g.align] = np.arange(fr.n_cells)  # the file's cell of each recomputed cell
+    hits: list[tuple[int, int, str]] = []
+    for h in np.flatnonzero(d[np.arange(bad.size), near] < MATCH * own):
+        rx, ry = _rows(rr, np.array([own_cells[h], near[h]]))
+        how = corroborate(x[h], _rows(fr, file_cell[[near[h]]])[0], rx, ry)
+        if how:
+            hits.append((int(h), int(near[h]), how))
+    if not hits:
         return None
-    i = int(hit[0])
-    c, k = int(bad[i]), int(near[i])
+    i, k, how = hits[0]
+    c = int(bad[i])
     pos, rpos = g.positions, g.rec_positions
     assert pos is not None and rpos is not None
     msg = (
         f"{fr.part} layer {fr.index} ({fr.type_name}): cell {c} (position {int(pos[c])}) holds the row "
         f"recomputed for position {int(rpos[k])} (distance {d[i, k]:.3g} vs {own[i]:.3g} to its own recompute; "
-        f"{hit.size} cell(s) like it): rows exchanged or copied"
+        f"{len(hits)} cell(s) like it): rows {how}"
     )
     elsize = fr.row_size // max(int(fr.elements or 1), 1)
     off = fr.data.offset + (c * elsize if fr.transposed else c * fr.row_size)
     return (ProblemCode.DEEP_MISMATCH, g.section, off, msg)
+
+
+def _rows(run: LayerRun, cells: np.ndarray) -> np.ndarray:
+    """The rows of ``cells`` as float64, non-finite values as 0."""
+    return np.nan_to_num(dequant_rows(run, 0, cells.size, cells=cells), nan=0.0, posinf=0.0, neginf=0.0)
 
 
 def _row_distances(x: np.ndarray, run: LayerRun) -> np.ndarray:
