@@ -40,6 +40,11 @@ SCHEDULE_DEPENDENT = 2.0  # a cell's ratio moving this many times between recomp
 # least this many floors (a clean region of an agreeing recompute: about 0); a cell there is
 # drift up to 2 * limit times that background (g-swa-full: 3.8 floors on a background of 1.26)
 DRIFTING = 0.75
+# the first layer's cell at a position must stand this many times above the median of that
+# layer's cells to be a changed token: layer 0's K/V of a cell is a function of its token alone,
+# so another backend's rounding (a CUDA server's files: K layer 0 at 3.7 floors in every cell,
+# bench/corpus.md) moves every cell alike, while a changed token moves one
+STANDOUT = 3.0
 
 
 @dataclass(frozen=True)
@@ -179,13 +184,16 @@ def first_layer_block(caches: Caches) -> str | None:
 
 def _first_layer(m: np.ndarray, runs: list[RunCells], p: int, limit: float, first_block: str | None = None) -> str:
     """Why position ``p`` is damage: the model's first layer (layer 0 of ``first_block``, or of
-    every block when unknown) differs beyond the limit in K and V ('': it does not)."""
+    every block when unknown) differs beyond the limit in K and V, and stands out from that
+    layer's other cells (:data:`STANDOUT`) ('': it does not)."""
     held = [
         k
         for k, x in enumerate(runs)
         if x.layer == 0 and (first_block is None or x.block == first_block) and not np.isnan(m[k, p])
     ]
-    if held and float(np.nan_to_num(m[held, p]).min()) > limit:
+    at = np.nan_to_num(m[held, p])
+    typical = np.array([float(np.nanmedian(m[k])) for k in held])
+    if held and float(at.min()) > limit and bool(np.all(at > STANDOUT * typical)):
         return (
             f"first layer: at position {p} the first layer's K and V differ beyond the limit "
             "(they depend on the token and its position only: a changed token or damaged rows)"
