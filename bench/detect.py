@@ -7,7 +7,7 @@ runs, with the model and llama library each file needs).
     .venv/bin/python bench/detect.py --quick         # a smoke run: 3 files
     .venv/bin/python bench/detect.py --files 60 --cases-per-kind 3 --seed 7 --out /tmp/d.json --md /tmp/d.md
 
-Inputs: the real-server corpus (``~/.cache/slotfile/corpus/{v3,v4}-native``, bench/corpus.md;
+Inputs: the real-server corpus (``~/.cache/slotfile/corpus/v<N>-<isa>``: v3-native, v4-native, v4-cuda; bench/corpus.md;
 model from each ``.bin.json`` sidecar) picked across strata (state version, model, cache types,
 V layout) smallest first, and committed fixtures that hold SCKP checkpoints (the servers wrote
 none) for the ``ckpt-span`` kind.  v4 files are loaded with the v4 library
@@ -66,8 +66,9 @@ class Source:
         return self.stratum[1]
 
 
-def _stratum(path: Path, version: int, model: str) -> tuple[tuple[str, ...], int]:
-    """(the file's stratum, its token count) from its parsed body."""
+def _stratum(path: Path, version: int, model: str, isa: str = "") -> tuple[tuple[str, ...], int]:
+    """(the file's stratum, its token count) from its parsed body; ``isa``: the build that wrote
+    it (``native``, ``cuda``...; a GPU server's files drift otherwise, so they form their own strata)."""
     sf = open_slot_file(path)
     try:
         types: set[str] = set()
@@ -78,7 +79,8 @@ def _stratum(path: Path, version: int, model: str) -> tuple[tuple[str, ...], int
                 layout.add("V transposed" if t.transposed else "V rows")
         n = int(sf.tokens.tokens.size) if sf.tokens is not None else 0
         roles = ",".join(sorted({t.block for t in damage.body_targets(sf)}))
-        return (f"v{version}", Path(model).stem, "+".join(sorted(types)), "+".join(sorted(layout)), roles), n
+        where = f"v{version}" + (f"-{isa}" if isa else "")
+        return (where, Path(model).stem, "+".join(sorted(types)), "+".join(sorted(layout)), roles), n
     finally:
         sf.close()
 
@@ -94,7 +96,7 @@ def corpus_sources(root: Path) -> list[Source]:
             model = str(corpus.model_path(meta["model"], sys.executable))
         if not path.exists() or not Path(model).exists():
             continue
-        st, n = _stratum(path, version, model)
+        st, n = _stratum(path, version, model, str(meta.get("isa") or "native"))
         out.append(Source(path, model, version, "corpus", n, st))
     return out
 

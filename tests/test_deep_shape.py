@@ -129,6 +129,10 @@ def test_drift_shape_needs_other_layers_and_a_quiet_first_layer():
     # the first layer over the limit in K and V: a token or first-layer rows changed
     token = _cells({("K", 0): {20: 9.0}, ("V", 0): {20: 8.0}, ("K", 1): {20: 9.0}})
     assert drift_shape(token).evidence.startswith("first layer: at position 20")
+    # ... but a first layer over the limit in every cell alike is another backend's rounding of
+    # the token's own projection (a CUDA server's file), not one changed token
+    backend = _cells({("K", 0): {20: 9.0}, ("V", 0): {20: 8.0}, ("K", 1): {20: 9.0}}, base=4.5)
+    assert not drift_shape(backend).evidence.startswith("first layer")
     # byte evidence decides before any shape
     zeros = _cells({("K", 1): {20: 9.0}, ("K", 2): {20: 9.0}})
     zeros.byte_damage.append("V layer 1: zeroed bytes")

@@ -76,3 +76,57 @@ def test_the_v4_library_makes_require_load_pass(llama_v4_lib: Path) -> None:
     assert r.exit_code == 0, r.output
     f = json.loads(r.stdout)["files"][0]
     assert f["levels"]["load"]["status"] == "pass" and f["unmet_requirements"] == []
+
+
+DRAFT_FILE = SLOTS / "llama_draft_sdft.slot"  # SCKP with draft blobs and one data_spec, and SDFT with both
+DRAFT_ONLY = SLOTS / "llama_draft_sdft_only.slot"  # SDFT with a draft state and no speculative state
+DRAFT_MODEL = MODELS / "draft.gguf"
+
+
+def _deep_json(*args: str) -> tuple[int, dict]:
+    r = slotfile_cli("verify", *args, "--model", str(MODEL), "--deep", "--json")
+    return r.exit_code, json.loads(r.stdout)["files"][0]
+
+
+def test_blobs_deep_cannot_recompute_are_named_and_fail_require_deep() -> None:
+    # the body passes deep, but the draft blobs need the draft model and data_spec is never recomputed:
+    # the level says what it checked, unchecked_parts what it did not, and --require deep fails on them
+    code, f = _deep_json(str(DRAFT_FILE))
+    assert code == 0 and f["verdict"] == "pass" and f["levels"]["deep"]["status"] == "pass"
+    parts = f["levels"]["deep"]["unchecked_parts"]
+    assert [u["section"] for u in parts] == [
+        "sckp.checkpoint[0].data_dft",
+        "sckp.checkpoint[1].data_dft",
+        "sckp.checkpoint[2].data_dft",
+        "sckp.checkpoint[2].data_spec",
+        "sdft.data_dft",
+        "sdft.data_spec",
+    ]
+    assert all(u["offset"] > 0 for u in parts) and parts[0]["hint"].startswith("--draft-model")
+    assert "deep: sdft.data_dft: no --draft-model" in f["unchecked"]
+    code, f = _deep_json(str(DRAFT_FILE), "--require", "deep")
+    assert code == 4 and f["verdict"] == "fail"
+    (unmet,) = f["unmet_requirements"]
+    assert unmet["level"] == "deep" and unmet["hint"].startswith("--draft-model D.gguf")
+    assert unmet["reason"].startswith("sckp.checkpoint[0].data_dft not recomputed: no --draft-model (5 more blobs")
+
+
+def test_the_draft_model_checks_the_draft_blobs_and_data_spec_stays_unchecked() -> None:
+    code, f = _deep_json(str(DRAFT_FILE), "--draft-model", str(DRAFT_MODEL), "--require", "deep")
+    assert code == 4 and [u["section"] for u in f["levels"]["deep"]["unchecked_parts"]] == [
+        "sckp.checkpoint[2].data_spec",
+        "sdft.data_spec",
+    ]
+    assert f["unmet_requirements"][0]["hint"].startswith("none: speculative state")
+    code, f = _deep_json(str(DRAFT_ONLY), "--draft-model", str(DRAFT_MODEL), "--require", "deep")
+    assert code == 0 and f["verdict"] == "pass" and "unchecked_parts" not in f["levels"]["deep"], f
+
+
+def test_the_text_report_says_which_blobs_were_not_checked_and_what_to_pass() -> None:
+    r = slotfile_cli("verify", str(DRAFT_FILE), "--model", str(MODEL), "--deep")
+    assert r.exit_code == 0, r.output
+    assert (
+        "not checked here: deep: 4 blobs (sckp.checkpoint[0].data_dft, ...): no --draft-model; pass --draft-model"
+        in r.stdout
+    )
+    assert "1 file: 1 pass, 0 fail, 1 not fully checkable here" in r.stdout

@@ -216,7 +216,7 @@ def test_directory_walk_sets_temp_and_busy_files_aside(tmp_path):
     col = collect([tmp_path], settle=60, settle_wait=0)
     files, errors, notes = col.files, col.errors, col.notes
     assert [p.name for p in files] == ["old.slot"] and errors == []
-    assert notes == [f"{tmp_path}: skipped: 2 temp file(s) (not verified)"] and col.skipped == 2
+    assert notes == [f"{tmp_path}: skipped: 2 temp files (not verified)"] and col.skipped == 2
     assert col.busy_paths == [str(tmp_path / "new.slot")] and "still being written" in col.busy[0]
     # a file that stops changing is verified once it has settled: the walk waits for it
     os.utime(tmp_path / "new.slot")  # written just now
@@ -224,7 +224,7 @@ def test_directory_walk_sets_temp_and_busy_files_aside(tmp_path):
     col = collect([tmp_path], settle=2, settle_wait=30)
     files, errors, notes = col.files, col.errors, col.notes
     assert [p.name for p in files] == ["new.slot", "old.slot"] and 1.5 < time.monotonic() - t0 < 30
-    assert notes == [f"{tmp_path}: skipped: 2 temp file(s) (not verified)"]
+    assert notes == [f"{tmp_path}: skipped: 2 temp files (not verified)"]
     # still being written after the bound: named, exit 4, the tally counts it failed
     os.utime(tmp_path / "new.slot")
     r = cli(tmp_path, "--settle", "60", "--settle-wait", "0.2", "--json")
@@ -234,7 +234,7 @@ def test_directory_walk_sets_temp_and_busy_files_aside(tmp_path):
     assert doc["tally"] == {"handled": 1, "skipped": 2, "failed": 1}
     assert "new.slot: still being written" in r.stderr and "waiting up to 0.2 s" in r.stderr
     r = cli(tmp_path, "--settle", "0")
-    assert r.exit_code == 0 and "2 file(s): 2 pass" in r.stdout  # the temp files stay aside
+    assert r.exit_code == 0 and "2 files: 2 pass" in r.stdout  # the temp files stay aside
     assert "2 handled, 2 skipped, 0 failed" in r.stdout
     for bad in (["--settle-wait", "-1"], ["--settle-wait", "1e9"], ["--settle", "nan"]):
         assert cli(tmp_path, *bad).exit_code == 2
@@ -361,7 +361,7 @@ def test_cli_json_and_jobs_over_a_directory(llama_dir, tmp_path):
 def test_cli_table_with_a_model():
     ok = cli(SLOTS / "llama_f16_fa.slot", SLOTS / "llama_q8_0_fa.slot", "--model", MODELS / "llama.gguf")
     assert ok.exit_code == 0, ok.stdout + ok.stderr
-    assert "llama_f16_fa.slot: pass [S:ok M:ok L:ok D:-]\n" in ok.stdout and "2 file(s): 2 pass, 0 fail" in ok.stdout
+    assert "llama_f16_fa.slot: pass [S:ok M:ok L:ok D:-]\n" in ok.stdout and "2 files: 2 pass, 0 fail" in ok.stdout
     assert "llama-cpp-python 0.3.36" in ok.stdout
     assert "structure only" not in ok.stdout
 
@@ -370,7 +370,7 @@ def test_cli_table_and_exit_codes(tmp_path):
     structure = cli(SLOTS)  # no model: structure only, every fixture reads cleanly
     assert structure.exit_code == 0, structure.stdout
     n = len(collect([SLOTS], settle=0).files)
-    assert f"{n} file(s): {n} pass, 0 fail (structure only; add --model to test-load) in " in structure.stdout
+    assert f"{n} files: {n} pass, 0 fail (structure only; add --model to test-load) in " in structure.stdout
 
     missing_model = cli(SLOTS / "llama_f16_fa.slot", "--model", tmp_path / "nope.gguf")
     assert missing_model.exit_code == 8 and "model not found" in missing_model.stderr
@@ -405,7 +405,7 @@ def test_cli_directory_with_no_slot_files_fails(tmp_path):
         assert doc["exit_code"] == 8 and doc["files"] == [] and doc["errors"] == [f"no slot files found under {d}"]
     # one empty directory among good files still fails the run
     r = cli(SLOTS / "llama_f16_fa.slot", tmp_path / "empty")
-    assert r.exit_code == 8 and "1 file(s): 1 pass" in r.stdout
+    assert r.exit_code == 8 and "1 file: 1 pass" in r.stdout
 
 
 def test_cli_shows_warnings_in_the_table(tmp_path):
@@ -430,9 +430,9 @@ def test_cli_quiet(tmp_path):
     lines = r.stdout.splitlines()
     assert len(lines) == 2 and "slotfile verify" not in r.stdout  # no table
     assert lines[0].startswith(f"{bad}: fail: structure: ") and "truncated" in lines[0]
-    assert lines[1].startswith("2 file(s): 1 pass, 1 fail")
+    assert lines[1].startswith("2 files: 1 pass, 1 fail")
     ok = cli(SLOTS / "llama_f16_fa.slot", "--quiet")
-    assert ok.exit_code == 0 and ok.stdout.startswith("1 file(s): 1 pass, 0 fail") and len(ok.stdout.splitlines()) == 1
+    assert ok.exit_code == 0 and ok.stdout.startswith("1 file: 1 pass, 0 fail") and len(ok.stdout.splitlines()) == 1
     assert json.loads(cli(bad, "-q", "--json").stdout)["summary"]["fail"] == 1  # JSON is unchanged by -q
 
 

@@ -57,7 +57,7 @@ def test_layout_features_by_version():
         ("GGSN", 11): True,
     }
     assert [k for k, v in V.VERSIONS.items() if v.n_stream == V.NStream.SOMETIMES] == [("GGSQ", 2), ("GGSN", 9)]
-    assert [k for k, v in V.VERSIONS.items() if not v.io_magic_prefix] == [("GGSQ", 2), ("GGSN", 9)]
+    assert [k for k, v in V.VERSIONS.items() if v.io_magic_prefix != V.Presence.ALWAYS] == [("GGSQ", 2), ("GGSN", 9)]
     assert [k for k, v in V.VERSIONS.items() if v.session_outputs] == [("GGSN", 9)]
     assert all(12 in v.cell_ext for v in V.VERSIONS.values() if v.state_version >= 3)
     assert (V.first_with_rotation("GGSQ"), V.first_with_rotation("GGSN")) == (4, 11)

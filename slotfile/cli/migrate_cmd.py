@@ -203,7 +203,7 @@ def _ls_library_model(args: LsLibraryArgs) -> Path | int:
 
 def _print_ls_library(verdicts: list[LibVerdict], llama_lib: Path, state: int | None, elapsed: float) -> None:
     from slotfile.cli.common import out_console
-    from slotfile.cli.terminal import escape_text
+    from slotfile.cli.terminal import count, escape_text
 
     out = out_console()
     label = {"as-is": "loads as is", "after-migrate": "after migrate", "no": "not at all"}
@@ -214,6 +214,6 @@ def _print_ls_library(verdicts: list[LibVerdict], llama_lib: Path, state: int | 
         counts[label[v.verdict]] = counts.get(label[v.verdict], 0) + 1
     summary = ", ".join(f"{n} {k}" for k, n in counts.items()) or "no slot files"
     out.print(
-        f"{len(verdicts)} file(s) for {llama_lib} (state version {state}): {summary} in {elapsed:.1f} s",
+        f"{count(len(verdicts), 'file')} for {llama_lib} (state version {state}): {summary} in {elapsed:.1f} s",
         soft_wrap=True,
     )

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from slotfile.cli.common import fail
-from slotfile.cli.terminal import escape_text
+from slotfile.cli.terminal import count, escape_text
 from slotfile.exitcodes import OK, OPERATIONAL
 from slotfile.slotdir.walk import has_slot_magic
 
@@ -59,7 +59,7 @@ def run_precommit(args: PrecommitArgs) -> int:
     found, unreadable = slot_files(args)
     if args.verbose:
         n_over = len(args.files) - len(found) - unreadable
-        sys.stdout.write(f"slotfile precommit: {len(found)} slot file(s) to verify, {n_over} passed over\n")
+        sys.stdout.write(f"slotfile precommit: {count(len(found), 'slot file')} to verify, {n_over} passed over\n")
     sys.stdout.flush()
     rc = OK
     if found:

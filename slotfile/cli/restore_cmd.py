@@ -38,7 +38,7 @@ from slotfile.cli.common import fail, out_console, progress_bar, say_waiting
 from slotfile.cli.dir_batch import outdir_usage, report_batch, settle_batch
 from slotfile.cli.listing import Row, pipe_line, print_rows, print_wrapped, screen_width, summary
 from slotfile.cli.server_common import server_and_model, server_dict
-from slotfile.cli.terminal import escape_text, human_size
+from slotfile.cli.terminal import count, escape_text, human_size
 from slotfile.exitcodes import OK, OPERATIONAL, PROBLEMS, USAGE
 from slotfile.slotdir.restore import Fate
 from slotfile.slotdir.serverargs import ServerSettings
@@ -251,9 +251,9 @@ def _render_restore(
     for _, r in results:
         k = str(r.fate) if r is not None else "unreadable"
         counts[k] = counts.get(k, 0) + 1
-    line = f"{len(results)} file(s): " + (", ".join(f"{n} {k}" for k, n in counts.items()) or "none checked")
+    line = f"{count(len(results), 'file')}: " + (", ".join(f"{n} {k}" for k, n in counts.items()) or "none checked")
     if found.temps or found.busy:
-        line += f"; left out: {found.temps} temp file(s), {found.n_busy} still being written"
+        line += f"; left out: {count(found.temps, 'temp file')}, {found.n_busy} still being written"
     if width is None:
         line += f"; server: {server.describe()}"
     summary(out, line + f"; {tally.line()} in {elapsed:.1f} s", width)

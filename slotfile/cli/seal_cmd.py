@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from slotfile.cli.common import fail
-from slotfile.cli.terminal import escape_text, human_size
+from slotfile.cli.terminal import count, escape_text, human_size
 from slotfile.exitcodes import OK, OPERATIONAL, PROBLEMS, USAGE
 from slotfile.seal.build import SealError, SealOptions, SealResult, SealUsage, seal
 from slotfile.seal.manifest import ManifestError
@@ -107,7 +107,7 @@ def _render(res: SealResult, quiet: bool) -> None:
             out.print(escape_text(f"sealed although it fails (--force): {rel}"), soft_wrap=True)
     for r in res.refused:
         out.print(escape_text(f"NOT sealed: {r.path}: {r.reason} (--force seals it with its verdict)"), soft_wrap=True)
-    parts = [f"{len(res.manifest.entries)} file(s) sealed in {res.output}"]
+    parts = [f"{count(len(res.manifest.entries), 'file')} sealed in {res.output}"]
     if res.unchanged or res.changed or res.removed:
         parts.append(
             f"{len(res.added)} new, {len(res.changed)} changed, {len(res.unchanged)} unchanged, "

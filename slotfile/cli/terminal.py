@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 from slotfile.problems import Problem
+from slotfile.text import count  # noqa: F401  (re-exported: the CLI modules take it from here)
 
 # what escape_text rewrites: a text without any of it is printed as it is
 # (and lone surrogates: a file name that is not UTF-8 arrives with each undecodable byte as
@@ -45,11 +46,6 @@ def human_size(n: int) -> str:
             return f"{n} {unit}" if unit == "B" else f"{size:.1f} {unit}"
         size /= 1024
     return str(n)
-
-
-def count(n: int, noun: str, plural: str | None = None) -> str:
-    """1 -> '1 file', 2 -> '2 files' (``plural`` when adding an s is wrong: 'entries')."""
-    return f"{n} {noun if n == 1 else plural or noun + 's'}"
 
 
 def problem_line(level: str, p: Problem) -> str:

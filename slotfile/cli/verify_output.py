@@ -12,7 +12,7 @@ from rich.console import Console
 
 from slotfile.cli.common import out_console
 from slotfile.cli.listing import Row, pipe_line, print_rows, screen_width, summary
-from slotfile.cli.terminal import escape_text, human_size, problem_line
+from slotfile.cli.terminal import count, escape_text, human_size, problem_line
 from slotfile.diagnosis import CAUSE_SHORT, Cause
 from slotfile.problems import Severity
 from slotfile.verify import DEEP_JUDGMENT, LEVELS, SCHEMA, FileReport, VerifyOptions
@@ -110,7 +110,8 @@ def _details(r: FileReport) -> list[tuple[str, str]]:
         lines.append(("yellow", f"warning: {_warnings(r)[0]}"))
     lines += _not_checked_here(r)
     for m in r.unmet:
-        lines.append(("red", f"required {m['level']} not checked here: {_short_reason(r, m['level'])}"))
+        why = _short_reason(r, m["level"]) if r.levels[m["level"]].status == Status.SKIPPED else m["reason"]
+        lines.append(("red", f"required {m['level']} not checked here: {why}"))
         hint = m["hint"]
         lines.append(("cyan", f"to check {m['level']}: " + (f"pass {hint}" if hint.startswith("--") else hint)))
     step = r.next_step
@@ -134,7 +135,23 @@ def _not_checked_here(r: FileReport) -> list[tuple[str, str]]:
 
         hint = next(m["hint"] for m in unmet_requirements(r, ("load",)) if m["level"] == "load")
         return [("yellow", f"not checked here: {', '.join(names)}: {_ANOTHER}; pass {hint}")]
-    return [("yellow", f"not checked here: {n}: {r.levels[n].reason}") for n in names]
+    lines = [("yellow", f"not checked here: {n}: {r.levels[n].reason}") for n in names]
+    return lines if "deep" in unmet else lines + _unchecked_parts(r.levels["deep"].unchecked_parts)
+
+
+def _unchecked_parts(parts: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """A level's parts that could not be checked, one line per reason: how many blobs, the
+    first one's section, why, and what to pass when an option would make them checkable."""
+    by_reason: dict[str, list[dict[str, Any]]] = {}
+    for u in parts:
+        by_reason.setdefault(u["reason"], []).append(u)
+    lines = []
+    for reason, us in by_reason.items():
+        what = us[0]["section"] if len(us) == 1 else f"{count(len(us), 'blob')} ({us[0]['section']}, ...)"
+        hint = us[0]["hint"]
+        to_pass = f"; pass {hint}" if hint.startswith("--") else ""
+        lines.append(("yellow", f"not checked here: deep: {what}: {reason}{to_pass}"))
+    return lines
 
 
 _ANOTHER = "needs another llama.cpp"
@@ -177,7 +194,7 @@ def render(
 
 def summary_line(reports: list[FileReport], loaders: list[dict[str, Any]], elapsed: float, structure_only: bool) -> str:
     counts = {v: sum(1 for r in reports if r.verdict == v) for v in Verdict}
-    line = f"{len(reports)} file(s): {counts[Verdict.PASS]} pass, {counts[Verdict.FAIL]} fail"
+    line = f"{count(len(reports), 'file')}: {counts[Verdict.PASS]} pass, {counts[Verdict.FAIL]} fail"
     causes = [CAUSE_SHORT.get(c, str(c)) for c in (r.cause for r in reports) if c is not None]
     if causes:
         line += " (" + ", ".join(f"{causes.count(c)} {c}" for c in dict.fromkeys(causes)) + ")"
@@ -193,7 +210,8 @@ def summary_line(reports: list[FileReport], loaders: list[dict[str, Any]], elaps
         line += f" {STRUCTURE_ONLY}"
     line += f" in {elapsed:.1f} s"
     for i, ld in enumerate(loaders):
-        line += "; loader" if i == 0 else f"; for {ld.get('files')} file(s) the library of the llama-server on PATH:"
+        n_files = count(int(ld.get("files") or 0), "file")
+        line += "; loader" if i == 0 else f"; for {n_files} the library of the llama-server on PATH:"
         line += (
             f" llama-cpp-python {ld.get('llama_cpp_python')} with {ld.get('library')} "
             f"(state version {ld.get('state_seq_version')}, session version {ld.get('session_version')})"

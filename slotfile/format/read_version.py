@@ -16,6 +16,7 @@ from slotfile.format.records import (
     SlotFile,
 )
 from slotfile.problems import ProblemCode, Severity
+from slotfile.text import count
 
 # ---------------------------------------------------------------------------------------
 
@@ -105,7 +106,7 @@ def report_trial(sf: SlotFile, det: Detection, start: int, end: int) -> bool:
     like = newest if det.layout.rot else newest - 1  # without the rotation words: the layout before them
     after = "after the rotation words" if det.layout.rot else "after n_layer"
     how = (
-        f"like version {like} with {x[0]} unknown u32 word(s) before v_trans and {x[1]} {after} in each stream"
+        f"like version {like} with {count(x[0], 'unknown u32 word')} before v_trans and {x[1]} {after} in each stream"
         if x != (0, 0)
         else f"exactly like version {like}"
     )

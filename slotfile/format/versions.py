@@ -44,13 +44,21 @@ __all__ = [
 Format = Literal["GGSQ", "GGSN"]  # FileFormat.GGSQ / .GGSN compare and hash equal to these
 
 
-class NStream(StrEnum):
-    """Whether a KV block starts with the ``n_stream`` word (``llama_kv_cache::state_write``)."""
+class Presence(StrEnum):
+    """Whether the files of a version carry a field: the llama.cpp lines that write one version
+    number did not all write the same bytes."""
 
     ALWAYS = "always"
-    # llama.cpp added n_stream (unified-KV support) in mid-2025 without a version bump: files of
-    # this version come both ways, and the reader also tries the layout without it ("legacy")
+    # added within the version's lifetime without a version bump: its files come both ways, and
+    # the reader tries both layouts
     SOMETIMES = "sometimes"
+    NEVER = "never"
+
+
+# Whether a KV block starts with the ``n_stream`` word (``llama_kv_cache::state_write``): llama.cpp
+# added it (unified-KV support) in mid-2025 without a version bump, so version-2 files come both
+# ways and the reader also tries the layout without it ("legacy")
+NStream = Presence
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,8 +76,9 @@ class Version:
     # The reader tries every size for every version (CELL_EXT_SIZES).
     cell_ext: tuple[int, ...]
     # checkpoint and draft blobs (llama_state_seq_get_data_ext) open with u32 io_magic 0xaf143cd8 and
-    # i32 seq_id (llama_context::state_seq_get_data); older builds wrote the bare body (§5)
-    io_magic_prefix: bool
+    # i32 seq_id (llama_context::state_seq_get_data); older builds wrote the bare body (§5): the
+    # 2026 builds that still say version 2 write it, earlier ones do not (the reader takes both)
+    io_magic_prefix: Presence
     # every KV stream's data section holds u32 n_rot_k, n_rot_v after n_layer
     # (llama_kv_cache::state_write_data of llama.cpp 2026-10-06, §12.1)
     rotation_words: bool
@@ -93,9 +102,9 @@ _L3 = "llama-cpp-python 0.3.36 (vendors llama.cpp of 2026-10-01)"
 _L4 = "llama-cpp-python releases after 0.3.36 that vendor llama.cpp from October 2026 on"
 
 _ALL: tuple[Version, ...] = (
-    Version("GGSQ", 2, 2, 9, _V2, _L2, NStream.SOMETIMES, (0, 8), io_magic_prefix=False, rotation_words=False),
-    Version("GGSQ", 3, 3, 10, _V3, _L3, NStream.ALWAYS, (0, 8, 12), io_magic_prefix=True, rotation_words=False),
-    Version("GGSQ", 4, 4, 11, _V4, _L4, NStream.ALWAYS, (0, 12), io_magic_prefix=True, rotation_words=True),
+    Version("GGSQ", 2, 2, 9, _V2, _L2, NStream.SOMETIMES, (0, 8), Presence.SOMETIMES, rotation_words=False),
+    Version("GGSQ", 3, 3, 10, _V3, _L3, NStream.ALWAYS, (0, 8, 12), Presence.ALWAYS, rotation_words=False),
+    Version("GGSQ", 4, 4, 11, _V4, _L4, NStream.ALWAYS, (0, 12), Presence.ALWAYS, rotation_words=True),
     Version(
         "GGSN",
         9,
@@ -106,7 +115,7 @@ _ALL: tuple[Version, ...] = (
         _L2,
         NStream.SOMETIMES,
         (0, 8),
-        io_magic_prefix=False,
+        io_magic_prefix=Presence.SOMETIMES,
         rotation_words=False,
         session_outputs=True,
     ),
@@ -119,7 +128,7 @@ _ALL: tuple[Version, ...] = (
         _L3,
         NStream.ALWAYS,
         (0, 8, 12),
-        io_magic_prefix=True,
+        io_magic_prefix=Presence.ALWAYS,
         rotation_words=False,
     ),
     Version(
@@ -131,7 +140,7 @@ _ALL: tuple[Version, ...] = (
         _L4,
         NStream.ALWAYS,
         (0, 12),
-        io_magic_prefix=True,
+        io_magic_prefix=Presence.ALWAYS,
         rotation_words=True,
     ),
 )

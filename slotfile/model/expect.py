@@ -39,6 +39,7 @@ from slotfile.model.archs import (
 )
 from slotfile.model.bridge import ModelInfo
 from slotfile.model.hparams import CELL_EXT, HParams, Keys, Refused
+from slotfile.text import count
 
 # The expectation records are defined in slotfile.format.records (the reader's SlotFile carries
 # them) and re-exported here, where they are built.  The per-arch hparams are in
@@ -249,7 +250,7 @@ def expect_from_model(info: ModelInfo) -> ModelExpect:
     notes = list(hp.notes)
     if hp.n_layer_nextn:
         notes.append(
-            f"{hp.n_layer_nextn} NextN/MTP layer(s) excluded from the trunk caches; a draft (MTP) "
+            f"{count(hp.n_layer_nextn, 'NextN/MTP layer')} excluded from the trunk caches; a draft (MTP) "
             "context would hold only those"
         )
     ext = _cell_ext(hp) if any(b.kind == MemoryKind.KV for b in blocks) else 0

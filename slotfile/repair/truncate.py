@@ -31,6 +31,7 @@ from slotfile.repair.report import Report
 from slotfile.repair.settings import describe_settings, probe_body, settings_for_rebuild, tid
 from slotfile.repair.tail import SckpWalk, Tail, analyse_tail, apply_exclusions
 from slotfile.safewrite import Plan, create_temp
+from slotfile.text import count
 
 
 @operation("truncate-recover")
@@ -77,7 +78,7 @@ def _damage(sf: SlotFile, opts: RepairOptions, retry: Retry) -> str:
         )
     if sf.tokens is not None and sf.tokens.media:
         raise Refused(
-            f"{what}; the tokens include {len(sf.tokens.media)} media chunk(s), which cannot be "
+            f"{what}; the tokens include {count(len(sf.tokens.media), 'media chunk')}, which cannot be "
             "prefilled without the multimodal projector"
         )
     if n == 0:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from slotfile.slotdir.walk import SETTLE_SECONDS, SETTLE_WAIT_SECONDS, DirEntry, DirScan, scan_dir
+from slotfile.text import count
 
 
 @dataclass
@@ -72,7 +73,7 @@ def _skipped(scan: DirScan) -> str:
     apart (:attr:`Collected.busy`)."""
     parts = []
     if scan.temps:
-        parts.append(f"{len(scan.temps)} temp file(s)")
+        parts.append(f"{count(len(scan.temps), 'temp file')}")
     if scan.symlinks:
         parts.append(f"{len(scan.symlinks)} symlink(s) not followed")
     return "skipped: " + ", ".join(parts) + " (not verified)" if parts else ""

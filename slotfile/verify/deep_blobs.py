@@ -79,6 +79,7 @@ def check_appendices(
     tokens = [int(t) for t in sf.tokens.tokens] if sf.tokens is not None else []
     plan = _plan(sf, len(tokens), pool.draft_model is not None, lv.has(ProblemCode.DEEP_ROTATION))
     lv.details["checkpoints"], lv.details["draft"] = plan.checkpoints, plan.sdft
+    lv.unchecked_parts += unchecked_parts(sf, plan)
     if not plan.at and not plan.draft:
         return
     t0 = time.monotonic()
@@ -177,11 +178,50 @@ def _plan(sf: SlotFile, n: int, draft_model: bool, rotation: bool) -> _Plan:
     return _Plan(at, wants_draft, cks, sdft)
 
 
+NO_DRAFT_MODEL = "no --draft-model"
+
+
+def unchecked_parts(sf: SlotFile, plan: _Plan) -> list[dict[str, Any]]:
+    """The blobs ``plan`` skips, and every speculative-state blob (``data_spec``: EAGLE3 rows
+    from ``common_speculative_get_state``, which no recompute here reproduces), as the deep
+    level's unchecked parts: section, offset, the reason and what would make them checkable
+    (``--require deep`` fails on them)."""
+    out = []
+    for section, blob, e in _blob_entries(sf, plan):
+        if not blob.length:
+            continue
+        if e is None:  # data_spec
+            reason = "speculative state (data_spec) is not recomputed by slotfile"
+            out.append({"section": section, "offset": blob.offset, "reason": reason, "hint": f"none: {reason}"})
+        elif e["status"] == "skipped" and "does not parse" not in e["reason"]:  # parse problems: earlier levels
+            hint = (
+                "--draft-model D.gguf (the draft model the server ran)"
+                if e["reason"] == NO_DRAFT_MODEL
+                else "none: this blob cannot be recomputed from the stored tokens (the reason above)"
+            )
+            out.append({"section": section, "offset": blob.offset, "reason": e["reason"], "hint": hint})
+    return out
+
+
+def _blob_entries(sf: SlotFile, plan: _Plan) -> list[tuple[str, BlobInfo, dict[str, Any] | None]]:
+    """Every appendix blob with its plan entry (None: a speculative-state blob, never planned)."""
+    blobs: list[tuple[str, BlobInfo, dict[str, Any] | None]] = []
+    for ck, e in zip(sf.checkpoints, plan.checkpoints, strict=True):
+        sec = f"sckp.checkpoint[{ck.index}]"
+        blobs += [(f"{sec}.data_tgt", ck.tgt, e), (f"{sec}.data_dft", ck.dft, e["draft"])]
+        blobs.append((f"{sec}.data_spec", ck.spec, None))
+    if sf.draft is not None and sf.draft.dft is not None:
+        blobs.append(("sdft.data_dft", sf.draft.dft, plan.sdft))
+    if sf.draft is not None and sf.draft.spec is not None:
+        blobs.append(("sdft.data_spec", sf.draft.spec, None))
+    return blobs
+
+
 def _entry(blob: BlobInfo, why: str | None, loaded: bool) -> dict[str, Any]:
     """A blob's report entry before the recompute: pending, or skipped with the reason
     (``loaded``: the blob's model is in the worker)."""
     if not loaded:
-        why = "no --draft-model"
+        why = NO_DRAFT_MODEL
     elif why is None and (blob.body is None or blob.body.layout is None):
         why = f"its {blob.name} does not parse (see the structure and model levels)"
     if why is not None:

@@ -17,6 +17,7 @@ from slotfile.diagnosis import Cause, facts_of
 from slotfile.format.records import SlotFile
 from slotfile.llama.loader import LIB_ENV, Library, LoaderError, LoaderPool, server_library, settings_for
 from slotfile.slotdir.walk import PARALLEL_MIN, forked_map
+from slotfile.text import count
 from slotfile.verify.deep import level_deep
 from slotfile.verify.judge import caches_of
 from slotfile.verify.load import level_load
@@ -239,11 +240,23 @@ def unmet_requirements(rep: FileReport, require: tuple[str, ...]) -> list[dict[s
     for name in required_levels(require):
         lv = rep.levels[name]
         if lv.status != "skipped":
+            out += _unmet_parts(name, lv.unchecked_parts)
             continue
         out.append(
             {"level": name, "reason": lv.reason, "skip_kind": str(lv.skip_kind or ""), "hint": _hint(rep, name, lv)}
         )
     return out
+
+
+def _unmet_parts(name: str, parts: list[dict[str, Any]]) -> list[dict[str, str]]:
+    """A required level that ran but left parts unchecked (deep: blobs it cannot recompute
+    here) is not met: one entry naming the first such part, its reason and what to pass."""
+    if not parts:
+        return []
+    first = parts[0]
+    more = f" ({count(len(parts) - 1, 'more blob')} not recomputed: see unchecked_parts)" if len(parts) > 1 else ""
+    reason = f"{first['section']} not recomputed: {first['reason']}{more}"
+    return [{"level": name, "reason": reason, "skip_kind": str(SkipKind.CANNOT_CHECK), "hint": first["hint"]}]
 
 
 def _hint(rep: FileReport, name: str, lv: Any) -> str:

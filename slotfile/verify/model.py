@@ -13,6 +13,7 @@ from slotfile.model.bridge import ModelError, ModelInfo, load_model_info
 from slotfile.model.check import check_against_model
 from slotfile.model.expect import expect_from_model
 from slotfile.problems import CheckLevel, ProblemCode
+from slotfile.text import count
 from slotfile.verify.records import Level, VerifyError
 
 
@@ -80,7 +81,7 @@ def level_model(sf: SlotFile, side: ModelSide | None, dside: ModelSide | None) -
             ProblemCode.DRAFT_NOT_CHECKED,
             dft_blobs[0][1],
             dft_blobs[0][0].offset,
-            f"{len(dft_blobs)} draft blob(s) not checked (no --draft-model)",
+            f"{count(len(dft_blobs), 'draft blob')} not checked (no --draft-model)",
         )
     n_vocab = (exp.n_vocab if exp is not None else 0) or info.n_vocab
     n_ctx_train = (exp.n_ctx_train if exp is not None else 0) or int(info.get("context_length", 0) or 0)

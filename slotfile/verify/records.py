@@ -53,6 +53,10 @@ class Level:
     skip_kind: SkipKind | None = None
     details: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
+    # parts of a level that ran but could not check them (deep: a checkpoint or draft blob that
+    # cannot be recomputed here): {"section", "offset", "reason", "hint"}; the level's status says
+    # only what was checked, these say what was not (``--require`` fails on them)
+    unchecked_parts: list[dict[str, Any]] = field(default_factory=list)
 
     def add(self, severity: Severity, code: ProblemCode, section: str, offset: int | None, message: str) -> None:
         self.problems.append(Problem(severity, code, section, offset, message, self.check))
@@ -82,6 +86,8 @@ class Level:
             d["skip_kind"] = self.skip_kind
         if self.details:
             d["details"] = self.details
+        if self.unchecked_parts:
+            d["unchecked_parts"] = self.unchecked_parts
         d["seconds"] = round(self.seconds, 4)
         return d
 
@@ -148,8 +154,12 @@ class FileReport:
 
     @property
     def unchecked(self) -> list[str]:
-        """Levels that could not be checked here (skipped, not failed), with the reason."""
-        return [f"{name}: {lv.reason}" for name, lv in self.levels.items() if lv.skip_kind == SkipKind.CANNOT_CHECK]
+        """Levels, and parts of levels that ran, that could not be checked here (skipped, not
+        failed), with the reason."""
+        out = [f"{name}: {lv.reason}" for name, lv in self.levels.items() if lv.skip_kind == SkipKind.CANNOT_CHECK]
+        for name, lv in self.levels.items():
+            out += [f"{name}: {u['section']}: {u['reason']}" for u in lv.unchecked_parts]
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         step = self.next_step

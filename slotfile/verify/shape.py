@@ -41,6 +41,13 @@ SCHEDULE_DEPENDENT = 2.0  # a cell's ratio moving this many times between recomp
 # least this many floors (a clean region of an agreeing recompute: about 0); a cell there is
 # drift up to 2 * limit times that background (g-swa-full: 3.8 floors on a background of 1.26)
 DRIFTING = 0.75
+# the first layer's cell at a position must stand this many times above the median of that
+# layer's cells to be a changed token: layer 0's K/V of a cell is a function of its token alone,
+# so a changed token moves that cell's K and V far above the typical cell, while a rounding that
+# moves every cell (another backend's, a quantized cache's) does not. What keeps a CUDA server's
+# files out today is V: their layer-0 K reaches 3.7-4.5 floors at a few tokens with large
+# activations (BOS), V stays under 0.7 (bench/corpus.md)
+STANDOUT = 3.0
 
 
 @dataclass(frozen=True)
@@ -180,13 +187,16 @@ def first_layer_block(caches: Caches) -> str | None:
 
 def _first_layer(m: np.ndarray, runs: list[RunCells], p: int, limit: float, first_block: str | None = None) -> str:
     """Why position ``p`` is damage: the model's first layer (layer 0 of ``first_block``, or of
-    every block when unknown) differs beyond the limit in K and V ('': it does not)."""
+    every block when unknown) differs beyond the limit in K and V, and stands out from that
+    layer's other cells (:data:`STANDOUT`) ('': it does not)."""
     held = [
         k
         for k, x in enumerate(runs)
         if x.layer == 0 and (first_block is None or x.block == first_block) and not np.isnan(m[k, p])
     ]
-    if held and float(np.nan_to_num(m[held, p]).min()) > limit:
+    at = np.nan_to_num(m[held, p])
+    typical = np.array([float(np.nanmedian(m[k])) for k in held])
+    if held and float(at.min()) > limit and bool(np.all(at > STANDOUT * typical)):
         return (
             f"first layer: at position {p} the first layer's K and V differ beyond the limit "
             "(they depend on the token and its position only: a changed token or damaged rows)"

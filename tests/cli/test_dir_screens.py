@@ -329,7 +329,7 @@ def test_not_checked_here_fits_two_lines_and_says_what_to_pass(tmp_path: Path, r
     assert r.exit_code == (4 if require else 0), r.stdout
     lines = r.stdout.splitlines()
     row = next(i for i, ln in enumerate(lines) if ln.endswith("  v4.slot"))
-    end = next(i for i, ln in enumerate(lines) if ln.startswith("1 file(s): "))
+    end = next(i for i, ln in enumerate(lines) if ln.startswith("1 file: "))
     block = lines[row + 1 : end]
     assert all(len(ln) < 80 for ln in block), block
     text = " ".join(ln.strip() for ln in block)

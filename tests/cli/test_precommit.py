@@ -60,12 +60,12 @@ def test_the_hook_judges_slot_files_and_passes_over_other_bins(tmp_path: Path):
     repo = _repo(tmp_path)
     r = _run_hook(repo)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert r.stdout.startswith("1 file(s): 1 pass, 0 fail") and "firmware" not in r.stdout + r.stderr
+    assert r.stdout.startswith("1 file: 1 pass, 0 fail") and "firmware" not in r.stdout + r.stderr
     v = _run_hook(repo, "-v")
     assert v.returncode == 0, v.stdout + v.stderr
     for name in ("empty.bin", "firmware.bin", "weights.bin"):
         assert f"{name}: no slot magic (GGSQ/GGSN): not a slot file, passed over" in v.stdout
-    assert "1 slot file(s) to verify, 3 passed over" in v.stdout
+    assert "1 slot file to verify, 3 passed over" in v.stdout
 
 
 def test_the_hook_fails_a_damaged_slot_file(tmp_path: Path):

@@ -71,10 +71,10 @@ def test_listing_fits_the_terminal(mixed: Path, columns: int):
     step = [ln for ln in lines[i + 1 : i + 6] if ln.strip().startswith("slotfile truncate-recover")]
     assert step and step[0].strip().endswith("--model MODEL.gguf")
     # the summary wrapped at word boundaries: the last lines, indented after the first
-    tail = next(i for i, ln in enumerate(lines) if ln.startswith("6 file(s): "))
+    tail = next(i for i, ln in enumerate(lines) if ln.startswith("6 files: "))
     assert all(ln.startswith("  ") and len(ln) < columns for ln in lines[tail + 1 :]), lines[tail:]
     assert " ".join(ln.strip() for ln in lines[tail:]).startswith(
-        "6 file(s): 1 pass, 5 fail (2 damaged, 3 not a slot file) (structure only; add --model to test-load)"
+        "6 files: 1 pass, 5 fail (2 damaged, 3 not a slot file) (structure only; add --model to test-load)"
     )
 
 

@@ -202,7 +202,8 @@ def complete_settings(model: Model, d: dict[str, Any], n_tokens: int) -> dict[st
         raise Failed(
             "the damaged file does not show its "
             + ", ".join(missing)
-            + " setting(s); give them (--flash-attn, --cache-type-k, --cache-type-v)"
+            + (" setting" if len(missing) == 1 else " settings")
+            + "; give them (--flash-attn, --cache-type-k, --cache-type-v)"
         )
     n_seq = int(s.get("n_seq_max") or 1)
     s["n_seq_max"] = n_seq
