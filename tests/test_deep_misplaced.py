@@ -161,7 +161,7 @@ def test_clean_file_has_nothing_misplaced(gemma_bytes):
     j = judge_layers(body, body)
     assert not j.problems and find_misplaced(body, body, j) == []
     # even with every layer taken as failing (limit -1), each block is nearest its own recompute
-    assert find_misplaced(body, body, j, limit=-1.0) == []
+    assert find_misplaced(body, body, j, suspect=-1.0) == []
     assert MATCH < 1
 
 

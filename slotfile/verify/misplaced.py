@@ -7,7 +7,7 @@ cells' rows exchanged, a row copied over another - leaves a stored block that is
 recomputed block (another layer of the same type and byte length in the same stream, the other
 of K and V, another cell's row of the same layer) and far from its own.  The judge calls
 :func:`find_misplaced` on the first recompute, before any difference is excused as drift: a
-block that fails its floors and lies within :data:`MATCH` of its own distance of another
+block over its noise floor (:data:`SUSPECT`) that lies within :data:`MATCH` of its own distance of another
 recomputed block is damage whatever the shape.
 
 Distances are relative: ``||stored - recomputed|| / max(||stored||, ||recomputed||)`` (0: the
@@ -34,7 +34,10 @@ from slotfile.verify.stats import CHUNK_CELLS, dequant_rows
 # ratio stays above 1 on every clean corpus file; a moved block sits near 0)
 MATCH = 0.25
 SAMPLE = 1 << 16  # values of a layer compared, evenly spaced in byte order
-MAX_CELLS = 64  # over-limit cells per layer looked up among the layer's recomputed rows
+MAX_CELLS = 64  # suspect cells per layer looked up among the layer's recomputed rows
+# a layer or cell is suspect from this many noise floors on: a move is judged by its distances,
+# not its size (a q4_0 cell swap can stay under the limit: 2.9 floors)
+SUSPECT = 1.0
 TINY = 1e-30
 
 
@@ -121,11 +124,14 @@ def _failing(j: Judgment, limit: float) -> dict[tuple[str, str, int], RunCells |
     return out
 
 
-def find_misplaced(file_body: Body, rec_body: Body, j: Judgment, limit: float = MARGIN_LIMIT) -> list[Problem]:
-    """Every layer of the file over ``limit`` floors in ``j`` whose values match another
-    recomputed layer of its stream (:func:`_layer_match`), else whose over-limit cells match
-    other cells' recomputed rows (:func:`_cell_matches`): one problem per layer."""
-    failing = _failing(j, limit)
+def find_misplaced(
+    file_body: Body, rec_body: Body, j: Judgment, suspect: float = SUSPECT, limit: float = MARGIN_LIMIT
+) -> list[Problem]:
+    """Every layer of the file over ``suspect`` floors in ``j`` whose values match another
+    recomputed layer of its stream (:func:`_layer_match`), else whose cells over ``suspect``
+    floors, where no other layer exceeds ``limit``, match other cells' recomputed rows
+    (:func:`_cell_matches`): one problem per layer."""
+    failing = _failing(j, suspect)
     if not failing or file_body.layout is None or rec_body.layout is None:
         return []
     out: list[Problem] = []
@@ -139,7 +145,7 @@ def find_misplaced(file_body: Body, rec_body: Body, j: Judgment, limit: float = 
             p = _layer_match(g, fr, rr, cache)
             rc = failing[key]
             if p is None and rc is not None and g.positions is not None:
-                p = _cell_matches(g, (fr, rr), rc, _confined(rc, over, limit))
+                p = _cell_matches(g, (fr, rr), rc, _confined(rc, over, suspect))
             if p is not None:
                 out.append(p)
     return out
@@ -155,13 +161,14 @@ def _over_by_position(j: Judgment, limit: float) -> dict[int, set[tuple[str, int
     return over
 
 
-def _confined(rc: RunCells, over: dict[int, set[tuple[str, int]]], limit: float) -> np.ndarray:
-    """The cells of ``rc`` over ``limit`` floors where no other layer is (its K or V may be):
+def _confined(rc: RunCells, over: dict[int, set[tuple[str, int]]], suspect: float) -> np.ndarray:
+    """The cells of ``rc`` over ``suspect`` floors where no other layer is over the limit (its
+    K or V may be) in ``over`` (:func:`_over_by_position`):
     damage lives in one layer's bytes, while a drifting row that tips towards another
     position's recompute (a long repetitive prompt: two near-tied attention targets) carries
     that difference into every layer above it."""
     assert rc.positions is not None
-    bad = np.flatnonzero(rc.ratio > limit)
+    bad = np.flatnonzero(rc.ratio > suspect)
     me = {(rc.block, rc.layer)}
     return np.array([c for c in bad if not over.get(int(rc.positions[c]), set()) - me], dtype=np.int64)
 
@@ -215,7 +222,7 @@ def corroborate(x: np.ndarray, y: np.ndarray, rx: np.ndarray, ry: np.ndarray) ->
 
 
 def _cell_matches(g: Group, runs: tuple[LayerRun, LayerRun], rc: RunCells, bad: np.ndarray) -> Problem | None:
-    """The layer's cells ``bad`` (over the limit, in this layer alone: the :data:`MAX_CELLS`
+    """The layer's cells ``bad`` (suspect, in this layer alone: the :data:`MAX_CELLS`
     worst) against every recomputed row of the layer: a problem naming the first cell whose row
     is within :data:`MATCH` of its own distance of another cell's recomputed row, corroborated
     by that cell's stored row (:func:`corroborate`)."""

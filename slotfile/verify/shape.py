@@ -238,14 +238,14 @@ def judge_with_schedules(
     sched, body = first
     j = judge_layers(file_body, body, inputs)
     tried = [{**sched.as_dict(), "margin": j.margin, "problems": len(j.problems)}]
-    if not j.problems:
-        return Outcome(j, sched, "statistics", "every layer within its noise floors", tried)
     moved = find_misplaced(file_body, body, j)  # before any difference is excused as drift
     if moved:
         j.problems[:0] = moved
         return Outcome(
             j, sched, "misplaced", moved[0][3] + (f" (+{len(moved) - 1} more)" if len(moved) > 1 else ""), tried
         )
+    if not j.problems:
+        return Outcome(j, sched, "statistics", "every layer within its noise floors", tried)
     first_block = first_layer_block(inputs.caches)
     shape = drift_shape(j, first_block=first_block)
     if not shape.drift:
