@@ -32,7 +32,7 @@ from slotfile.verify.judge import MARGIN_LIMIT, Judgment, Problem, RunCells, ali
 from slotfile.verify.stats import CHUNK_CELLS, dequant_rows
 
 # another recomputed block "matches" a stored one that is nearer to it than this fraction of the
-# stored block's distance to its own recompute.  Measured on 33 clean real-server Gemma files
+# stored block's distance to its own recompute.  Measured on 34 clean real-server Gemma files
 # (v4-cuda, v4-native, v3-native, the former false alarms among them): a layer's nearest other
 # recomputed layer at 8.8 times its own distance or more; among the 64 worst cells of each layer
 # (confined, corroborated) 0.94 or more (two positions with near-equal rows).  A move: 0 to 0.05.
