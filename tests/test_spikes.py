@@ -19,7 +19,7 @@ from slotfile.format.records import LayerRun
 from slotfile.format.types import TypeId
 from slotfile.verify.judge import judge_layers
 from slotfile.verify.shape import drift_shape
-from slotfile.verify.spikes import SPIKE_LIMIT, find_spike, resolution
+from slotfile.verify.spikes import find_spike, resolution, spike_limit
 
 from .conftest import MODELS, SLOTS
 from .test_deep_shape import GEMMA, drift_from
@@ -84,7 +84,7 @@ def test_exponent_flip_is_a_spike_at_its_element(gemma):
     sp = row["spike"]
     assert (row["block"], row["part"], row["layer"], sp["cell"], sp["element"]) == ("kv-base", "V", 1, cell, el)
     assert p[2] == off == sp["offset"] and f"cell {cell}" in p[3] and f"element {el}:" in p[3]
-    assert sp["ratio"] > SPIKE_LIMIT["float"] and j.byte_damage and not drift_shape(j).drift
+    assert sp["ratio"] > spike_limit(run) == 2 * 7.6 and j.byte_damage and not drift_shape(j).drift
 
 
 @pytest.mark.parametrize("bit", [0, 1])
@@ -175,7 +175,7 @@ def test_gpu_written_file_passes_and_its_flip_fails(llama_v4_lib, tmp_path: Path
     from slotfile.verify import Verifier, VerifyOptions
 
     data = CUDA_FILE.read_bytes()
-    run = _run(data, "kv-swa", "V", 2)
+    run = _run(data, "kv-swa", "V", 4)  # its largest difference from the recompute: 0.39
     v = np.frombuffer(data, np.float16, run.n_cells * run.row_size // 2, run.data.offset).astype(np.float64)
     vals = v[_values(data, run)]
     cell, el = np.unravel_index(int(np.argmin(np.abs(vals + 2.63))), vals.shape)
@@ -188,4 +188,4 @@ def test_gpu_written_file_passes_and_its_flip_fails(llama_v4_lib, tmp_path: Path
         d = ver.verify(p).levels["deep"]
     assert d.status == "fail" and d.details["decided_by"] == "bytes", d.details.get("evidence")
     (row,) = [r for r in d.details["layers"] if "spike" in r]
-    assert row["spike"]["offset"] == off and (row["block"], row["part"], row["layer"]) == ("kv-swa", "V", 2)
+    assert row["spike"]["offset"] == off and (row["block"], row["part"], row["layer"]) == ("kv-swa", "V", 4)
