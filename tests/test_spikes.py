@@ -19,7 +19,7 @@ from slotfile.format.records import LayerRun
 from slotfile.format.types import TypeId
 from slotfile.verify.judge import judge_layers
 from slotfile.verify.shape import drift_shape
-from slotfile.verify.spikes import find_spike, resolution, spike_limit
+from slotfile.verify.spikes import EXACT_LIMIT, find_spike, resolution, spike_limit
 
 from .conftest import MODELS, SLOTS
 from .test_deep_shape import GEMMA, drift_from
@@ -98,6 +98,23 @@ def test_low_mantissa_flip_is_not_claimed(gemma, bit):
     assert not j.problems and not any("spike" in r for r in j.rows)
     sp = find_spike(_run(bad, "kv-swa", "K", 1), run, limit=0.0)
     assert sp is not None and (sp.cell, sp.element) == (cell, el) and sp.ratio == 2.0**bit  # steps moved
+
+
+def test_mantissa_flip_in_an_exact_context_is_claimed_beyond_four_steps(gemma):
+    """Where the rest of the head and the element in every other cell equal the recompute bit for
+    bit (clean files show at most one step there), 8 steps are no rounding; 4 are not claimed."""
+    run = _run(gemma, "kv-swa", "K", 1)
+    cell, el = _big_element(gemma, run)
+    rec = parse_buffer(gemma).body
+    for bit, claimed in ((3, True), (2, False)):
+        bad, off = flip_f16(gemma, run, cell, el, bit)
+        j = judge_layers(parse_buffer(bad).body, rec)
+        rows = [r for r in j.rows if "spike" in r]
+        assert bool(rows) is claimed and bool(j.byte_damage) is claimed
+        if claimed:
+            sp = rows[0]["spike"]
+            assert sp["exact"] and sp["ratio"] == 8.0 and sp["limit"] == EXACT_LIMIT and sp["offset"] == off
+            assert "8 storage steps" in j.problems[0][3] and "equal the recompute exactly" in j.problems[0][3]
 
 
 def test_drift_moves_whole_rows_and_is_no_spike(gemma):

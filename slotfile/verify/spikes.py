@@ -37,6 +37,10 @@ from slotfile.verify.stats import CHUNK_CELLS, FLOAT_TYPES, dequant_rows
 # g-fa-on long; V: a v4-cuda file; R/S: eight f32 steps of a Jamba state) and for quantized blocks.
 CLEAN_MAX = {"K": 16.5, "V": 7.6, "rec": 8.0, "quantized": 1.6}
 SPIKE_MARGIN = 2.0  # a unit fails above this many times the clean maximum of its kind
+# In an exact context (every other unit of its head and this unit in every other cell equal the
+# recompute bit for bit) the same 49 files show at most one storage step: a unit that moved more
+# than this many steps there is no rounding.
+EXACT_LIMIT = 4.0
 # mantissa bits per float type: one step (ulp) of a value in [2^e, 2^(e+1)) is 2^(e - bits);
 # the smallest step is a subnormal's
 _MANTISSA: dict[int, tuple[int, float]] = {
@@ -70,6 +74,8 @@ class Spike:
     cells_rest: float  # the same unit in the other cells: root mean square of their differences
     resolution: float  # one storage step at the recomputed value
     block: int  # values moving together: 1 for an element, 32 for a q8_0/q4_0 block
+    limit: float = 0.0  # the limit it was judged against (its kind's, or EXACT_LIMIT steps)
+    exact: bool = False  # the rest of its head and its element in every other cell equal the recompute
 
     def as_dict(self) -> dict[str, Any]:
         return {k: (float(f"{v:.6g}") if isinstance(v, float) else v) for k, v in self.__dict__.items()}
@@ -122,9 +128,9 @@ def _pair(a: LayerRun, b: LayerRun, c0: int, c1: int, b_cells: np.ndarray | None
 def find_spike(
     a: LayerRun, b: LayerRun, head: int = 0, b_cells: np.ndarray | None = None, limit: float | None = None
 ) -> Spike | None:
-    """The unit of file run ``a`` furthest above its noise against recomputed run ``b`` (same
-    cells, same type), when it is more than ``limit`` times that noise (default
-    :func:`spike_limit`; None: no spike).
+    """The unit of file run ``a`` furthest above its limit against recomputed run ``b`` (same
+    cells, same type), when it exceeds it (None: no spike).  ``limit``: one ratio for every unit
+    instead of :func:`spike_limit` and, in an exact context, :data:`EXACT_LIMIT` steps.
     ``head``: elements per head (0: the row is one head); ``b_cells``: the cell of ``b`` for
     each cell of ``a`` (:func:`slotfile.verify.judge.align_cells`)."""
     n, t = a.n_cells, a.type_id
@@ -132,21 +138,25 @@ def find_spike(
         return None
     bs = block_size(t)
     head_units = head // bs if head and head % bs == 0 else 0
-    col_ss: np.ndarray | None = None  # per unit: the sum over cells of its squared difference
+    col_ss, col_nz = np.zeros(0), np.zeros(0)  # per unit over the cells: sum of squared differences, nonzero ones
     for c0 in range(0, n, CHUNK_CELLS):
         x, y = _pair(a, b, c0, min(n, c0 + CHUNK_CELLS), b_cells)
         u = unit_diffs(x - y, t)
-        col_ss = (u * u).sum(axis=0) if col_ss is None else col_ss + (u * u).sum(axis=0)
-    if col_ss is None or not col_ss.any():
+        ss, nz = (u * u).sum(axis=0), (u > 0).sum(axis=0)
+        col_ss, col_nz = (ss, nz) if not col_ss.size else (col_ss + ss, col_nz + nz)
+    if not col_nz.any():
         return None
+    lims = (spike_limit(a), EXACT_LIMIT) if limit is None else (1.0, 1.0)
     best: Spike | None = None
     for c0 in range(0, n, CHUNK_CELLS):
         x, y = _pair(a, b, c0, min(n, c0 + CHUNK_CELLS), b_cells)
-        got = _worst_unit(x, y, t, head_units, col_ss, n)
-        if got is not None and (best is None or got[0] > best.ratio):
-            best = _spike_at(x, y, t, c0, got)
-    lim = spike_limit(a) if limit is None else limit
-    return best if best is not None and best.ratio > lim else None
+        sp = _worst_unit(x, y, t, head_units, (col_ss, col_nz, n), lims)
+        if sp is not None and (best is None or sp.ratio / sp.limit > best.ratio / best.limit):
+            sp.cell += c0
+            best = sp
+    if best is None or best.ratio / best.limit <= (1.0 if limit is None else limit):
+        return None
+    return best
 
 
 def spike_limit(run: LayerRun) -> float:
@@ -157,47 +167,68 @@ def spike_limit(run: LayerRun) -> float:
 
 
 def _worst_unit(
-    x: np.ndarray, y: np.ndarray, t: int, head_units: int, col_ss: np.ndarray, n_cells: int
-) -> tuple[float, int, int, np.ndarray] | None:
-    """(ratio, cell in the chunk, unit, the noise levels at it) of the unit furthest above its noise."""
+    x: np.ndarray,
+    y: np.ndarray,
+    t: int,
+    head_units: int,
+    cols: tuple[np.ndarray, np.ndarray, int],
+    lims: tuple[float, float],
+) -> Spike | None:
+    """The unit of a chunk of cells furthest above its limit (``lims``: in a noisy context, in an
+    exact one); its cell is the chunk's."""
     u = unit_diffs(x - y, t)
     if not u.size:
         return None
+    col_ss, col_nz, n_cells = cols
     row = _rest_of_heads(u, head_units)
     col = np.sqrt(np.maximum(col_ss[None, :] - u * u, 0.0) / max(n_cells - 1, 1))
     res = resolution(y, t)
-    noise = np.maximum(np.maximum(row, col), np.maximum(res, _TINY))
-    z = u / noise
-    c, k = np.unravel_index(int(np.argmax(z)), z.shape)
-    return float(z[c, k]), int(c), int(k), np.array([u[c, k], row[c, k], col[c, k], res[c, k]])
-
-
-def _spike_at(x: np.ndarray, y: np.ndarray, t: int, c0: int, got: tuple[float, int, int, np.ndarray]) -> Spike:
-    ratio, c, k, lv = got
+    z = u / np.maximum(np.maximum(row, col), np.maximum(res, _TINY))
+    # exact context: every other unit of the head and this unit in every other cell equal the recompute
+    exact = (_head_nonzero(u, head_units) == (u > 0)) & (col_nz[None, :] == (u > 0))
+    lim = np.where(exact, lims[1], lims[0])
+    c, k = np.unravel_index(int(np.argmax(z / lim)), z.shape)
     bs = block_size(t)
-    el = k * bs + int(np.argmax(np.abs(x[c, k * bs : (k + 1) * bs] - y[c, k * bs : (k + 1) * bs])))
+    el = int(k) * bs + int(np.argmax(np.abs(x[c, k * bs : (k + 1) * bs] - y[c, k * bs : (k + 1) * bs])))
     return Spike(
-        cell=c0 + c,
+        cell=int(c),
         element=el,
-        ratio=ratio,
-        diff=float(lv[0]),
+        ratio=float(z[c, k]),
+        diff=float(u[c, k]),
         stored=float(x[c, el]),
         recomputed=float(y[c, el]),
-        head_rest=float(lv[1]),
-        cells_rest=float(lv[2]),
-        resolution=float(lv[3]),
+        head_rest=float(row[c, k]),
+        cells_rest=float(col[c, k]),
+        resolution=float(res[c, k]),
         block=bs,
+        limit=float(lim[c, k]),
+        exact=bool(exact[c, k]),
     )
+
+
+def _head_nonzero(u: np.ndarray, head_units: int) -> np.ndarray:
+    """Per unit, how many units of its head (itself included) differ from the recompute."""
+    c, n = u.shape
+    g = head_units if 0 < head_units <= n and n % head_units == 0 else n
+    return np.repeat((u > 0).reshape(c, n // g, g).sum(axis=2), g, axis=1)
 
 
 def spike_message(run: LayerRun, sp: Spike, pos: int | None) -> str:
     """One line: the layer, cell, element and how far the value stands above every noise level."""
     at = f"cell {sp.cell}" + (f" (position {pos})" if pos is not None else "")
     what = "element" if sp.block == 1 else f"block of {sp.block} values holding element"
+    if sp.exact:
+        why = (
+            f"{sp.ratio:.3g} storage steps of {sp.resolution:.3g} where the rest of its head and this element in "
+            f"every other cell equal the recompute exactly (limit {sp.limit:g} steps)"
+        )
+    else:
+        why = (
+            f"{sp.ratio:.3g} times its noise (rest of its head {sp.head_rest:.3g}, the same element in the other "
+            f"cells {sp.cells_rest:.3g}, one storage step {sp.resolution:.3g}; limit {sp.limit:.3g})"
+        )
     return (
         f"{run.part} layer {run.index} ({run.type_name}): isolated spike at {at}, {what} {sp.element}: "
-        f"stored {sp.stored:.6g}, recomputed {sp.recomputed:.6g} (difference {sp.diff:.3g}), "
-        f"{sp.ratio:.3g} times its noise (rest of its head {sp.head_rest:.3g}, the same element in the "
-        f"other cells {sp.cells_rest:.3g}, one storage step {sp.resolution:.3g}; limit {spike_limit(run):.3g}): "
+        f"stored {sp.stored:.6g}, recomputed {sp.recomputed:.6g} (difference {sp.diff:.3g}), {why}: "
         "one value changed in the file's bytes (a bit flip), not drift"
     )
