@@ -17,7 +17,11 @@ largest of three noise levels:
 A unit more than :func:`spike_limit` times its noise is damage in the file's bytes: twice the
 largest ratio the clean real-server corpus shows for its kind (:data:`CLEAN_MAX`), which a K
 element reaches at the onset of drift in a CPU-written Gemma 3 file (16.5 times the rest of its
-head); V rows of GPU-written files (v4-cuda, verified on a CPU) reach 7.6.
+head); V rows of GPU-written files (v4-cuda, verified on a CPU) reach 7.6.  In an exact context
+(the rest of the head and the unit in every other cell equal the recompute bit for bit) a unit
+more than :data:`EXACT_LIMIT` storage steps off is damage too.  What stays unclaimed: a flip
+within a few steps (a low mantissa bit), a single q8_0/q4_0 quant moving by a few steps (the
+block's root mean square barely moves), and a flip no larger than the drift around it.
 """
 
 from __future__ import annotations
