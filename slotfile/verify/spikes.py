@@ -191,7 +191,7 @@ def _worst_unit(
     z = u / np.maximum(np.maximum(row, col), np.maximum(res, _TINY))
     # exact context: every other unit of the head and this unit in every other cell equal the recompute
     exact = (_head_nonzero(u, head_units) == (u > 0)) & (col_nz[None, :] == (u > 0))
-    lim = np.where(exact, lims[1], lims[0])
+    lim = np.where(exact, min(lims), lims[0])  # an exact context never raises the limit
     c, k = np.unravel_index(int(np.argmax(z / lim)), z.shape)
     bs = block_size(t)
     el = int(k) * bs + int(np.argmax(np.abs(x[c, k * bs : (k + 1) * bs] - y[c, k * bs : (k + 1) * bs])))
