@@ -19,6 +19,7 @@ from slotfile.format.records import Body, CacheExpect, LayerRun, MemoryBlock, Me
 from slotfile.model.expect import rotation_widths
 from slotfile.problems import ProblemCode
 from slotfile.verify.records import Level
+from slotfile.verify.spikes import Spike, find_spike, spike_message
 from slotfile.verify.stats import CellStats, RowStats, cell_stats, tolerance_class
 
 Caches = dict[str, CacheExpect]  # a model's KV caches by block role ("kv", "kv-base", "kv-swa", ...)
@@ -341,10 +342,9 @@ def _compare_run(
     positions: tuple[np.ndarray | None, np.ndarray | None],
     floor: _Floor | None,
 ) -> None:
-    """One layer's rows of the file against the recomputed ones, judged against the noise
-    floor between two recomputations: the layer's report row, its per-cell ratios and a
-    problem when the values are not finite, hold a run of zeros, or differ by more than
-    MARGIN_LIMIT floors."""
+    """One layer's rows of the file against the recomputed ones: the layer's report row, its per-cell
+    ratios and a problem when the values are not finite, hold a run of zeros, an isolated spike
+    (:mod:`slotfile.verify.spikes`) or differ by more than MARGIN_LIMIT noise floors."""
     sec, role = where
     pos, rpos = positions
     head = head_size(inp.caches.get(role), fr.part)
@@ -389,8 +389,21 @@ def _compare_run(
         )
         out.problems.append((ProblemCode.DEEP_MISMATCH, sec, _element_offset(fr, zc, ze), msg))
         out.byte_damage.append(f"{sec} {msg}")
+    elif (sp := find_spike(fr, rr, head, align_cells(pos, rpos))) is not None:
+        _add_spike(out, sec, fr, sp, pos)
     elif j["ratio"] > MARGIN_LIMIT:
         out.problems.append((ProblemCode.DEEP_MISMATCH, sec, off, _mismatch_message(fr, j, cell, p, s_st.rel)))
+
+
+def _add_spike(out: Judgment, sec: str, fr: LayerRun, sp: Spike, pos: np.ndarray | None) -> None:
+    """An isolated spike (:mod:`slotfile.verify.spikes`): damage in the file's bytes at its element,
+    with its evidence in the layer's report row (the last one)."""
+    p = int(pos[sp.cell]) if pos is not None and sp.cell < len(pos) else None
+    off = _element_offset(fr, sp.cell, sp.element - sp.element % sp.block)  # a block: where its scale is
+    out.rows[-1]["spike"] = dict(sp.as_dict(), position=p, offset=off)
+    msg = spike_message(fr, sp, p)
+    out.problems.append((ProblemCode.DEEP_MISMATCH, sec, off, msg))
+    out.byte_damage.append(f"{sec} {msg}")
 
 
 def _element_offset(fr: LayerRun, cell: int, el: int) -> int:

@@ -1,0 +1,208 @@
+"""``verify --deep`` fails a file holding an isolated spike (issue 25): one stored value (or one
+q8_0 block) far off while the rest of its head and the same element in the other cells sit at
+the noise level (slotfile/verify/spikes.py).  Bit flips are made in copies of the committed
+fixtures (the unit tests judge them against the clean file's own state; the ``llama`` tests run
+the real worker) and, when this machine holds it, of a GPU-written real-server file verified
+here on a CPU (bench/corpus.md)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from slotfile.format.reader import parse_buffer
+from slotfile.format.records import LayerRun
+from slotfile.format.types import TypeId
+from slotfile.verify.judge import judge_layers
+from slotfile.verify.shape import drift_shape
+from slotfile.verify.spikes import EXACT_LIMIT, find_spike, resolution, spike_limit
+
+from .conftest import MODELS, SLOTS
+from .test_deep_shape import GEMMA, drift_from
+
+Q8 = SLOTS / "v4" / "llama128_q8_0_fa.slot"  # tiny llama with 128-wide rows: 4 q8_0 blocks per K/V row
+
+
+def _run(data: bytes, role: str, part: str, index: int) -> LayerRun:
+    blk = next(b for b in parse_buffer(data).body.blocks if b.role == role)
+    st = blk.active_streams()[0]
+    return (st.k if part == "K" else st.v)[index]
+
+
+def _values(data: bytes, run: LayerRun) -> np.ndarray:
+    """The f16 values of a run as (cells, elements) views of ``data``'s offsets (element offsets)."""
+    n_el = run.row_size // 2
+    idx = np.arange(run.n_cells * n_el).reshape((n_el, run.n_cells) if run.transposed else (run.n_cells, n_el))
+    return idx.T if run.transposed else idx
+
+
+def flip_f16(data: bytes, run: LayerRun, cell: int, el: int, bit: int) -> tuple[bytes, int]:
+    """One bit of one f16 element flipped: the damaged copy and the element's file offset."""
+    off = run.data.offset + 2 * int(_values(data, run)[cell, el])
+    out = bytearray(data)
+    word = int.from_bytes(out[off : off + 2], "little") ^ (1 << bit)
+    out[off : off + 2] = word.to_bytes(2, "little")
+    return bytes(out), off
+
+
+def _big_element(data: bytes, run: LayerRun) -> tuple[int, int]:
+    """(cell, element) of a value with |v| in [0.5, 1) (else the largest) in the run's middle cells."""
+    v = np.frombuffer(data, np.float16, run.n_cells * run.row_size // 2, run.data.offset).astype(np.float64)
+    a = np.abs(v[_values(data, run)])
+    mid = a[run.n_cells // 4 : 3 * run.n_cells // 4]
+    c, e = np.unravel_index(int(np.argmax(np.where((mid >= 0.5) & (mid < 1), 1.0, 0.0) + mid * 1e-6)), mid.shape)
+    return int(c) + run.n_cells // 4, int(e)
+
+
+# ------------------------------------------------------------------ without llama.cpp
+
+
+@pytest.fixture(scope="module")
+def gemma() -> bytes:
+    return GEMMA.read_bytes()
+
+
+def test_resolution_is_one_step_of_the_stored_type():
+    y = np.array([[1.0, 1.5, 0.25, 0.0]])
+    assert resolution(y, TypeId.F16).tolist() == [[2.0**-10, 2.0**-10, 2.0**-12, 2.0**-24]]
+    assert resolution(y, TypeId.F32)[0, 0] == 2.0**-23
+    q = np.tile(np.linspace(-1.27, 0.5, 32), (2, 1))
+    assert np.allclose(resolution(q, TypeId.Q8_0), 0.01)  # the block's largest |value| over 127
+
+
+def test_exponent_flip_is_a_spike_at_its_element(gemma):
+    run = _run(gemma, "kv-base", "V", 1)  # f16, V transposed (flash attention off)
+    cell, el = _big_element(gemma, run)
+    bad, off = flip_f16(gemma, run, cell, el, 14)  # the top exponent bit: 0.x becomes 2^16 times larger
+    j = judge_layers(parse_buffer(bad).body, parse_buffer(gemma).body)
+    (p,) = j.problems
+    (row,) = [r for r in j.rows if "spike" in r]
+    sp = row["spike"]
+    assert (row["block"], row["part"], row["layer"], sp["cell"], sp["element"]) == ("kv-base", "V", 1, cell, el)
+    assert p[2] == off == sp["offset"] and f"cell {cell}" in p[3] and f"element {el}:" in p[3]
+    assert sp["ratio"] > spike_limit(run) == 2 * 7.9 and j.byte_damage and not drift_shape(j).drift
+
+
+@pytest.mark.parametrize("bit", [0, 1])
+def test_low_mantissa_flip_is_not_claimed(gemma, bit):
+    """One or two storage steps: what re-rounding does, not claimed as a spike nor a mismatch."""
+    run = _run(gemma, "kv-swa", "K", 1)
+    cell, el = _big_element(gemma, run)
+    bad, _ = flip_f16(gemma, run, cell, el, bit)
+    rec = parse_buffer(gemma).body
+    j = judge_layers(parse_buffer(bad).body, rec)
+    assert not j.problems and not any("spike" in r for r in j.rows)
+    sp = find_spike(_run(bad, "kv-swa", "K", 1), run, limit=0.0)
+    assert sp is not None and (sp.cell, sp.element) == (cell, el) and sp.ratio == 2.0**bit  # steps moved
+
+
+def test_mantissa_flip_in_an_exact_context_is_claimed_beyond_four_steps(gemma):
+    """Where the rest of the head and the element in every other cell equal the recompute bit for
+    bit (clean files show at most one step there), 8 steps are no rounding; 4 are not claimed."""
+    run = _run(gemma, "kv-swa", "K", 1)
+    cell, el = _big_element(gemma, run)
+    rec = parse_buffer(gemma).body
+    for bit, claimed in ((3, True), (2, False)):
+        bad, off = flip_f16(gemma, run, cell, el, bit)
+        j = judge_layers(parse_buffer(bad).body, rec)
+        rows = [r for r in j.rows if "spike" in r]
+        assert bool(rows) is claimed and bool(j.byte_damage) is claimed
+        if claimed:
+            sp = rows[0]["spike"]
+            assert sp["exact"] and sp["ratio"] == 8.0 and sp["limit"] == EXACT_LIMIT and sp["offset"] == off
+            assert "8 storage steps" in j.problems[0][3] and "equal the recompute exactly" in j.problems[0][3]
+
+
+def test_drift_moves_whole_rows_and_is_no_spike(gemma):
+    drifted = drift_from(gemma, 46, 1.3)
+    j = judge_layers(parse_buffer(drifted).body, parse_buffer(gemma).body)
+    assert j.problems and not j.byte_damage and not any("spike" in r for r in j.rows)
+
+
+def test_q8_0_scale_flip_moves_one_block():
+    data = Q8.read_bytes()
+    run = _run(data, "kv", "V", 0)
+    assert run.type_id == TypeId.Q8_0 and not run.transposed and run.row_size == 4 * 34
+    cell, block = run.n_cells // 2, 1
+    off = run.data.offset + cell * run.row_size + 34 * block  # block_q8_0: an f16 scale d, 32 int8 quants
+    bad = bytearray(data)
+    bad[off + 1] ^= 0x40  # the scale's top exponent bit
+    j = judge_layers(parse_buffer(bytes(bad)).body, parse_buffer(data).body)
+    (row,) = [r for r in j.rows if "spike" in r]
+    sp = row["spike"]
+    assert (row["part"], sp["cell"], sp["block"], sp["element"] // 32) == ("V", cell, 32, block)
+    assert sp["offset"] == off  # the element's block starts at its scale
+    (p,) = j.problems
+    assert "block of 32 values" in p[3] and p[2] == off
+
+
+# ------------------------------------------------------------------ the real worker
+
+
+@pytest.fixture(scope="module")
+def verifier():
+    from slotfile.verify import Verifier, VerifyOptions
+
+    with Verifier(VerifyOptions(model=str(MODELS / "gemma3.gguf"), deep=True)) as v:
+        yield v
+
+
+def _deep(verifier, path: Path):
+    r = verifier.verify(path)
+    return r.levels["deep"]
+
+
+@pytest.mark.llama
+def test_real_worker_fails_an_exponent_flip_and_passes_the_rest(verifier, gemma, tmp_path: Path):
+    assert _deep(verifier, GEMMA).status == "pass"
+    run = _run(gemma, "kv-base", "V", 1)
+    cell, el = _big_element(gemma, run)
+    for bit, fails in ((14, True), (0, False)):
+        bad, off = flip_f16(gemma, run, cell, el, bit)
+        p = tmp_path / f"bit{bit}.slot"
+        p.write_bytes(bad)
+        d = _deep(verifier, p)
+        assert (d.status == "fail") is fails, d.details.get("evidence")
+        if fails:
+            assert d.details["decided_by"] == "bytes" and "isolated spike" in d.details["evidence"]
+            (prob,) = [q for q in d.problems if "isolated spike" in q.message]  # the logits may differ too
+            assert prob.code == "deep-mismatch" and prob.offset == off and f"element {el}:" in prob.message
+            (row,) = [r for r in d.details["layers"] if "spike" in r]
+            assert row["spike"]["offset"] == off and row["spike"]["cell"] == cell
+
+
+CORPUS = Path(os.environ.get("SLOTFILE_CACHE_DIR", Path.home() / ".cache" / "slotfile")) / "corpus"
+CUDA_FILE = CORPUS / "v4-cuda" / "g-base__single__s0.bin"  # written by a CUDA llama-server on a GPU
+
+
+@pytest.mark.llama
+def test_gpu_written_file_passes_and_its_flip_fails(llama_v4_lib, tmp_path: Path):
+    """A Gemma 3 270M file saved on a GPU, verified here on a CPU: its drift (every cell, every
+    layer) is no spike; one V element of a value near -2.6 flipped to about 0 is one."""
+    side = Path(f"{CUDA_FILE}.json")
+    if not CUDA_FILE.is_file() or not side.is_file():
+        pytest.skip(f"no GPU-written corpus file here ({CUDA_FILE}; bench/corpus.md)")
+    model = json.loads(side.read_text())["model_path"]
+    if not Path(model).is_file():
+        pytest.skip(f"no {model}")
+    from slotfile.verify import Verifier, VerifyOptions
+
+    data = CUDA_FILE.read_bytes()
+    run = _run(data, "kv-swa", "V", 4)  # its largest difference from the recompute: 0.39
+    v = np.frombuffer(data, np.float16, run.n_cells * run.row_size // 2, run.data.offset).astype(np.float64)
+    vals = v[_values(data, run)]
+    cell, el = np.unravel_index(int(np.argmin(np.abs(vals + 2.63))), vals.shape)
+    bad, off = flip_f16(data, run, int(cell), int(el), 14)  # -2.6 (exponent 16) becomes a subnormal, about 0
+    p = tmp_path / "flipped.bin"
+    p.write_bytes(bad)
+    with Verifier(VerifyOptions(model=model, deep=True, llama_lib=str(llama_v4_lib))) as ver:
+        clean = ver.verify(CUDA_FILE).levels["deep"]
+        assert clean.status == "pass" and not any("spike" in r for r in clean.details["layers"])
+        d = ver.verify(p).levels["deep"]
+    assert d.status == "fail" and d.details["decided_by"] == "bytes", d.details.get("evidence")
+    (row,) = [r for r in d.details["layers"] if "spike" in r]
+    assert row["spike"]["offset"] == off and (row["block"], row["part"], row["layer"]) == ("kv-swa", "V", 4)
