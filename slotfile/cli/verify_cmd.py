@@ -198,6 +198,11 @@ def _run_verify(req: VerifyRequest, pool: LoaderPool | None) -> int:
 def _manifest_check(req: VerifyRequest) -> CheckResult | int | None:
     """The manifest check (--manifest, or the directory's own slotfile-manifest.json); an exit
     code when the manifest or the model cannot be used (slotfile.seal.verify_hook)."""
+    from slotfile.seal.manifest import find_manifest
+
+    one = req.paths[0] if len(req.paths) == 1 and req.paths[0].is_dir() else None
+    if req.manifest is None and (one is None or find_manifest(one) is None):
+        return None  # no manifest (seal.check.discover's rule): seal's modules are not imported
     from slotfile.seal.verify_hook import manifest_for
 
     path = manifest_for(list(req.paths), req.manifest)

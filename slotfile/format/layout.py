@@ -170,6 +170,7 @@ EXT_SIZES = versions.CELL_EXT_SIZES  # (0, 12, 8): every version's cell ext size
 # killed save (the common damage) must never read as "a shorter layout plus trailing bytes";
 # garbage after a body rarely gets a candidate to a short read (the caps stop it first).
 TRAILING_MARGIN = 0
+OTHER_SIZE_TRIES = 4  # layouts of other sizes a body of a new size is parsed in before the search
 
 # PARTIAL_ONLY keeps (llama_memory_*::state_write with LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY):
 PARTIAL_OF: dict[str, Kinds] = {
@@ -390,10 +391,43 @@ def detect(
     det = _from_cache(view, start, end, whole, exact, rot, hits)
     if det is not None:
         return det
-    det = _detect(view, start, end, whole, exact, sequences, ext_sizes, None, extras, legacy, rot)
+    det = _other_size(view, start, end, whole, exact, rot, key)
+    if det is None:
+        det = _detect(view, start, end, whole, exact, sequences, ext_sizes, None, extras, legacy, rot)
     if det.confidence == Confidence.UNIQUE and det.layout is not None and not _weak(tuple(det.blocks)):
         remember(key, hits, det.layout, det.blocks, det.end, det.failure, view, start)
     return det
+
+
+def _other_size(
+    view: Any, start: int, end: int, whole: bool, exact: bool, rot: bool, key: tuple[Any, ...]
+) -> Detection | None:
+    """A body of a new size in a layout a cached shape of another size had (a server's files
+    differ in their cell counts, not in their layout): that layout parsed in full through the
+    grammar, accepted when it ends where the body must and is no weak reading (as the search
+    accepts it).  The search's deepest failure of the other candidates is not known here: it
+    is only ever read when no layout fits, and then this path declined.  None: the search."""
+    tried: list[Layout] = []
+    for k, shapes in reversed(SHAPES.items()):  # the latest sizes first
+        if k[1:] != key[1:]:
+            continue
+        for hit in reversed(shapes):
+            if hit.layout in tried or len(tried) >= OTHER_SIZE_TRIES:
+                continue
+            tried.append(hit.layout)
+            det = _parse_as(view, start, end, whole, exact, rot, hit.layout)
+            if det is not None:
+                return det
+    return None
+
+
+def _parse_as(view: Any, start: int, end: int, whole: bool, exact: bool, rot: bool, lay: Layout) -> Detection | None:
+    """``lay``'s full parse of the body, when it ends well and is no weak reading; else None."""
+    w = _Walk(view, end, lay.ext, whole, _Deepest(), lay.extra, lay.legacy, rot)
+    for specs, blocks, e in _walk(w, start, lay.kinds, tuple(b.has_v for b in lay.blocks)):
+        if specs == lay.blocks and (e == end or (not exact and appendix_at(view, e, end))) and not _weak(blocks):
+            return Detection(lay, list(blocks), e, Confidence.UNIQUE)
+    return None
 
 
 def _from_cache(
