@@ -23,6 +23,7 @@ be read; 2 usage.
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -31,9 +32,8 @@ from typing import Any
 
 from slotfile.cli.common import fail, out_console, say_waiting, write_json
 from slotfile.cli.jsonout import LazyList
-from slotfile.cli.listing import Row, pipe_line, print_rows, screen_width, summary
-from slotfile.cli.server_common import server_dict
-from slotfile.cli.terminal import count, human_size
+from slotfile.cli.listing import Row, pipe_line, plain_pipe, print_rows, screen_width, summary
+from slotfile.cli.terminal import count, escape_text, human_size
 from slotfile.exitcodes import OK, OPERATIONAL, PROBLEMS, USAGE
 from slotfile.slotdir.walk import (
     SETTLE_SECONDS,
@@ -227,6 +227,9 @@ def document(
                 d["model"] = picked.get(s.path)
             yield d
 
+    if server is not None:
+        from slotfile.cli.server_common import server_dict  # --server-args only
+
     return {
         "schema": SCHEMA,
         "root": scan.root,
@@ -277,16 +280,20 @@ def render(
 ) -> None:
     """One row per slot file (:mod:`slotfile.cli.listing`: fixed columns and the name on a
     terminal, one plain line per file on a pipe), then the totals."""
-    out = out_console()
-    width = screen_width(out)
+    out = None if plain_pipe() else out_console()
+    width = None if out is None else screen_width(out)
     heads = (*HEADS, *(("sealed",) if sealed is not None else ()))
-    listed = [_row(s, fates, now, sealed, picked) for s in rows]
     if width is None:
-        for s, row in zip(rows, listed, strict=True):
+        for s in rows:
+            row = _row(s, fates, now, sealed, picked)
             pipe_line(s.rel, ", ".join(f"{h} {c}" for h, c in zip(heads, row.cells, strict=False)), _plain(row))
-    elif rows:
-        print_rows(out, (*heads, "file"), listed, width, right=RIGHT)
-    summary(out, _totals_line(scan, rows, fates, elapsed, sealed, gone), width)
+    elif out is not None and rows:
+        print_rows(out, (*heads, "file"), [_row(s, fates, now, sealed, picked) for s in rows], width, right=RIGHT)
+    line = _totals_line(scan, rows, fates, elapsed, sealed, gone)
+    if out is None:
+        sys.stdout.write(escape_text(line) + "\n")  # what rich prints on a pipe
+    else:
+        summary(out, line, width)
 
 
 def _plain(row: Row) -> list[str]:
