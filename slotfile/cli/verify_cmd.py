@@ -44,6 +44,7 @@ min_floor}.
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -151,6 +152,7 @@ def _start_pool(req: VerifyRequest) -> LoaderPool | None:
 
 def _run_verify(req: VerifyRequest, pool: LoaderPool | None) -> int:
     from slotfile.cli.common import err_console, fail, say_waiting
+    from slotfile.cli.listing import plain_pipe
     from slotfile.verify import Verifier, VerifyError, collect
 
     usage = req.usage_error()
@@ -176,6 +178,7 @@ def _run_verify(req: VerifyRequest, pool: LoaderPool | None) -> int:
     paths = req.paths
     show = (
         not req.quiet
+        and not plain_pipe(sys.stderr)  # no rich import for a bar that cannot show
         and err_console().is_terminal
         and (any(p.is_dir() for p in paths) or req.model is not None or len(files) > 1)
     )
@@ -315,6 +318,8 @@ def _annotate(doc: dict[str, Any], rc: int, check: CheckResult | None, idents: d
     code the manifest check makes of ``rc``."""
     if check is not None or idents is not None:
         from slotfile.seal.verify_hook import annotate, exit_code
+
+        doc["files"] = list(doc["files"])  # the rows annotated in place: made now, not as written
 
         if check is not None:
             rc = exit_code(rc, check)
