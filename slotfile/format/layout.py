@@ -410,7 +410,7 @@ def _other_size(
     accepts it).  The search's deepest failure of the other candidates is not known here: it
     is only ever read when no layout fits, and then this path declined.  None: the search."""
     tried: list[Layout] = []
-    for k, shapes in reversed(SHAPES.items()):  # the latest sizes first
+    for k, shapes in reversed(list(SHAPES.items())):  # the latest sizes first (a copy: verify --jobs threads)
         if k[1:] != key[1:]:
             continue
         for hit in reversed(shapes):
