@@ -14,6 +14,9 @@ the best run is reported, with the child's peak RSS (ru_maxrss of that child alo
 CPU seconds (user + system): on a loaded machine the files per CPU second say what an idle
 core gives, the wall-clock rate what this run got.
 
+The last figures, with the before/after measured interleaved (one pass moves 20-30 % with the
+load): README "Directory speed" (2026-12-04).
+
     python bench/ls_dir.py                       # 100, 2000 and 20000 files, both sources
     python bench/ls_dir.py --files 2000 --runs 5 --source real
 """

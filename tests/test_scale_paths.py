@@ -244,11 +244,24 @@ def test_a_file_whose_cells_differ_takes_the_cached_shape_with_its_own_cells(mon
 
 def test_the_streamed_json_is_the_one_text_json_dumps_gives(capsys: pytest.CaptureFixture[str]) -> None:
     from slotfile.cli.common import write_json
+    from slotfile.cli.jsonout import LazyList
+    from slotfile.format.records import FileFormat, Severity
+    from slotfile.problems import ProblemCode
 
     doc = {"files": [{"path": f"d/{i}", "size": i, "ok": i % 2 == 0, "r": 0.5 * i, "x": None} for i in range(9000)]}
-    doc["é"] = ["\n", float("inf"), [], {}]
+    doc["é"] = ["\n", float("inf"), float("nan"), -0.0, 10**30, [], {}, [[{}]], ("t", (1,))]
+    doc["keys"] = {3: "int", 2.5: "float", False: "bool", None: "none", "s\u2028": {"deep": [None, False]}}
+    doc["enums"] = [ProblemCode.TRUNCATED, Severity.ERROR, FileFormat.GGSQ]
     write_json(doc)
     assert capsys.readouterr().out == json.dumps(doc, indent=2) + "\n"
+    for odd in ({}, [], "x", 3, None, {"a": {}}):
+        write_json(odd)
+        assert capsys.readouterr().out == json.dumps(odd, indent=2) + "\n"
+    rows = [{"i": i, "x": [i] * (i % 3)} for i in range(50)]
+    write_json({"n": 1, "files": LazyList(lambda: iter(rows), len(rows)), "empty": LazyList(list, 0), "z": 2})
+    assert capsys.readouterr().out == json.dumps({"n": 1, "files": rows, "empty": [], "z": 2}, indent=2) + "\n"
+    with pytest.raises(TypeError):
+        write_json({"x": object()})
 
 
 def test_a_large_directory_on_two_processes_reads_as_on_one(tmp_path: Path) -> None:
@@ -337,3 +350,60 @@ def test_checkpoint_entries_read_with_struct_are_the_grammars(name: str, monkeyp
             m.setattr(appendix, "seq_id_fast", lambda *a: None)
             assert read(v) == fast
     assert hits > 100
+
+
+def _counting_other_size(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """layout._other_size wrapped: [bodies it read, bodies it sent to the search]."""
+    from slotfile.format import layout
+
+    seen = [0, 0]
+    real = layout._other_size
+
+    def counted(*a: Any, **k: Any) -> Any:
+        det = real(*a, **k)
+        seen[det is None] += 1
+        return det
+
+    monkeypatch.setattr(layout, "_other_size", counted)
+    return seen
+
+
+def test_files_of_many_sizes_read_in_a_row_read_as_fresh_parses(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every fixture and real-server file, read in a row (each size new, its layout often one a
+    file of another size had: layout._other_size), reads as it does with an empty cache."""
+    paths = [*FIXTURES, *REAL[:24]]
+    cold = {}
+    for p in paths:
+        layout_cache.SHAPES.clear()
+        cold[p] = _verdict(p.read_bytes())
+    seen = _counting_other_size(monkeypatch)
+    layout_cache.SHAPES.clear()
+    for p in paths:
+        assert _verdict(p.read_bytes()) == cold[p], f"{p.name}: read after other sizes of its layout"
+    assert seen[0] >= 10, f"the other-size path read only {seen[0]} bodies"
+
+
+@pytest.mark.parametrize(
+    ("prime", "name"),
+    [("llama_2stream.slot", "llama_f16_fa.slot"), ("v4/llama128_q8_0_fa.slot", "v4/llama_draft_sdft.slot")],
+)
+def test_damage_in_a_size_new_to_a_cached_layout_reads_as_a_fresh_parse(
+    prime: str, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file of a size the cache has not seen, in the layout of a cached shape of another size,
+    damaged in every section: the same verdict as with an empty cache (the clean file itself
+    takes the other-size path, not the search)."""
+    data, other = (SLOTS / name).read_bytes(), (SLOTS / prime).read_bytes()
+    variants = [data, *_damaged(data)[::2]]
+    cold = []
+    for v in variants:
+        layout_cache.SHAPES.clear()
+        cold.append(_verdict(v))
+    seen = _counting_other_size(monkeypatch)
+    for i, (v, want) in enumerate(zip(variants, cold, strict=True)):
+        layout_cache.SHAPES.clear()
+        _verdict(other)  # only the other size is cached
+        seen[:] = [0, 0]
+        assert _verdict(v) == want, f"{name}: variant {i} read after {prime}"
+        if i == 0:
+            assert seen[0] >= 1 and seen[1] == 0, f"the clean file did not take the other-size path: {seen}"

@@ -11,7 +11,7 @@ import sys
 import textwrap
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TextIO
 
 from slotfile.cli.terminal import escape_text
 
@@ -40,6 +40,18 @@ def screen_width(out: Console) -> int | None:
     if out.is_terminal or cols:
         return int(cols) if cols.isdigit() else out.width
     return None
+
+
+def plain_pipe(stream: TextIO | None = None) -> bool:
+    """``stream`` (stdout) is a pipe or a file, certainly, without asking rich: no ``$COLUMNS``,
+    nor the ``$TTY_COMPATIBLE`` / ``$FORCE_COLOR`` rich would heed, and not a tty.  Then the
+    listing is the plain lines, and rich is never imported (about 50 ms of a run's start)."""
+    if any(k in os.environ for k in ("COLUMNS", "TTY_COMPATIBLE", "FORCE_COLOR")):
+        return False
+    try:
+        return not (stream or sys.stdout).isatty()
+    except ValueError:  # closed
+        return False
 
 
 def print_rows(out: Console, heads: Sequence[str], rows: Sequence[Row], width: int, right: Iterable[str] = ()) -> None:

@@ -23,15 +23,17 @@ be read; 2 usage.
 
 from __future__ import annotations
 
+import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from slotfile.cli.common import fail, out_console, say_waiting, write_json
-from slotfile.cli.listing import Row, pipe_line, print_rows, screen_width, summary
-from slotfile.cli.server_common import server_dict
-from slotfile.cli.terminal import count, human_size
+from slotfile.cli.jsonout import LazyList
+from slotfile.cli.listing import Row, pipe_line, plain_pipe, print_rows, screen_width, summary
+from slotfile.cli.terminal import count, escape_text, human_size
 from slotfile.exitcodes import OK, OPERATIONAL, PROBLEMS, USAGE
 from slotfile.slotdir.walk import (
     SETTLE_SECONDS,
@@ -81,9 +83,7 @@ def run_ls(args: LsArgs) -> int:
     now = time.time()  # ages from after the wait
     rows = summarize_all(scan.slots)  # in order; on several processes for a large DIR
     fates = _fates(rows, server, side)
-    from slotfile.seal.verify_hook import ls_states
-
-    sealed, gone, bad_manifest = ls_states(root, [s.path for s in rows])  # a manifest there: the sealed column
+    sealed, gone, bad_manifest = _seal_states(root, rows)
     elapsed = time.monotonic() - t0 - scan.waited  # the rate of the work, not of the wait
     picked = _picked(args, rows)
     if isinstance(picked, int):
@@ -99,12 +99,24 @@ def run_ls(args: LsArgs) -> int:
         fail(bad_manifest, "ls")
         rc = OPERATIONAL
     if args.json_out:
-        doc = document(scan, rows, fates, server, now, elapsed, rc)
-        _add_seal_columns(doc, sealed, gone, picked)
-        write_json(doc)  # streamed: memory flat in the number of files
+        doc = document(scan, rows, fates, server, now, elapsed, rc, (sealed, picked))
+        if sealed is not None:
+            doc["sealed_missing"] = gone
+        write_json(doc)  # streamed, each file's dict made as it is written: memory flat in the files
     else:
         render(scan, rows, fates, now, elapsed, sealed, gone, picked)
     return rc
+
+
+def _seal_states(root: Path, rows: list[FileSummary]) -> tuple[dict[str, str] | None, list[str], str | None]:
+    """A manifest in DIR: the sealed column (slotfile.seal.verify_hook, imported only then)."""
+    from slotfile.seal.manifest import find_manifest
+
+    if find_manifest(root) is None:
+        return None, [], None
+    from slotfile.seal.verify_hook import ls_states
+
+    return ls_states(root, [s.path for s in rows])
 
 
 def _bad_args(args: LsArgs) -> int | None:
@@ -169,19 +181,6 @@ def _picked(args: LsArgs, rows: list[FileSummary]) -> dict[str, Any] | int | Non
         return OPERATIONAL
 
 
-def _add_seal_columns(
-    doc: dict[str, Any], sealed: dict[str, str] | None, gone: list[str], picked: dict[str, Any] | None
-) -> None:
-    """The sealed and model columns, and the sealed files gone, in the JSON document."""
-    for f in doc["files"]:
-        if sealed is not None:
-            f["sealed"] = sealed.get(f["path"])
-        if picked is not None:
-            f["model"] = picked.get(f["path"])
-    if sealed is not None:
-        doc["sealed_missing"] = gone
-
-
 def _exit(scan: DirScan, rows: list[FileSummary]) -> int:
     if scan.errors or any(s.error for s in rows):
         return OPERATIONAL
@@ -204,19 +203,38 @@ def _sorted(rows: list[FileSummary], sort: str, now: float) -> list[FileSummary]
 
 
 def document(
-    scan: DirScan, rows: list[FileSummary], fates: dict[str, Any], server: Any, now: float, elapsed: float, rc: int
+    scan: DirScan,
+    rows: list[FileSummary],
+    fates: dict[str, Any],
+    server: Any,
+    now: float,
+    elapsed: float,
+    rc: int,
+    columns: tuple[dict[str, str] | None, dict[str, Any] | None] = (None, None),
 ) -> dict[str, Any]:
-    files = []
-    for s in rows:
-        d = s.to_dict(now)
-        if s.path in fates:
-            d["restore"] = fates[s.path]
-        files.append(d)
+    """The ``slotfile.ls/1`` document; its ``files`` a :class:`LazyList`, each file's dict made
+    as it is written.  ``columns``: the sealed states and the models picked, when shown."""
+
+    def files() -> Iterator[dict[str, Any]]:
+        sealed, picked = columns
+        for s in rows:
+            d = s.to_dict(now)
+            if s.path in fates:
+                d["restore"] = fates[s.path]
+            if sealed is not None:
+                d["sealed"] = sealed.get(s.path)
+            if picked is not None:
+                d["model"] = picked.get(s.path)
+            yield d
+
+    if server is not None:
+        from slotfile.cli.server_common import server_dict  # --server-args only
+
     return {
         "schema": SCHEMA,
         "root": scan.root,
         "server": server_dict(server) if server is not None else None,
-        "files": files,
+        "files": LazyList(files, len(rows)),
         "totals": {
             "files": len(rows),
             "bytes": sum(s.size for s in rows),
@@ -262,16 +280,20 @@ def render(
 ) -> None:
     """One row per slot file (:mod:`slotfile.cli.listing`: fixed columns and the name on a
     terminal, one plain line per file on a pipe), then the totals."""
-    out = out_console()
-    width = screen_width(out)
+    out = None if plain_pipe() else out_console()
+    width = None if out is None else screen_width(out)
     heads = (*HEADS, *(("sealed",) if sealed is not None else ()))
-    listed = [_row(s, fates, now, sealed, picked) for s in rows]
     if width is None:
-        for s, row in zip(rows, listed, strict=True):
+        for s in rows:
+            row = _row(s, fates, now, sealed, picked)
             pipe_line(s.rel, ", ".join(f"{h} {c}" for h, c in zip(heads, row.cells, strict=False)), _plain(row))
-    elif rows:
-        print_rows(out, (*heads, "file"), listed, width, right=RIGHT)
-    summary(out, _totals_line(scan, rows, fates, elapsed, sealed, gone), width)
+    elif out is not None and rows:
+        print_rows(out, (*heads, "file"), [_row(s, fates, now, sealed, picked) for s in rows], width, right=RIGHT)
+    line = _totals_line(scan, rows, fates, elapsed, sealed, gone)
+    if out is None:
+        sys.stdout.write(escape_text(line) + "\n")  # what rich prints on a pipe
+    else:
+        summary(out, line, width)
 
 
 def _plain(row: Row) -> list[str]:

@@ -46,6 +46,7 @@ min_floor}.
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -153,6 +154,7 @@ def _start_pool(req: VerifyRequest) -> LoaderPool | None:
 
 def _run_verify(req: VerifyRequest, pool: LoaderPool | None) -> int:
     from slotfile.cli.common import err_console, fail, say_waiting
+    from slotfile.cli.listing import plain_pipe
     from slotfile.verify import Verifier, VerifyError, collect
 
     usage = req.usage_error()
@@ -178,6 +180,7 @@ def _run_verify(req: VerifyRequest, pool: LoaderPool | None) -> int:
     paths = req.paths
     show = (
         not req.quiet
+        and not plain_pipe(sys.stderr)  # no rich import for a bar that cannot show
         and err_console().is_terminal
         and (any(p.is_dir() for p in paths) or req.model is not None or len(files) > 1)
     )
@@ -200,6 +203,11 @@ def _run_verify(req: VerifyRequest, pool: LoaderPool | None) -> int:
 def _manifest_check(req: VerifyRequest) -> CheckResult | int | None:
     """The manifest check (--manifest, or the directory's own slotfile-manifest.json); an exit
     code when the manifest or the model cannot be used (slotfile.seal.verify_hook)."""
+    from slotfile.seal.manifest import find_manifest
+
+    one = req.paths[0] if len(req.paths) == 1 and req.paths[0].is_dir() else None
+    if req.manifest is None and (one is None or find_manifest(one) is None):
+        return None  # no manifest (seal.check.discover's rule): seal's modules are not imported
     from slotfile.seal.verify_hook import manifest_for
 
     path = manifest_for(list(req.paths), req.manifest)
@@ -312,6 +320,8 @@ def _annotate(doc: dict[str, Any], rc: int, check: CheckResult | None, idents: d
     code the manifest check makes of ``rc``."""
     if check is not None or idents is not None:
         from slotfile.seal.verify_hook import annotate, exit_code
+
+        doc["files"] = list(doc["files"])  # the rows annotated in place: made now, not as written
 
         if check is not None:
             rc = exit_code(rc, check)

@@ -6,11 +6,10 @@ from __future__ import annotations
 import platform
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
-
-from rich.console import Console
+from typing import TYPE_CHECKING, Any
 
 from slotfile.cli.common import out_console
+from slotfile.cli.jsonout import LazyList
 from slotfile.cli.listing import Row, pipe_line, print_rows, screen_width, summary
 from slotfile.cli.terminal import count, escape_text, human_size, problem_line
 from slotfile.diagnosis import CAUSE_SHORT, Cause
@@ -18,6 +17,9 @@ from slotfile.problems import Severity
 from slotfile.verify import DEEP_JUDGMENT, LEVELS, SCHEMA, FileReport, VerifyOptions
 from slotfile.verify.options import required_levels
 from slotfile.verify.records import SkipKind, Status, Verdict
+
+if TYPE_CHECKING:
+    from rich.console import Console  # imported by out_console() when a listing is printed
 
 STRUCTURE_ONLY = "(structure only; add --model to test-load)"
 
@@ -41,7 +43,7 @@ def document(
         "draft_model": opts.draft_model,
         "deep": opts.deep,
         "tolerances": DEEP_JUDGMENT,
-        "files": [r.to_dict() for r in reports],
+        "files": LazyList(lambda: (r.to_dict() for r in reports), len(reports)),  # made as written
         "errors": errors,
         "require": list(required_levels(opts.require)),
         "summary": {

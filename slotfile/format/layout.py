@@ -170,6 +170,7 @@ EXT_SIZES = versions.CELL_EXT_SIZES  # (0, 12, 8): every version's cell ext size
 # killed save (the common damage) must never read as "a shorter layout plus trailing bytes";
 # garbage after a body rarely gets a candidate to a short read (the caps stop it first).
 TRAILING_MARGIN = 0
+OTHER_SIZE_TRIES = 16  # layouts of other sizes a body of a new size is parsed in before the search
 
 # PARTIAL_ONLY keeps (llama_memory_*::state_write with LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY):
 PARTIAL_OF: dict[str, Kinds] = {
@@ -390,10 +391,47 @@ def detect(
     det = _from_cache(view, start, end, whole, exact, rot, hits)
     if det is not None:
         return det
-    det = _detect(view, start, end, whole, exact, sequences, ext_sizes, None, extras, legacy, rot)
+    tried = _Deepest()
+    det = _other_size(view, start, end, whole, exact, rot, key, tried)
+    if det is None:  # the blocks the tries parsed are not parsed again (their failures are, in order)
+        seed = {k: v for k, v in tried.memo.items() if v is not None}
+        det = _detect(view, start, end, whole, exact, sequences, ext_sizes, None, extras, legacy, rot, seed)
     if det.confidence == Confidence.UNIQUE and det.layout is not None and not _weak(tuple(det.blocks)):
         remember(key, hits, det.layout, det.blocks, det.end, det.failure, view, start)
     return det
+
+
+def _other_size(
+    view: Any, start: int, end: int, whole: bool, exact: bool, rot: bool, key: tuple[Any, ...], deep: _Deepest
+) -> Detection | None:
+    """A body of a new size in a layout a cached shape of another size had (a server's files
+    differ in their cell counts, not in their layout): that layout parsed in full through the
+    grammar, accepted when it ends where the body must and is no weak reading (as the search
+    accepts it).  The search's deepest failure of the other candidates is not known here: it
+    is only ever read when no layout fits, and then this path declined.  None: the search."""
+    tried: list[Layout] = []
+    for k, shapes in reversed(list(SHAPES.items())):  # the latest sizes first (a copy: verify --jobs threads)
+        if k[1:] != key[1:]:
+            continue
+        for hit in reversed(shapes):
+            if hit.layout in tried or len(tried) >= OTHER_SIZE_TRIES:
+                continue
+            tried.append(hit.layout)
+            det = _parse_as(view, start, end, whole, exact, rot, hit.layout, deep)
+            if det is not None:
+                return det
+    return None
+
+
+def _parse_as(
+    view: Any, start: int, end: int, whole: bool, exact: bool, rot: bool, lay: Layout, deep: _Deepest
+) -> Detection | None:
+    """``lay``'s full parse of the body, when it ends well and is no weak reading; else None."""
+    w = _Walk(view, end, lay.ext, whole, deep, lay.extra, lay.legacy, rot)
+    for specs, blocks, e in _walk(w, start, lay.kinds, tuple(b.has_v for b in lay.blocks)):
+        if specs == lay.blocks and (e == end or (not exact and appendix_at(view, e, end))) and not _weak(blocks):
+            return Detection(lay, list(blocks), e, Confidence.UNIQUE)
+    return None
 
 
 def _from_cache(
@@ -440,9 +478,12 @@ def _detect(
     extras: tuple[tuple[int, int], ...],
     legacy: bool,
     rot: bool,
+    seed: dict[tuple[Any, ...], Any] | None = None,
 ) -> Detection:
-    """The full search: every candidate layout parsed (see :func:`detect`)."""
+    """The full search: every candidate layout parsed (see :func:`detect`); ``seed``: blocks
+    already parsed, by their memo key (a parse is a function of its key and the bytes)."""
     deep = _Deepest()
+    deep.memo.update(seed or {})
     accepted: list[_Parse] = []
     partial: list[_Parse] = []
     for kinds, hv, ext, x, old in _plans(fixed, sequences, ext_sizes, extras, legacy):
