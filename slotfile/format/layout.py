@@ -392,7 +392,9 @@ def detect(
     if det is not None:
         return det
     tried = _Deepest()
-    det = _other_size(view, start, end, whole, exact, rot, key, tried)
+    # not for legacy bodies (version 2 / session 9): with and without n_stream both can fit,
+    # which only the full search tells (an ambiguous reading), so no other size's layout is taken
+    det = None if legacy else _other_size(view, start, end, whole, exact, rot, key, tried)
     if det is None:  # the blocks the tries parsed are not parsed again (their failures are, in order)
         seed = {k: v for k, v in tried.memo.items() if v is not None}
         det = _detect(view, start, end, whole, exact, sequences, ext_sizes, None, extras, legacy, rot, seed)
