@@ -37,6 +37,26 @@ class LazyList:
         return self._n
 
 
+class Later:
+    """A top-level value of a document made when the writer reaches it: the summary after a
+    streamed :class:`LazyList` of rows, counted as the rows were written."""
+
+    __slots__ = ("make",)
+
+    def __init__(self, make: Callable[[], Any]) -> None:
+        self.make = make
+
+
+class Encoded(str):
+    """An item of a top-level list already encoded (``encode(o, ITEM_INDENT)``: a forked
+    worker's row), written as it is."""
+
+    __slots__ = ()
+
+
+ITEM_INDENT = "\n    "  # where an item of a top-level list starts
+
+
 def _float(o: float) -> str:
     # json.encoder's floatstr with allow_nan=True
     if o != o:
@@ -129,6 +149,8 @@ def write(doc: Any, out: TextIO) -> None:
         put("{")
         for i, (k, v) in enumerate(doc.items()):
             put(("\n  " if i == 0 else ",\n  ") + _key(k) + ": ")
+            if type(v) is Later:
+                v = v.make()
             if isinstance(v, list | tuple | LazyList) and not isinstance(v, str):
                 _write_list(v, put)
             else:
@@ -142,6 +164,6 @@ def _write_list(items: Iterable[Any], put: Callable[[str], None]) -> None:
     """A list one level in, an item at a time (a LazyList's items are made here)."""
     first = True
     for v in items:
-        put(("[\n    " if first else ",\n    ") + encode(v, "\n    "))
+        put(("[" if first else ",") + ITEM_INDENT + (v if type(v) is Encoded else encode(v, ITEM_INDENT)))
         first = False
     put("[]" if first else "\n  ]")

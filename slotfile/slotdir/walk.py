@@ -20,7 +20,7 @@ import os
 import re
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -319,62 +319,21 @@ def summarize(entry: DirEntry) -> FileSummary:
     return s
 
 
-PARALLEL_MIN = 400  # files: below this a second process costs more than it saves
-JOBS_ENV = "SLOTFILE_DIR_JOBS"  # processes a directory's files are read with (default 1)
-
-
 def summarize_all(entries: list[DirEntry], jobs: int | None = None) -> list[FileSummary]:
-    """:func:`summarize` of every entry, in their order, on :func:`forked_map`'s processes."""
-    return forked_map(_summarize_list, entries, [e.size for e in entries], jobs)
+    """:func:`summarize` of every entry, in their order (:func:`summarize_stream`, kept)."""
+    return list(summarize_stream(entries, jobs))
+
+
+def summarize_stream(entries: Sequence[DirEntry], jobs: int | None = None) -> Iterator[FileSummary]:
+    """:func:`summarize` of every entry, yielded in their order as they are read: on forked
+    processes for a large directory (:func:`slotfile.slotdir.forked.ordered_map`)."""
+    from slotfile.slotdir.forked import ordered_map
+
+    return ordered_map(_summarize_list, entries, [e.size for e in entries], jobs)
 
 
 def _summarize_list(entries: list[DirEntry]) -> list[FileSummary]:
     return [summarize(e) for e in entries]
-
-
-def forked_map(
-    fn: Callable[[list[Any]], list[Any]], items: list[Any], sizes: list[int], jobs: int | None = None
-) -> list[Any]:
-    """``fn`` (a module-level function: a list of items to a list of results) over ``items``,
-    results in their order.  From :data:`PARALLEL_MIN` items on, with ``jobs`` (default
-    $SLOTFILE_DIR_JOBS) of 2 or more, the items are read by that many forked processes: each file is read on its own (a
-    process's layout cache only ever holds shapes re-checked against each file's bytes), so
-    which process reads it changes nothing.  Each process takes a run of the items ordered by
-    ``sizes``: a file shape is searched for in one process, not in each."""
-    n = _dir_jobs() if jobs is None else jobs
-    n = min(n, len(items) // (PARALLEL_MIN // 2) or 1)
-    if n < 2 or len(items) < PARALLEL_MIN or not _can_fork():
-        return fn(items)
-    import multiprocessing
-
-    order = sorted(range(len(items)), key=sizes.__getitem__)
-    cut = [order[k * len(order) // n : (k + 1) * len(order) // n] for k in range(n)]
-    with multiprocessing.get_context("fork").Pool(n) as pool:
-        parts = pool.map(fn, [[items[i] for i in c] for c in cut], chunksize=1)
-    out: list[Any] = [None] * len(items)
-    for c, part in zip(cut, parts, strict=True):
-        for i, r in zip(c, part, strict=True):
-            out[i] = r
-    return out
-
-
-def _dir_jobs() -> int:
-    """The processes a directory's files are read with: $SLOTFILE_DIR_JOBS, else 1.  Not the
-    CPU count: on the shared 2-core machine of bench/ls_dir.py (load 5-11) two processes gave
-    no wall-clock gain and cost 5-20 % more CPU (verify's reports are pickled back)."""
-    try:
-        return max(1, int(os.environ.get(JOBS_ENV, "1")))
-    except ValueError:
-        return 1
-
-
-def _can_fork() -> bool:
-    """Whether forked workers are safe here: a fork start method, and no other thread running
-    (a thread holding a lock at the fork would leave it held in the child)."""
-    import multiprocessing
-    import threading
-
-    return "fork" in multiprocessing.get_all_start_methods() and threading.active_count() == 1
 
 
 def fill_summary(s: FileSummary, sf: Any) -> None:

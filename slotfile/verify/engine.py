@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from slotfile.diagnosis import Cause, facts_of
 from slotfile.format.records import SlotFile
 from slotfile.llama.loader import LIB_ENV, Library, LoaderError, LoaderPool, server_library, settings_for
-from slotfile.slotdir.walk import PARALLEL_MIN, forked_map
+from slotfile.slotdir.forked import ordered_map
 from slotfile.text import count
 from slotfile.verify.deep import level_deep
 from slotfile.verify.judge import caches_of
@@ -179,8 +179,13 @@ class Verifier:
             raise VerifyError(str(e)) from e
 
     def _run(self, paths: list[Path], on_done: Callable[[FileReport], None] | None) -> list[FileReport]:
-        if self.pool is None and self.opts.model is None and len(paths) >= PARALLEL_MIN:
-            return self._run_forked(paths, on_done)
+        if self.pool is None and self.opts.model is None:  # structure only: on forked processes for many files
+            out = []
+            for r in self.stream(paths):
+                out.append(r)
+                if on_done:
+                    on_done(r)
+            return out
         if self.opts.jobs <= 1 or len(paths) <= 1:
             out = []
             for p in paths:
@@ -202,28 +207,17 @@ class Verifier:
                     on_done(r)
         return [r for r in results if r is not None]
 
-    def _run_forked(self, paths: list[Path], on_done: Callable[[FileReport], None] | None) -> list[FileReport]:
-        """Structure only (no model, no loader): the files on forked processes (a directory's
-        worth; slotfile.slotdir.walk.forked_map), each reading its files with this Verifier."""
-        global _FORKED
-        _FORKED = self
-        try:
-            sizes = [_size(p) for p in paths]
-            out: list[FileReport] = forked_map(_verify_list, paths, sizes)
-        finally:
-            _FORKED = None
-        for r in out:
-            if on_done:
-                on_done(r)
-        return out
+    def stream(self, paths: list[Path], digest: Callable[[FileReport], Any] | None = None) -> Iterator[Any]:
+        """Structure only (no model, no loader): each file's report, or ``digest(report)`` made
+        where the file was read, yielded in the order of ``paths`` as they are made; for a
+        directory's worth on forked processes (slotfile.slotdir.forked, ``opts.read_jobs``),
+        each reading its files with this Verifier.  The workers are forked now."""
+        assert self.pool is None and self.opts.model is None
 
+        def some(chunk: list[Path]) -> list[Any]:
+            return [self.verify(p) if digest is None else digest(self.verify(p)) for p in chunk]
 
-_FORKED: Verifier | None = None  # the Verifier the forked processes use (they inherit it)
-
-
-def _verify_list(paths: list[Path]) -> list[FileReport]:
-    assert _FORKED is not None
-    return [_FORKED.verify(p) for p in paths]
+        return ordered_map(some, paths, [_size(p) for p in paths], self.opts.read_jobs)
 
 
 def _size(p: Path) -> int:
