@@ -36,7 +36,7 @@ from slotfile.cli.options import (
     json_option,
     model_option,
 )
-from slotfile.cli.root import app
+from slotfile.cli.root import app, structure_only
 
 
 @app.command(
@@ -146,6 +146,8 @@ def verify(
         others = {"deep": deep, "junit": junit, "scan": scan, "draft_model": draft_model, "require": bool(require)}
         rc = _verify_for_server(paths, server_args, model, json_out, jobs, n_gpu_layers, timeout, quiet, **others)
         raise typer.Exit(rc)
+    if model is None and not models:
+        structure_only()
     from slotfile.cli.verify_cmd import VerifyRequest, run_verify
 
     request = VerifyRequest(
