@@ -25,8 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from slotfile.format.records import MemoryKind
 from slotfile.problems import Severity
+
+# slotfile.format (numpy, the grammar) is imported where a file is read (summarize): the
+# walk and the rows of a directory run on forked processes need none of it in this process.
 
 SLOT_SUFFIXES = (".slot", ".bin")
 MAGICS = (b"qsgg", b"nsgg")  # GGSQ / GGSN as little-endian u32 (llama.cpp's LLAMA_STATE_*_MAGIC)
@@ -351,6 +353,7 @@ def fill_summary(s: FileSummary, sf: Any) -> None:
 
 
 def _kv_facts(s: FileSummary, body: Any) -> None:
+    from slotfile.format.records import MemoryKind
     from slotfile.format.types import type_name
 
     for blk in body.blocks:
