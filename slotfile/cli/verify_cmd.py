@@ -241,7 +241,7 @@ def _run_streamed(
     from slotfile.cli.verify_output import Counts, Digest, digest, summary_line
 
     base = req.paths[0] if len(req.paths) == 1 and req.paths[0].is_dir() else None
-    got = verifier.stream(files, partial(digest, mode=mode, base=base))
+    got = verifier.stream(files, partial(digest, mode=mode, base=base), col.sizes)
     if show:
         got = _with_progress(got, len(files))
     c = Counts()

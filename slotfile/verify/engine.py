@@ -207,17 +207,26 @@ class Verifier:
                     on_done(r)
         return [r for r in results if r is not None]
 
-    def stream(self, paths: list[Path], digest: Callable[[FileReport], Any] | None = None) -> Iterator[Any]:
+    def stream(
+        self,
+        paths: list[Path],
+        digest: Callable[[FileReport], Any] | None = None,
+        sizes: list[int | None] | None = None,
+    ) -> Iterator[Any]:
         """Structure only (no model, no loader): each file's report, or ``digest(report)`` made
         where the file was read, yielded in the order of ``paths`` as they are made; for a
         directory's worth on forked processes (slotfile.slotdir.forked, ``opts.read_jobs``),
-        each reading its files with this Verifier.  The workers are forked now."""
+        each reading its files with this Verifier.  ``sizes``: the files' as walked (None:
+        asked).  The workers are forked now."""
         assert self.pool is None and self.opts.model is None
 
         def some(chunk: list[Path]) -> list[Any]:
             return [self.verify(p) if digest is None else digest(self.verify(p)) for p in chunk]
 
-        return ordered_map(some, paths, [_size(p) for p in paths], self.opts.read_jobs)
+        known = sizes if sizes is not None and len(sizes) == len(paths) else [None] * len(paths)
+        return ordered_map(
+            some, paths, [_size(p) if n is None else n for p, n in zip(paths, known, strict=True)], self.opts.read_jobs
+        )
 
 
 def _size(p: Path) -> int:
