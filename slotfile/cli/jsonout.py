@@ -104,12 +104,21 @@ def encode(o: Any, nl: str = "\n") -> str:
         if not o:
             return "{}"
         inner = nl + "  "
-        return "{" + inner + ("," + inner).join([_key(k) + ": " + encode(v, inner) for k, v in o.items()]) + nl + "}"
+        # str keys and values inline (most of them): a verify row is ~45 values, and the calls
+        # were half of its encoding
+        items = [
+            (_string(k) if type(k) is str else _key(k)) + ": " + (_string(v) if type(v) is str else encode(v, inner))
+            for k, v in o.items()
+        ]
+        return "{" + inner + ("," + inner).join(items) + nl + "}"
     if t is list or t is tuple:
         if not o:
             return "[]"
         inner = nl + "  "
-        return "[" + inner + ("," + inner).join([encode(v, inner) for v in o]) + nl + "]"
+        items = [_string(v) if type(v) is str else encode(v, inner) for v in o]
+        return "[" + inner + ("," + inner).join(items) + nl + "]"
+    if t is float:
+        return _float(o)
     return _other(o, nl)
 
 

@@ -46,11 +46,12 @@ def dir_jobs(jobs: int | None = None) -> int:
 
 
 def can_fork() -> bool:
-    """Whether forked workers are safe here: ``os.fork``, and no other thread running (a thread
-    holding a lock at the fork would leave it held in the child)."""
+    """Whether forked workers are safe here: ``os.fork`` and not macOS (whose system libraries
+    may not survive a fork; Python itself stopped forking there by default), and no other
+    thread running (a thread holding a lock at the fork would leave it held in the child)."""
     import threading
 
-    return hasattr(os, "fork") and threading.active_count() == 1
+    return hasattr(os, "fork") and sys.platform != "darwin" and threading.active_count() == 1
 
 
 def ordered_map(
