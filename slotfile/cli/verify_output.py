@@ -43,8 +43,11 @@ class Digest:
 def digest(r: FileReport, mode: str, base: Path | None) -> Digest:
     """``r`` summed up, with its text for ``mode``: "json", "pipe" or "quiet"."""
     if mode == "json":
-        text = encode(r.to_dict(), ITEM_INDENT)  # a plain str: pickled back cheaply
-    elif mode == "pipe":
+        d = r.to_dict()  # the facts below as it has them (each a walk over the levels)
+        unmet, unchecked = bool(d["unmet_requirements"]), bool(d["unchecked"])
+        text = encode(d, ITEM_INDENT)  # a plain str: pickled back cheaply
+        return Digest(d["verdict"], d["cause"], unmet, unchecked and not unmet, d["error"], text)
+    if mode == "pipe":
         text = pipe_text(*_pipe_parts(r, base))
     else:
         text = _quiet_line(r) or ""
