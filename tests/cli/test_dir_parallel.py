@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -115,3 +116,61 @@ def _cold_damaged(d: Path) -> list[str]:
             out.append(e.path)
     layout_cache.SHAPES.clear()
     return sorted(out)
+
+
+def test_ls_and_verify_write_each_row_before_reading_far_ahead(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Memory flat in the files: ``ls DIR --json`` and ``verify DIR --json`` write a file's row
+    before they have read more than a chunk ahead of it (here in one process: 120 files; the
+    forked workers hold at most WINDOW chunks more), and the summary after the rows still
+    counts them all."""
+    from slotfile.cli.ls_cmd import LsArgs, run_ls
+    from slotfile.cli.verify_cmd import VerifyRequest, run_verify
+    from slotfile.slotdir import forked, walk
+    from slotfile.verify import engine
+
+    d = tmp_path / "slots"
+    d.mkdir()
+    for i in range(120):
+        shutil.copyfile(FIXTURES[i % len(FIXTURES)], d / f"s{i:03d}.slot")
+        os.utime(d / f"s{i:03d}.slot", (time.time() - 3600,) * 2)
+    read: list[int] = []
+    ahead: list[int] = []
+    summarize, to_dict = walk.summarize, walk.FileSummary.to_dict
+
+    def counted(entry: Any) -> Any:
+        read.append(1)
+        return summarize(entry)
+
+    def written(self: Any, now: float) -> Any:
+        ahead.append(len(read) - len(ahead))
+        return to_dict(self, now)
+
+    monkeypatch.setattr(walk, "summarize", counted)
+    monkeypatch.setattr(walk.FileSummary, "to_dict", written)
+    assert run_ls(LsArgs(d, json_out=True, settle=0, settle_wait=0)) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["totals"]["files"] == len(doc["files"]) == 120 == len(read)
+    assert 0 < max(ahead) <= forked.CHUNK  # never the whole directory read before the first row
+
+    import slotfile.cli.verify_output as vo
+
+    verified: list[int] = []
+    taken: list[int] = []
+    verify, add = engine.Verifier.verify, vo.Counts.add
+
+    def one(self: Any, path: Path) -> Any:
+        verified.append(1)
+        return verify(self, path)
+
+    def counted_row(self: Any, d: Any) -> None:  # as the row is taken to be written
+        taken.append(len(verified) - len(taken))
+        add(self, d)
+
+    monkeypatch.setattr(engine.Verifier, "verify", one)
+    monkeypatch.setattr(vo.Counts, "add", counted_row)
+    assert run_verify(VerifyRequest((d,), json_out=True, settle=0, settle_wait=0)) == 0
+    ver = json.loads(capsys.readouterr().out)
+    assert ver["summary"]["files"] == len(ver["files"]) == 120 == len(verified)
+    assert 0 < max(taken) <= forked.CHUNK
