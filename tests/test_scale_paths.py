@@ -244,7 +244,7 @@ def test_a_file_whose_cells_differ_takes_the_cached_shape_with_its_own_cells(mon
 
 def test_the_streamed_json_is_the_one_text_json_dumps_gives(capsys: pytest.CaptureFixture[str]) -> None:
     from slotfile.cli.common import write_json
-    from slotfile.cli.jsonout import LazyList
+    from slotfile.cli.jsonout import ITEM_INDENT, Encoded, Later, LazyList, encode
     from slotfile.format.records import FileFormat, Severity
     from slotfile.problems import ProblemCode
 
@@ -260,21 +260,33 @@ def test_the_streamed_json_is_the_one_text_json_dumps_gives(capsys: pytest.Captu
     rows = [{"i": i, "x": [i] * (i % 3)} for i in range(50)]
     write_json({"n": 1, "files": LazyList(lambda: iter(rows), len(rows)), "empty": LazyList(list, 0), "z": 2})
     assert capsys.readouterr().out == json.dumps({"n": 1, "files": rows, "empty": [], "z": 2}, indent=2) + "\n"
+    # rows encoded elsewhere (a forked worker's), and values made once the rows are written
+    seen: list[int] = []
+
+    def made() -> Any:
+        for r in rows:
+            seen.append(r["i"])
+            yield Encoded(encode(r, ITEM_INDENT)) if r["i"] % 2 else r
+
+    doc2 = {"files": LazyList(made, len(rows)), "n": Later(lambda: {"seen": len(seen)}), "rc": Later(lambda: 4)}
+    write_json(doc2)
+    assert capsys.readouterr().out == json.dumps({"files": rows, "n": {"seen": 50}, "rc": 4}, indent=2) + "\n"
     with pytest.raises(TypeError):
         write_json({"x": object()})
 
 
 def test_a_large_directory_on_two_processes_reads_as_on_one(tmp_path: Path) -> None:
     """ls, prune and verify (structure) read a large DIR on forked processes: every file's
-    summary and structure verdict, in order, are those of one process reading them all.  Where
-    this process may not fork (other tests left threads running: walk._can_fork says no and a
-    directory run reads in one process), the same check runs in a freshly spawned interpreter,
-    where it can: the test never skips."""
+    summary and structure verdict, in order, are those of one process reading them all, and
+    the rows really came from two other processes.  Where this process may not fork (other
+    tests left threads running: forked.can_fork says no and a directory run reads in one
+    process), the same check runs in a freshly spawned interpreter, where it can: the test
+    never skips."""
     import multiprocessing
 
-    from slotfile.slotdir import walk
+    from slotfile.slotdir import forked
 
-    if walk._can_fork():
+    if forked.can_fork():
         _two_processes_read_as_one(str(tmp_path))
         return
     proc = multiprocessing.get_context("spawn").Process(target=_two_processes_read_as_one, args=(str(tmp_path),))
@@ -283,39 +295,55 @@ def test_a_large_directory_on_two_processes_reads_as_on_one(tmp_path: Path) -> N
     assert proc.exitcode == 0, f"the check in a spawned process exited {proc.exitcode}"
 
 
+def _pids(items: list[Any]) -> list[int]:
+    return [os.getpid()] * len(items)
+
+
 def _two_processes_read_as_one(tmp: str) -> None:
-    from slotfile.slotdir import walk
-    from slotfile.verify import engine
+    from slotfile.slotdir import forked, walk
     from slotfile.verify.engine import Verifier
 
-    assert walk._can_fork()
+    assert forked.can_fork()
     tmp_path = Path(tmp)
-    saved = (walk.PARALLEL_MIN, engine.PARALLEL_MIN, os.environ.get(walk.JOBS_ENV))
-    walk.PARALLEL_MIN = engine.PARALLEL_MIN = 40
+    saved = (forked.PARALLEL_MIN, forked.CHUNK, os.environ.pop(forked.JOBS_ENV, None))
+    forked.PARALLEL_MIN, forked.CHUNK = 40, 8  # several chunks, each split between the workers
     try:
         _dir_with_damage(tmp_path, "v4/llama_q8_0_fa.slot", 40)
         shutil.copyfile(SLOTS / "gemma3_iswa_fa.slot", tmp_path / "other.slot")
         (tmp_path / "empty.slot").write_bytes(b"")
         scan = scan_dir(tmp_path, settle=0)
         assert len(scan.slots) >= 80
+        pids = list(forked.ordered_map(_pids, scan.slots, [e.size for e in scan.slots]))
+        assert len(set(pids)) == 2 and os.getpid() not in pids  # the default: two workers
         one = [summarize(e) for e in scan.slots]
-        two = walk.summarize_all(scan.slots, jobs=2)
+        two = walk.summarize_all(scan.slots, jobs=3)
         assert [s.to_dict(0) for s in two] == [s.to_dict(0) for s in one]
         assert any(s.damaged for s in one) and not all(s.damaged for s in one)
         paths = [Path(e.path) for e in scan.slots]
-        os.environ[walk.JOBS_ENV] = "2"
         with Verifier(VerifyOptions()) as v:
             seen: list[str] = []
-            forked = v.run(paths, on_done=lambda r: seen.append(r.path))
+            forked_reports = v.run(paths, on_done=lambda r: seen.append(r.path))
             alone = [v.verify(p) for p in paths]
         assert seen == [str(p) for p in paths]
-        assert [_facts(r) for r in forked] == [_facts(r) for r in alone]
+        assert [_facts(r) for r in forked_reports] == [_facts(r) for r in alone]
     finally:
-        walk.PARALLEL_MIN, engine.PARALLEL_MIN = saved[0], saved[1]
-        if saved[2] is None:
-            os.environ.pop(walk.JOBS_ENV, None)
-        else:
-            os.environ[walk.JOBS_ENV] = saved[2]
+        forked.PARALLEL_MIN, forked.CHUNK = saved[0], saved[1]
+        if saved[2] is not None:
+            os.environ[forked.JOBS_ENV] = saved[2]
+
+
+def test_a_chunk_is_split_by_size_bands_within_a_quarter_of_an_even_share() -> None:
+    from slotfile.slotdir.forked import split_chunk
+
+    sizes = [100] * 10 + [200] * 10 + [300] * 12
+    parts = split_chunk(range(32), sizes, [200], 2)
+    assert parts == [list(range(10)), list(range(10, 32))]  # the sizes below the cut; the rest (within 16 +- 8)
+    skewed = [5] * 30 + [9] * 2
+    parts = split_chunk(range(32), skewed, [9], 2)
+    assert [len(p) for p in parts] == [24, 8]  # 30 below the cut, held to 16 + 8
+    assert sorted(parts[0] + parts[1]) == list(range(32))
+    three = split_chunk(range(12), list(range(12)), [4, 8], 3)
+    assert three == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
 
 
 def _facts(r: Any) -> tuple[object, ...]:

@@ -36,7 +36,7 @@ from slotfile.cli.options import (
     json_option,
     model_option,
 )
-from slotfile.cli.root import app
+from slotfile.cli.root import app, structure_only
 
 
 @app.command(
@@ -91,7 +91,7 @@ def _verify_for_server(
     server_args: str,
     model: Path | None,
     json_out: bool,
-    jobs: int,
+    jobs: int | None,
     n_gpu_layers: int,
     timeout: float,
     quiet: bool,
@@ -106,7 +106,7 @@ def _verify_for_server(
         fail(f"--server-args does not combine with {', '.join(used)}", "verify")
         return 2
     return run_restore_check(
-        RestoreCheckArgs(tuple(paths), server_args, model, json_out, jobs, n_gpu_layers, timeout, quiet)
+        RestoreCheckArgs(tuple(paths), server_args, model, json_out, jobs or 1, n_gpu_layers, timeout, quiet)
     )
 
 
@@ -124,7 +124,7 @@ def verify(
     draft_model: Path | None = VERIFY_DRAFT_MODEL,
     deep: bool = VERIFY_DEEP,
     n_gpu_layers: int = VERIFY_N_GPU_LAYERS,
-    jobs: int = VERIFY_JOBS,
+    jobs: int | None = VERIFY_JOBS,
     json_out: bool = json_option("JSON on stdout (schema slotfile.verify/1, see README)."),
     junit: Path | None = VERIFY_JUNIT,
     timeout: float = VERIFY_TIMEOUT,
@@ -146,6 +146,8 @@ def verify(
         others = {"deep": deep, "junit": junit, "scan": scan, "draft_model": draft_model, "require": bool(require)}
         rc = _verify_for_server(paths, server_args, model, json_out, jobs, n_gpu_layers, timeout, quiet, **others)
         raise typer.Exit(rc)
+    if model is None and not models:
+        structure_only()
     from slotfile.cli.verify_cmd import VerifyRequest, run_verify
 
     request = VerifyRequest(

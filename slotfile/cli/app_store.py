@@ -17,7 +17,7 @@ from slotfile.cli.options import (
     json_option,
     model_option,
 )
-from slotfile.cli.root import app
+from slotfile.cli.root import app, structure_only
 
 
 @app.command(
@@ -54,6 +54,8 @@ def ls(
         from slotfile.cli.migrate_cmd import LsLibraryArgs, run_ls_library
 
         raise typer.Exit(run_ls_library(LsLibraryArgs(directory, llama_lib, model, json_out, settle, server_args)))
+    if server_args is None and model is None and not models:
+        structure_only()
     from slotfile.cli.ls_cmd import LsArgs, run_ls
 
     raise typer.Exit(

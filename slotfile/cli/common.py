@@ -9,12 +9,16 @@ from typing import TYPE_CHECKING, Any
 
 from slotfile.cli.terminal import escape_text
 from slotfile.exitcodes import OK, OPERATIONAL, PROBLEMS
-from slotfile.format.reader import open_slot_file
-from slotfile.format.records import SlotFile
-from slotfile.model.bridge import ModelError, ModelInfo, load_model_info
 
 if TYPE_CHECKING:
     from rich.console import Console
+
+    from slotfile.format.records import SlotFile
+    from slotfile.model.bridge import ModelInfo
+
+# The reader (numpy, the construct grammar: ~0.2 s) is imported where a file is opened, not
+# here: a directory run on forked processes imports it in each worker, in parallel, while
+# this process only walks the directory and writes the rows (slotfile.slotdir.forked).
 
 
 def out_console() -> Console:
@@ -75,6 +79,8 @@ def say_waiting(command: str) -> Callable[[list[Any], float], None]:
 def open_or_report(path: Path, model: ModelInfo | None = None, draft_model: ModelInfo | None = None) -> SlotFile | None:
     """Open a file (with the model's layout when given); an unreadable path is reported on
     stderr and gives None."""
+    from slotfile.format.reader import open_slot_file
+
     try:
         if path.is_dir():
             fail(f"{path}: is a directory")
@@ -88,6 +94,8 @@ def open_or_report(path: Path, model: ModelInfo | None = None, draft_model: Mode
 def load_model_or_report(path: Path | None, command: str | None = None) -> tuple[ModelInfo | None, bool]:
     """(model, ok): ok is False when a model was asked for and could not be read (said on
     stderr, as ``command``'s error)."""
+    from slotfile.model.bridge import ModelError, load_model_info
+
     if path is None:
         return None, True
     try:

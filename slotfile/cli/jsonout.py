@@ -37,6 +37,26 @@ class LazyList:
         return self._n
 
 
+class Later:
+    """A top-level value of a document made when the writer reaches it: the summary after a
+    streamed :class:`LazyList` of rows, counted as the rows were written."""
+
+    __slots__ = ("make",)
+
+    def __init__(self, make: Callable[[], Any]) -> None:
+        self.make = make
+
+
+class Encoded(str):
+    """An item of a top-level list already encoded (``encode(o, ITEM_INDENT)``: a forked
+    worker's row), written as it is."""
+
+    __slots__ = ()
+
+
+ITEM_INDENT = "\n    "  # where an item of a top-level list starts
+
+
 def _float(o: float) -> str:
     # json.encoder's floatstr with allow_nan=True
     if o != o:
@@ -84,12 +104,21 @@ def encode(o: Any, nl: str = "\n") -> str:
         if not o:
             return "{}"
         inner = nl + "  "
-        return "{" + inner + ("," + inner).join([_key(k) + ": " + encode(v, inner) for k, v in o.items()]) + nl + "}"
+        # str keys and values inline (most of them): a verify row is ~45 values, and the calls
+        # were half of its encoding
+        items = [
+            (_string(k) if type(k) is str else _key(k)) + ": " + (_string(v) if type(v) is str else encode(v, inner))
+            for k, v in o.items()
+        ]
+        return "{" + inner + ("," + inner).join(items) + nl + "}"
     if t is list or t is tuple:
         if not o:
             return "[]"
         inner = nl + "  "
-        return "[" + inner + ("," + inner).join([encode(v, inner) for v in o]) + nl + "]"
+        items = [_string(v) if type(v) is str else encode(v, inner) for v in o]
+        return "[" + inner + ("," + inner).join(items) + nl + "]"
+    if t is float:
+        return _float(o)
     return _other(o, nl)
 
 
@@ -129,6 +158,8 @@ def write(doc: Any, out: TextIO) -> None:
         put("{")
         for i, (k, v) in enumerate(doc.items()):
             put(("\n  " if i == 0 else ",\n  ") + _key(k) + ": ")
+            if type(v) is Later:
+                v = v.make()
             if isinstance(v, list | tuple | LazyList) and not isinstance(v, str):
                 _write_list(v, put)
             else:
@@ -142,6 +173,6 @@ def _write_list(items: Iterable[Any], put: Callable[[str], None]) -> None:
     """A list one level in, an item at a time (a LazyList's items are made here)."""
     first = True
     for v in items:
-        put(("[\n    " if first else ",\n    ") + encode(v, "\n    "))
+        put(("[" if first else ",") + ITEM_INDENT + (v if type(v) is Encoded else encode(v, ITEM_INDENT)))
         first = False
     put("[]" if first else "\n  ]")

@@ -104,8 +104,13 @@ def print_wrapped(out: Console, text: str, width: int, style: str = "", indent: 
 
 def pipe_line(name: str, facts: str, details: Iterable[str] = ()) -> None:
     """``NAME: FACTS; DETAIL; DETAIL`` on one line of stdout, escaped."""
+    sys.stdout.write(pipe_text(name, facts, details) + "\n")
+
+
+def pipe_text(name: str, facts: str, details: Iterable[str] = ()) -> str:
+    """:func:`pipe_line`'s line, without the newline."""
     more = "; ".join(details)
-    sys.stdout.write(escape_text(f"{name}: {facts}" + (f"; {more}" if more else "")) + "\n")
+    return escape_text(f"{name}: {facts}" + (f"; {more}" if more else ""))
 
 
 def summary(out: Console, text: str, width: int | None) -> None:

@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from slotfile.cli.common import fail, out_console, say_waiting, write_json
-from slotfile.cli.jsonout import LazyList
+from slotfile.cli.jsonout import Later, LazyList
 from slotfile.cli.listing import Row, pipe_line, plain_pipe, print_rows, screen_width, summary
 from slotfile.cli.terminal import count, escape_text, human_size
 from slotfile.exitcodes import OK, OPERATIONAL, PROBLEMS, USAGE
@@ -45,6 +45,7 @@ from slotfile.slotdir.walk import (
     scan_dir,
     settle_problem,
     summarize_all,
+    summarize_stream,
 )
 
 SCHEMA = "slotfile.ls/1"
@@ -81,31 +82,88 @@ def run_ls(args: LsArgs) -> int:
     t0 = time.monotonic()
     scan = scan_dir(root, settle=args.settle, settle_wait=args.settle_wait, on_wait=say_waiting("ls"))
     now = time.time()  # ages from after the wait
-    rows = summarize_all(scan.slots)  # in order; on several processes for a large DIR
-    fates = _fates(rows, server, side)
-    sealed, gone, bad_manifest = _seal_states(root, rows)
-    elapsed = time.monotonic() - t0 - scan.waited  # the rate of the work, not of the wait
-    picked = _picked(args, rows)
-    if isinstance(picked, int):
-        return picked
-    rows = _sorted(rows, args.sort, now)
     for e in scan.errors + scan.busy_lines():
         fail(e, "ls")
-    for s in rows:
-        if s.error:
-            fail(s.error, "ls")
-    rc = _exit(scan, rows)
+    if args.sort == "path" and server is None and not args.models and not _has_manifest(root):
+        # streamed: each file read (on forked processes for a large DIR), written and dropped
+        entries = sorted(scan.slots, key=lambda e: e.rel)
+        rows = Rows(summarize_stream(entries), len(entries), scan, t0)
+        return _print(args, rows, {}, server, now, (None, [], None), None)
+    listed = summarize_all(scan.slots)  # every row kept: the columns below need them all
+    fates = _fates(listed, server, side)
+    seal = _seal_states(root, listed)
+    picked = _picked(args, listed)
+    if isinstance(picked, int):
+        return picked
+    rows = Rows(iter(_sorted(listed, args.sort, now)), len(listed), scan, t0)
+    return _print(args, rows, fates, server, now, seal, picked)
+
+
+class Rows:
+    """A listing's rows, taken once (as they are written), their totals summed as they pass;
+    an unreadable file is named on stderr as it passes."""
+
+    def __init__(self, rows: Iterator[FileSummary], n: int, scan: DirScan, t0: float) -> None:
+        self._rows, self.n, self.scan, self.t0 = rows, n, scan, t0
+        self.files = self.bytes = self.tokens = self.damaged = self.unreadable = 0
+
+    def __iter__(self) -> Iterator[FileSummary]:
+        for s in self._rows:
+            self.files += 1
+            self.bytes += s.size
+            self.tokens += s.n_tokens or 0
+            self.damaged += s.damaged
+            if s.error:
+                self.unreadable += 1
+                fail(s.error, "ls")
+            yield s
+
+    def elapsed(self) -> float:
+        """Seconds of work so far, the wait for files being written left out."""
+        return time.monotonic() - self.t0 - self.scan.waited
+
+    def exit_code(self) -> int:
+        if self.scan.errors or self.unreadable:
+            return OPERATIONAL
+        return PROBLEMS if self.scan.busy or self.damaged else OK
+
+    def tally(self) -> Tally:
+        scan = self.scan
+        failed = self.unreadable + len(scan.busy) + len(scan.errors)
+        return Tally(self.files - self.unreadable, len(scan.temps) + len(scan.symlinks), failed)
+
+
+def _print(
+    args: LsArgs,
+    rows: Rows,
+    fates: dict[str, Any],
+    server: Any,
+    now: float,
+    seal: tuple[dict[str, str] | None, list[str], str | None],
+    picked: dict[str, Any] | None,
+) -> int:
+    """The JSON document or the listing (the rows read as they are written); the exit code."""
+    sealed, gone, bad_manifest = seal
     if bad_manifest is not None:
         fail(bad_manifest, "ls")
-        rc = OPERATIONAL
+
+    def rc() -> int:
+        return OPERATIONAL if bad_manifest is not None else rows.exit_code()
+
     if args.json_out:
-        doc = document(scan, rows, fates, server, now, elapsed, rc, (sealed, picked))
+        doc = document(rows, fates, server, now, rc, (sealed, picked))
         if sealed is not None:
             doc["sealed_missing"] = gone
         write_json(doc)  # streamed, each file's dict made as it is written: memory flat in the files
     else:
-        render(scan, rows, fates, now, elapsed, sealed, gone, picked)
-    return rc
+        render(rows, fates, now, sealed, gone, picked)
+    return rc()
+
+
+def _has_manifest(root: Path) -> bool:
+    from slotfile.seal.manifest import find_manifest
+
+    return find_manifest(root) is not None
 
 
 def _seal_states(root: Path, rows: list[FileSummary]) -> tuple[dict[str, str] | None, list[str], str | None]:
@@ -181,17 +239,6 @@ def _picked(args: LsArgs, rows: list[FileSummary]) -> dict[str, Any] | int | Non
         return OPERATIONAL
 
 
-def _exit(scan: DirScan, rows: list[FileSummary]) -> int:
-    if scan.errors or any(s.error for s in rows):
-        return OPERATIONAL
-    return PROBLEMS if scan.busy or any(s.damaged for s in rows) else OK
-
-
-def tally(scan: DirScan, rows: list[FileSummary]) -> Tally:
-    unread = sum(1 for s in rows if s.error)
-    return Tally(len(rows) - unread, len(scan.temps) + len(scan.symlinks), unread + len(scan.busy) + len(scan.errors))
-
-
 def _sorted(rows: list[FileSummary], sort: str, now: float) -> list[FileSummary]:
     key = {
         "path": lambda s: s.rel,
@@ -203,17 +250,16 @@ def _sorted(rows: list[FileSummary], sort: str, now: float) -> list[FileSummary]
 
 
 def document(
-    scan: DirScan,
-    rows: list[FileSummary],
+    rows: Rows,
     fates: dict[str, Any],
     server: Any,
     now: float,
-    elapsed: float,
-    rc: int,
+    rc: Callable[[], int],
     columns: tuple[dict[str, str] | None, dict[str, Any] | None] = (None, None),
 ) -> dict[str, Any]:
-    """The ``slotfile.ls/1`` document; its ``files`` a :class:`LazyList`, each file's dict made
-    as it is written.  ``columns``: the sealed states and the models picked, when shown."""
+    """The ``slotfile.ls/1`` document; its ``files`` a :class:`LazyList`, each file read (when
+    streamed) and its dict made as it is written, and what follows counted from them
+    (:class:`Later`).  ``columns``: the sealed states and the models picked, when shown."""
 
     def files() -> Iterator[dict[str, Any]]:
         sealed, picked = columns
@@ -230,27 +276,35 @@ def document(
     if server is not None:
         from slotfile.cli.server_common import server_dict  # --server-args only
 
+    scan = rows.scan
     return {
         "schema": SCHEMA,
         "root": scan.root,
         "server": server_dict(server) if server is not None else None,
-        "files": LazyList(files, len(rows)),
-        "totals": {
-            "files": len(rows),
-            "bytes": sum(s.size for s in rows),
-            "tokens": sum(s.n_tokens or 0 for s in rows),
-            "damaged": sum(1 for s in rows if s.damaged),
-            "unreadable": sum(1 for s in rows if s.error),
-        },
+        "files": LazyList(files, rows.n),
+        "totals": Later(
+            lambda: {
+                "files": rows.files,
+                "bytes": rows.bytes,
+                "tokens": rows.tokens,
+                "damaged": rows.damaged,
+                "unreadable": rows.unreadable,
+            }
+        ),
         "temp": {"files": len(scan.temps), "bytes": sum(e.size for e in scan.temps)},
         "busy": {"files": len(scan.busy), "bytes": sum(e.size for e in scan.busy)},
         "symlinks_skipped": len(scan.symlinks),
         "errors": scan.errors,
         "still_being_written": [e.path for e in scan.busy],
-        "tally": tally(scan, rows).to_dict(),
-        "files_per_second": round(len(rows) / elapsed, 1) if elapsed > 0 else None,
-        "exit_code": rc,
+        "tally": Later(lambda: rows.tally().to_dict()),
+        "files_per_second": Later(lambda: _rate(rows)),
+        "exit_code": Later(rc),
     }
+
+
+def _rate(rows: Rows) -> float | None:
+    elapsed = rows.elapsed()
+    return round(rows.files / elapsed, 1) if elapsed > 0 else None
 
 
 def _streams(s: FileSummary) -> str:
@@ -269,17 +323,16 @@ RIGHT = ("size", "tokens", "ckpt", "age")
 
 
 def render(
-    scan: DirScan,
-    rows: list[FileSummary],
+    rows: Rows,
     fates: dict[str, Any],
     now: float,
-    elapsed: float,
     sealed: dict[str, str] | None = None,
     gone: list[str] | None = None,
     picked: dict[str, Any] | None = None,
 ) -> None:
     """One row per slot file (:mod:`slotfile.cli.listing`: fixed columns and the name on a
-    terminal, one plain line per file on a pipe), then the totals."""
+    terminal, where the columns need every row first; one plain line per file on a pipe, each
+    written as it is read), then the totals."""
     out = None if plain_pipe() else out_console()
     width = None if out is None else screen_width(out)
     heads = (*HEADS, *(("sealed",) if sealed is not None else ()))
@@ -287,9 +340,11 @@ def render(
         for s in rows:
             row = _row(s, fates, now, sealed, picked)
             pipe_line(s.rel, ", ".join(f"{h} {c}" for h, c in zip(heads, row.cells, strict=False)), _plain(row))
-    elif out is not None and rows:
-        print_rows(out, (*heads, "file"), [_row(s, fates, now, sealed, picked) for s in rows], width, right=RIGHT)
-    line = _totals_line(scan, rows, fates, elapsed, sealed, gone)
+    elif out is not None:
+        table = [_row(s, fates, now, sealed, picked) for s in rows]
+        if table:
+            print_rows(out, (*heads, "file"), table, width, right=RIGHT)
+    line = _totals_line(rows, fates, sealed, gone)
     if out is None:
         sys.stdout.write(escape_text(line) + "\n")  # what rich prints on a pipe
     else:
@@ -338,21 +393,16 @@ def _row(
 
 
 def _totals_line(
-    scan: DirScan,
-    rows: list[FileSummary],
+    rows: Rows,
     fates: dict[str, Any],
-    elapsed: float,
     sealed: dict[str, str] | None,
     gone: list[str] | None,
 ) -> str:
     """The line under the listing: totals, the files set apart, the manifest, the rate."""
-    line = (
-        f"{count(len(rows), 'slot file')}, {human_size(sum(s.size for s in rows))}, "
-        f"{count(sum(s.n_tokens or 0 for s in rows), 'token')}"
-    )
-    damaged = sum(1 for s in rows if s.damaged)
-    if damaged:
-        line += f", {damaged} damaged"
+    scan = rows.scan
+    line = f"{count(rows.files, 'slot file')}, {human_size(rows.bytes)}, {count(rows.tokens, 'token')}"
+    if rows.damaged:
+        line += f", {rows.damaged} damaged"
     line += (
         f"; set apart: {count(len(scan.temps), 'temp file')} ({human_size(sum(e.size for e in scan.temps))}), "
         f"{len(scan.busy)} still being written ({human_size(sum(e.size for e in scan.busy))})"
@@ -365,6 +415,7 @@ def _totals_line(
         n_ok = sum(1 for v in sealed.values() if v == "sealed")
         line += f"; manifest: {n_ok} sealed as they are, {len(sealed) - n_ok} changed or unsealed"
         line += f", {count(len(gone or []), 'sealed file')} gone (verify DIR checks the bytes)"
-    line += f"; {tally(scan, rows).line()}"
-    line += f"; {len(rows) / elapsed:.0f} files/s" if elapsed > 0 and rows else ""
+    line += f"; {rows.tally().line()}"
+    elapsed = rows.elapsed()
+    line += f"; {rows.files / elapsed:.0f} files/s" if elapsed > 0 and rows.files else ""
     return line

@@ -51,7 +51,13 @@ VERIFY_PATHS = typer.Argument(
 VERIFY_DRAFT_MODEL = typer.Option(None, "--draft-model", help="Draft GGUF: check and test-load the draft state.")
 VERIFY_DEEP = typer.Option(False, "--deep", help="Recompute the state from the tokens and compare K/V and logits.")
 VERIFY_N_GPU_LAYERS = typer.Option(0, "--n-gpu-layers", help="Layers to offload in the loader (default 0: CPU).")
-VERIFY_JOBS = typer.Option(1, "--jobs", "-j", help="Loader worker processes (files verified in parallel).")
+VERIFY_JOBS = typer.Option(
+    None,
+    "--jobs",
+    "-j",
+    help="Files verified in parallel: loader worker processes with --model (default 1); structure only, "
+    "processes reading a directory of 200+ files (default 2, or $SLOTFILE_DIR_JOBS).",
+)
 VERIFY_JUNIT = typer.Option(None, "--junit", help="Also write JUnit XML here (one testcase per file).")
 VERIFY_TIMEOUT = typer.Option(300.0, "--timeout", help="Seconds allowed for each llama.cpp load.")
 VERIFY_SCAN = typer.Option(

@@ -20,6 +20,18 @@ app = typer.Typer(
 )
 
 
+def structure_only() -> None:
+    """Before a command that only reads structure (``ls DIR``, ``verify`` without a model)
+    imports numpy: one OpenBLAS thread, unless the environment says otherwise.  OpenBLAS
+    starts a thread per core at import (~0.05 s of CPU, a tenth of a small run's start); a
+    structure read does no matrix work."""
+    import os
+    import sys
+
+    if "numpy" not in sys.modules:
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+
 def _version(value: bool) -> None:
     if value:
         typer.echo(f"slotfile {__version__}")

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -57,6 +58,7 @@ from slotfile.slotdir.walk import SETTLE_SECONDS, SETTLE_WAIT_SECONDS, Tally
 from slotfile.verify.records import Verdict
 
 if TYPE_CHECKING:
+    from slotfile.cli.verify_output import Counts
     from slotfile.llama.loader import LoaderPool
     from slotfile.seal.check import CheckResult
     from slotfile.verify import FileReport, Verifier, VerifyOptions
@@ -72,7 +74,7 @@ class VerifyRequest:
     draft_model: Path | None = None
     deep: bool = False
     n_gpu_layers: int = 0
-    jobs: int = 1
+    jobs: int | None = None  # --jobs; None: 1 loader worker, or the directory default (slotfile.slotdir.forked)
     json_out: bool = False
     junit: Path | None = None
     timeout: float = 300.0
@@ -99,7 +101,7 @@ class VerifyRequest:
             return "--deep needs --model (the recompute runs the model)"
         if self.draft_model is not None and self.model is None:
             return "--draft-model needs --model"
-        if self.jobs < 1:
+        if self.jobs is not None and self.jobs < 1:
             return "--jobs must be at least 1"
         if self.models and self.model is not None:
             return "give --model or --models, not both"
@@ -115,7 +117,8 @@ class VerifyRequest:
             draft_model=str(self.draft_model) if self.draft_model else None,
             deep=self.deep,
             n_gpu_layers=self.n_gpu_layers,
-            jobs=self.jobs,
+            jobs=self.jobs or 1,
+            read_jobs=self.jobs,
             timeout=self.timeout,
             scan=self.scan,
             llama_lib=str(self.llama_lib) if self.llama_lib is not None else None,
@@ -140,13 +143,18 @@ def _start_pool(req: VerifyRequest) -> LoaderPool | None:
     """Workers for ``--model`` (None: no model, a usage error, or a model path that is not a
     file; the Verifier reports those with their exit codes)."""
     model, draft = req.model, req.draft_model
-    if model is None or req.jobs < 1 or not model.is_file() or (draft is not None and not draft.is_file()):
+    if (
+        model is None
+        or (req.jobs is not None and req.jobs < 1)
+        or not model.is_file()
+        or (draft is not None and not draft.is_file())
+    ):
         return None
     from slotfile.llama.loader import LoaderError, LoaderPool
 
     try:
         return LoaderPool.start(
-            str(model), str(draft) if draft else None, req.n_gpu_layers, req.jobs, llama_lib=req.llama_lib
+            str(model), str(draft) if draft else None, req.n_gpu_layers, req.jobs or 1, llama_lib=req.llama_lib
         )
     except LoaderError:  # an unusable --llama-lib: the Verifier reports it, with its exit code
         return None
@@ -184,6 +192,12 @@ def _run_verify(req: VerifyRequest, pool: LoaderPool | None) -> int:
         and err_console().is_terminal
         and (any(p.is_dir() for p in paths) or req.model is not None or len(files) > 1)
     )
+    mode = _stream_mode(req, check)
+    if mode is not None:
+        try:
+            return _run_streamed(req, verifier, files, col, t0, mode, show)
+        finally:
+            verifier.close()
     reports: list[FileReport] = []
     try:
         reports = _run_with_progress(verifier, files) if show else verifier.run(files)
@@ -198,6 +212,86 @@ def _run_verify(req: VerifyRequest, pool: LoaderPool | None) -> int:
         if r.error:
             fail(r.error)
     return _emit(req, reports, col, loaders, elapsed, check)
+
+
+def _stream_mode(req: VerifyRequest, check: CheckResult | None) -> str | None:
+    """How a structure-only run writes each file as it is read, keeping no report: "json",
+    "pipe" (one line per file) or "quiet"; None when the output needs every report first (a
+    terminal's columns, --junit, a manifest check)."""
+    from slotfile.cli.listing import plain_pipe
+
+    if req.model is not None or req.junit is not None or check is not None:
+        return None
+    if req.json_out:
+        return "json"
+    if req.quiet:
+        return "quiet"
+    return "pipe" if plain_pipe() else None
+
+
+def _run_streamed(
+    req: VerifyRequest, verifier: Verifier, files: list[Path], col: Collected, t0: float, mode: str, show: bool
+) -> int:
+    """Structure only: each file read (on forked processes for a directory's worth), its row
+    made where it was read and written here as it comes, in order; then the summary."""
+    from functools import partial
+
+    from slotfile.cli.common import fail
+    from slotfile.cli.jsonout import Encoded, LazyList
+    from slotfile.cli.verify_output import Counts, Digest, digest, summary_line
+
+    base = req.paths[0] if len(req.paths) == 1 and req.paths[0].is_dir() else None
+    got = verifier.stream(files, partial(digest, mode=mode, base=base), col.sizes)
+    if show:
+        got = _with_progress(got, len(files))
+    c = Counts()
+
+    def rows() -> Iterator[str]:
+        d: Digest
+        for d in got:
+            c.add(d)
+            if d.error:
+                fail(d.error)
+            if d.text:
+                yield d.text
+
+    def rc() -> int:
+        return _exit_code(col.errors, [], col.busy, c)
+
+    def elapsed() -> float:
+        return time.monotonic() - t0
+
+    t = partial(_tally, col, c)
+    if mode == "json":
+        from slotfile.cli.common import write_json
+        from slotfile.cli.verify_output import document
+
+        encoded = LazyList(lambda: (Encoded(x) for x in rows()), len(files))
+        write_json(
+            document(encoded, col.errors, req.options(), [], elapsed, rc, lambda: t().to_dict(), col.busy_paths, c)
+        )
+        return rc()
+    from slotfile.cli.common import out_console
+    from slotfile.cli.listing import summary
+
+    out = out_console()
+    for line in rows():
+        (sys.stdout.write(line + "\n") if mode == "pipe" else out.print(line, soft_wrap=True))
+    if c.files:  # nothing verified: the error lines on stderr say why, stdout stays empty
+        line = summary_line(c, [], elapsed(), structure_only=True)
+        summary(out, line + (f"; {t().line()}" if col.dirs else ""), None)
+    return rc()
+
+
+def _with_progress(got: Iterator[Any], total: int) -> Iterator[Any]:
+    """``got`` passed through, a progress bar on stderr (a terminal) advanced as it goes."""
+    from slotfile.cli.common import progress_bar
+
+    with progress_bar() as progress:
+        task = progress.add_task("verifying", total=total)
+        for d in got:
+            progress.update(task, advance=1)
+            yield d
 
 
 def _manifest_check(req: VerifyRequest) -> CheckResult | int | None:
@@ -253,8 +347,14 @@ def tally(col: Collected, reports: list[FileReport]) -> Tally:
     """handled: files verified (pass or fail); skipped: temp names and symlinks under a
     directory; failed: unreadable files, missing paths, unreadable directories and files still
     being written after --settle-wait."""
-    unread = sum(1 for r in reports if r.verdict == Verdict.ERROR)
-    return Tally(len(reports) - unread, col.skipped, unread + len(col.errors) + len(col.busy))
+    from slotfile.cli.verify_output import Counts
+
+    return _tally(col, Counts.of(reports))
+
+
+def _tally(col: Collected, c: Counts) -> Tally:
+    unread = c.verdicts[Verdict.ERROR]
+    return Tally(c.files - unread, col.skipped, unread + len(col.errors) + len(col.busy))
 
 
 def _emit(
@@ -332,12 +432,18 @@ def _annotate(doc: dict[str, Any], rc: int, check: CheckResult | None, idents: d
     return rc
 
 
-def _exit_code(errors: list[str], reports: list[FileReport], busy: list[str] | None = None) -> int:
+def _exit_code(
+    errors: list[str], reports: list[FileReport], busy: list[str] | None = None, counts: Counts | None = None
+) -> int:
     """OPERATIONAL when a file could not be read or checked, PROBLEMS when one fails or a file
-    was still being written after --settle-wait (left out: never a pass), else OK."""
-    if errors or any(r.verdict == Verdict.ERROR for r in reports):
+    was still being written after --settle-wait (left out: never a pass), else OK.  ``counts``:
+    a streamed run's, in place of the reports."""
+    from slotfile.cli.verify_output import Counts
+
+    v = (counts if counts is not None else Counts.of(reports)).verdicts
+    if errors or v[Verdict.ERROR]:
         return OPERATIONAL
-    if busy or any(r.verdict == Verdict.FAIL for r in reports):
+    if busy or v[Verdict.FAIL]:
         return PROBLEMS
     return OK
 

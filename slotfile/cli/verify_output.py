@@ -4,13 +4,15 @@ quiet lines, the summary line, the JSON document and the JUnit XML."""
 from __future__ import annotations
 
 import platform
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from slotfile.cli.common import out_console
-from slotfile.cli.jsonout import LazyList
-from slotfile.cli.listing import Row, pipe_line, print_rows, screen_width, summary
+from slotfile.cli.jsonout import ITEM_INDENT, Later, LazyList, encode
+from slotfile.cli.listing import Row, pipe_line, pipe_text, print_rows, screen_width, summary
 from slotfile.cli.terminal import count, escape_text, human_size, problem_line
 from slotfile.diagnosis import CAUSE_SHORT, Cause
 from slotfile.problems import Severity
@@ -24,17 +26,94 @@ if TYPE_CHECKING:
 STRUCTURE_ONLY = "(structure only; add --model to test-load)"
 
 
+@dataclass(slots=True)
+class Digest:
+    """What the summary needs of one file's report, and its text as written (a JSON row, a
+    pipe line, a quiet line or ""): made where the file was read, so that a streamed run keeps
+    no report (slotfile.verify.engine.Verifier.stream)."""
+
+    verdict: Verdict
+    cause: Cause | None
+    unmet: bool
+    unchecked: bool
+    error: str | None
+    text: str
+
+
+def digest(r: FileReport, mode: str, base: Path | None) -> Digest:
+    """``r`` summed up, with its text for ``mode``: "json", "pipe" or "quiet"."""
+    if mode == "json":
+        d = r.to_dict()  # the facts below as it has them (each a walk over the levels)
+        unmet, unchecked = bool(d["unmet_requirements"]), bool(d["unchecked"])
+        text = encode(d, ITEM_INDENT)  # a plain str: pickled back cheaply
+        return Digest(d["verdict"], d["cause"], unmet, unchecked and not unmet, d["error"], text)
+    if mode == "pipe":
+        text = pipe_text(*_pipe_parts(r, base))
+    else:
+        text = _quiet_line(r) or ""
+    return Digest(r.verdict, r.cause, bool(r.unmet), bool(r.unchecked and not r.unmet), r.error, text)
+
+
+@dataclass
+class Counts:
+    """The files of a run by verdict, their causes (in the order first met), and those with a
+    required level unmet or a part not checkable here: what the summary line, the JSON summary
+    and the exit code are made of."""
+
+    files: int = 0
+    verdicts: dict[Verdict, int] = field(default_factory=lambda: dict.fromkeys(Verdict, 0))
+    causes: dict[str, int] = field(default_factory=dict)
+    unmet: int = 0
+    unchecked: int = 0
+
+    def add(self, d: Digest | FileReport) -> None:
+        self.files += 1
+        self.verdicts[d.verdict] += 1
+        if d.cause is not None:
+            c = CAUSE_SHORT.get(d.cause, str(d.cause))
+            self.causes[c] = self.causes.get(c, 0) + 1
+        self.unmet += bool(d.unmet)
+        self.unchecked += bool(d.unchecked if isinstance(d, Digest) else d.unchecked and not d.unmet)
+
+    @classmethod
+    def of(cls, reports: Iterable[FileReport]) -> Counts:
+        c = cls()
+        for r in reports:
+            c.add(r)
+        return c
+
+
 def document(
-    reports: list[FileReport],
+    reports: list[FileReport] | LazyList,
     errors: list[str],
     opts: VerifyOptions,
     loaders: list[dict[str, Any]],
-    elapsed: float,
-    rc: int,
-    tally: dict[str, int] | None = None,
+    elapsed: float | Callable[[], float],
+    rc: int | Callable[[], int],
+    tally: dict[str, int] | Callable[[], dict[str, int]] | None = None,
     busy: list[str] | None = None,
+    counts: Counts | None = None,
 ) -> dict[str, Any]:
-    counts = {v: sum(1 for r in reports if r.verdict == v) for v in Verdict}
+    """The ``slotfile.verify/1`` document.  Streamed (``reports`` a :class:`LazyList` of rows
+    encoded as they were read, ``counts`` filled as they are written): what follows the rows
+    is made when it is written (``elapsed``, ``rc``, ``tally`` callables)."""
+    c = counts if counts is not None else Counts.of(reports)
+    files = reports if isinstance(reports, LazyList) else LazyList(lambda: (r.to_dict() for r in reports), len(reports))
+
+    def summary() -> dict[str, Any]:
+        seconds = elapsed() if callable(elapsed) else elapsed
+        out: dict[Any, Any] = {"files": c.files, **c.verdicts}
+        return {**out, "unmet_requirements": c.unmet, "seconds": round(seconds, 3)}
+
+    def tallied() -> dict[str, int]:
+        if callable(tally):
+            return tally()
+        if tally is not None:
+            return tally
+        v = c.verdicts
+        return {"handled": v[Verdict.PASS] + v[Verdict.FAIL], "skipped": 0, "failed": v[Verdict.ERROR] + len(errors)}
+
+    later = isinstance(reports, LazyList)
     return {
         "schema": SCHEMA,
         "loader": loaders[0] if loaders else None,
@@ -43,24 +122,13 @@ def document(
         "draft_model": opts.draft_model,
         "deep": opts.deep,
         "tolerances": DEEP_JUDGMENT,
-        "files": LazyList(lambda: (r.to_dict() for r in reports), len(reports)),  # made as written
+        "files": files,  # made as written
         "errors": errors,
         "require": list(required_levels(opts.require)),
-        "summary": {
-            "files": len(reports),
-            **counts,
-            "unmet_requirements": sum(1 for r in reports if r.unmet),
-            "seconds": round(elapsed, 3),
-        },
-        "tally": tally
-        if tally is not None
-        else {
-            "handled": counts[Verdict.PASS] + counts[Verdict.FAIL],
-            "skipped": 0,
-            "failed": counts[Verdict.ERROR] + len(errors),
-        },
+        "summary": Later(summary) if later else summary(),
+        "tally": Later(tallied) if later else tallied(),
         "still_being_written": busy or [],
-        "exit_code": rc,
+        "exit_code": Later(rc) if callable(rc) else rc,
     }
 
 
@@ -183,31 +251,34 @@ def render(
     width = None if quiet else screen_width(out)
     if quiet:  # the failing files, one line each, then the summary (unreadable ones are on stderr already)
         for r in reports:
-            if r.verdict == Verdict.FAIL:
-                out.print(escape_text(f"{r.path}: {r.verdict}: {r.first_problem}"), soft_wrap=True)
+            line = _quiet_line(r)
+            if line is not None:
+                out.print(line, soft_wrap=True)
     elif width is not None:
         _listing(out, reports, base, width)
     else:  # a pipe or a file: one line per file, nothing wrapped
         for r in reports:
             _pipe_line(r, base)
-    line = summary_line(reports, loaders, elapsed, structure_only)
+    line = summary_line(Counts.of(reports), loaders, elapsed, structure_only)
     summary(out, line + (f"; {tally}" if tally else ""), width)
 
 
-def summary_line(reports: list[FileReport], loaders: list[dict[str, Any]], elapsed: float, structure_only: bool) -> str:
-    counts = {v: sum(1 for r in reports if r.verdict == v) for v in Verdict}
-    line = f"{count(len(reports), 'file')}: {counts[Verdict.PASS]} pass, {counts[Verdict.FAIL]} fail"
-    causes = [CAUSE_SHORT.get(c, str(c)) for c in (r.cause for r in reports) if c is not None]
-    if causes:
-        line += " (" + ", ".join(f"{causes.count(c)} {c}" for c in dict.fromkeys(causes)) + ")"
-    if counts[Verdict.ERROR]:
-        line += f", {counts[Verdict.ERROR]} unreadable"
-    unmet = sum(1 for r in reports if r.unmet)
-    if unmet:
-        line += f", {unmet} with a required level not checked (--require)"
-    unchecked = sum(1 for r in reports if r.unchecked and not r.unmet)
-    if unchecked:
-        line += f", {unchecked} not fully checkable here"
+def _quiet_line(r: FileReport) -> str | None:
+    """A failing file's line under --quiet (escaped); None for any other file."""
+    return escape_text(f"{r.path}: {r.verdict}: {r.first_problem}") if r.verdict == Verdict.FAIL else None
+
+
+def summary_line(c: Counts, loaders: list[dict[str, Any]], elapsed: float, structure_only: bool) -> str:
+    v = c.verdicts
+    line = f"{count(c.files, 'file')}: {v[Verdict.PASS]} pass, {v[Verdict.FAIL]} fail"
+    if c.causes:
+        line += " (" + ", ".join(f"{n} {cause}" for cause, n in c.causes.items()) + ")"
+    if v[Verdict.ERROR]:
+        line += f", {v[Verdict.ERROR]} unreadable"
+    if c.unmet:
+        line += f", {c.unmet} with a required level not checked (--require)"
+    if c.unchecked:
+        line += f", {c.unchecked} not fully checkable here"
     if structure_only:
         line += f" {STRUCTURE_ONLY}"
     line += f" in {elapsed:.1f} s"
@@ -243,8 +314,12 @@ def _listing(out: Console, reports: list[FileReport], base: Path | None, width: 
 
 def _pipe_line(r: FileReport, base: Path | None) -> None:
     """``PATH: VERDICT [levels] first problem; next step: ...`` on one line (grep, awk)."""
+    pipe_line(*_pipe_parts(r, base))
+
+
+def _pipe_parts(r: FileReport, base: Path | None) -> tuple[str, str]:
     details = "; ".join(text for _, text in _details(r)).replace(":; ", ": ")
-    pipe_line(display_name(r.path, base), f"{_verdict_word(r)} [{_levels(r)}]" + (f" {details}" if details else ""))
+    return display_name(r.path, base), f"{_verdict_word(r)} [{_levels(r)}]" + (f" {details}" if details else "")
 
 
 def _x(s: Any) -> str:

@@ -25,9 +25,10 @@ import stat
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np  # imported where tokens are digested: ls DIR asks find_manifest without numpy
 
 SCHEMA = "slotfile.manifest/1"
 DEFAULT_NAME = "slotfile-manifest.json"  # in the sealed directory; JSON, never a slot file
@@ -70,6 +71,8 @@ def file_checksum(path: str | os.PathLike[str], algorithm: str = ALGORITHM) -> t
 
 def tokens_digest(tokens: np.ndarray | None) -> str | None:
     """BLAKE2b-128 of the token ids as little-endian u32 (None: the file holds no token list)."""
+    import numpy as np
+
     if tokens is None:
         return None
     arr = np.ascontiguousarray(np.asarray(tokens, dtype="<u4"))

@@ -20,13 +20,14 @@ import os
 import re
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from slotfile.format.records import MemoryKind
 from slotfile.problems import Severity
+
+# slotfile.format (numpy, the grammar) is imported where a file is read (summarize): the
+# walk and the rows of a directory run on forked processes need none of it in this process.
 
 SLOT_SUFFIXES = (".slot", ".bin")
 MAGICS = (b"qsgg", b"nsgg")  # GGSQ / GGSN as little-endian u32 (llama.cpp's LLAMA_STATE_*_MAGIC)
@@ -147,8 +148,9 @@ def scan_dir(
             if os.path.islink(os.path.join(d, sub)):
                 out.symlinks.append(os.path.join(d, sub))
         dirs[:] = sorted(x for x in dirs if not os.path.islink(os.path.join(d, x)))
+        rel_dir = os.path.relpath(d, top)  # once a folder: os.path.relpath is ~1/4 of a file's walk
         for n in sorted(names):
-            _classify(out, top, d, n, settle, now)
+            _classify(out, d, n if rel_dir == "." else os.path.join(rel_dir, n), n, settle, now)
     if out.busy and settle_wait > 0:
         if on_wait is not None:
             on_wait(list(out.busy), settle_wait)
@@ -214,7 +216,13 @@ def _walk_order(rel: str) -> tuple[tuple[int, str], ...]:
     return (*((1, p) for p in parts[:-1]), (0, parts[-1]))
 
 
-def _classify(out: DirScan, top: str, d: str, name: str, settle: float, now: float) -> None:
+def _suffix(name: str) -> str:
+    """``PurePath(name).suffix``, without making a path (a walk asks it of every file)."""
+    i = name.rfind(".")
+    return name[i:] if 0 < i < len(name) - 1 else ""
+
+
+def _classify(out: DirScan, d: str, rel: str, name: str, settle: float, now: float) -> None:
     p = os.path.join(d, name)
     try:
         st = os.lstat(p)
@@ -226,11 +234,11 @@ def _classify(out: DirScan, top: str, d: str, name: str, settle: float, now: flo
         return
     if not stat.S_ISREG(st.st_mode):
         return
-    entry = DirEntry(p, os.path.relpath(p, top), st.st_size, st.st_mtime)
+    entry = DirEntry(p, rel, st.st_size, st.st_mtime)
     if is_temp_name(name):
         out.temps.append(entry)
         return
-    if Path(name).suffix.lower() not in SLOT_SUFFIXES:
+    if _suffix(name).lower() not in SLOT_SUFFIXES:
         magic = has_slot_magic(p)
         if magic is None:
             out.errors.append(f"{p}: cannot be read")
@@ -319,62 +327,21 @@ def summarize(entry: DirEntry) -> FileSummary:
     return s
 
 
-PARALLEL_MIN = 400  # files: below this a second process costs more than it saves
-JOBS_ENV = "SLOTFILE_DIR_JOBS"  # processes a directory's files are read with (default 1)
-
-
 def summarize_all(entries: list[DirEntry], jobs: int | None = None) -> list[FileSummary]:
-    """:func:`summarize` of every entry, in their order, on :func:`forked_map`'s processes."""
-    return forked_map(_summarize_list, entries, [e.size for e in entries], jobs)
+    """:func:`summarize` of every entry, in their order (:func:`summarize_stream`, kept)."""
+    return list(summarize_stream(entries, jobs))
+
+
+def summarize_stream(entries: Sequence[DirEntry], jobs: int | None = None) -> Iterator[FileSummary]:
+    """:func:`summarize` of every entry, yielded in their order as they are read: on forked
+    processes for a large directory (:func:`slotfile.slotdir.forked.ordered_map`)."""
+    from slotfile.slotdir.forked import ordered_map
+
+    return ordered_map(_summarize_list, entries, [e.size for e in entries], jobs)
 
 
 def _summarize_list(entries: list[DirEntry]) -> list[FileSummary]:
     return [summarize(e) for e in entries]
-
-
-def forked_map(
-    fn: Callable[[list[Any]], list[Any]], items: list[Any], sizes: list[int], jobs: int | None = None
-) -> list[Any]:
-    """``fn`` (a module-level function: a list of items to a list of results) over ``items``,
-    results in their order.  From :data:`PARALLEL_MIN` items on, with ``jobs`` (default
-    $SLOTFILE_DIR_JOBS) of 2 or more, the items are read by that many forked processes: each file is read on its own (a
-    process's layout cache only ever holds shapes re-checked against each file's bytes), so
-    which process reads it changes nothing.  Each process takes a run of the items ordered by
-    ``sizes``: a file shape is searched for in one process, not in each."""
-    n = _dir_jobs() if jobs is None else jobs
-    n = min(n, len(items) // (PARALLEL_MIN // 2) or 1)
-    if n < 2 or len(items) < PARALLEL_MIN or not _can_fork():
-        return fn(items)
-    import multiprocessing
-
-    order = sorted(range(len(items)), key=sizes.__getitem__)
-    cut = [order[k * len(order) // n : (k + 1) * len(order) // n] for k in range(n)]
-    with multiprocessing.get_context("fork").Pool(n) as pool:
-        parts = pool.map(fn, [[items[i] for i in c] for c in cut], chunksize=1)
-    out: list[Any] = [None] * len(items)
-    for c, part in zip(cut, parts, strict=True):
-        for i, r in zip(c, part, strict=True):
-            out[i] = r
-    return out
-
-
-def _dir_jobs() -> int:
-    """The processes a directory's files are read with: $SLOTFILE_DIR_JOBS, else 1.  Not the
-    CPU count: on the shared 2-core machine of bench/ls_dir.py (load 5-11) two processes gave
-    no wall-clock gain and cost 5-20 % more CPU (verify's reports are pickled back)."""
-    try:
-        return max(1, int(os.environ.get(JOBS_ENV, "1")))
-    except ValueError:
-        return 1
-
-
-def _can_fork() -> bool:
-    """Whether forked workers are safe here: a fork start method, and no other thread running
-    (a thread holding a lock at the fork would leave it held in the child)."""
-    import multiprocessing
-    import threading
-
-    return "fork" in multiprocessing.get_all_start_methods() and threading.active_count() == 1
 
 
 def fill_summary(s: FileSummary, sf: Any) -> None:
@@ -392,6 +359,7 @@ def fill_summary(s: FileSummary, sf: Any) -> None:
 
 
 def _kv_facts(s: FileSummary, body: Any) -> None:
+    from slotfile.format.records import MemoryKind
     from slotfile.format.types import type_name
 
     for blk in body.blocks:

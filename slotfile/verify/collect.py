@@ -36,6 +36,7 @@ class Collected:
     busy_paths: list[str] = field(default_factory=list)
     skipped: int = 0
     dirs: int = 0  # directory arguments walked
+    sizes: list[int | None] = field(default_factory=list)  # of ``files``, as walked (None: not walked)
 
 
 def collect(
@@ -60,9 +61,12 @@ def collect(
                 out.errors.append(f"no slot files found under {a}{f' ({aside})' if aside else _what_is_there(a)}")
             elif aside:
                 out.notes.append(f"{a}: {aside}")
-            out.files += sorted(Path(e.path) for e in scan.slots)
+            walked = sorted((Path(e.path), e.size) for e in scan.slots)
+            out.files += [p for p, _ in walked]
+            out.sizes += [n for _, n in walked]
         elif a.exists():
             out.files.append(a)
+            out.sizes.append(None)
         else:
             out.errors.append(f"{a}: no such file or directory")
     return out

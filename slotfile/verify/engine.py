@@ -9,22 +9,27 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from slotfile.diagnosis import Cause, facts_of
 from slotfile.format.records import SlotFile
-from slotfile.llama.loader import LIB_ENV, Library, LoaderError, LoaderPool, server_library, settings_for
-from slotfile.slotdir.walk import PARALLEL_MIN, forked_map
+from slotfile.slotdir.forked import ordered_map
 from slotfile.text import count
-from slotfile.verify.deep import level_deep
 from slotfile.verify.judge import caches_of
 from slotfile.verify.load import level_load
 from slotfile.verify.model import level_model, model_side, read
 from slotfile.verify.options import VerifyOptions, required_levels
 from slotfile.verify.records import LEVELS, FileReport, SkipKind, VerifyError
 from slotfile.verify.structure import level_structure, scan_into
+
+if TYPE_CHECKING:
+    from slotfile.llama.loader import LoaderPool
+
+# The loader (slotfile.llama) and the deep level are imported where a model is in play: a
+# structure-only run never needs them, and a directory's worth is read by forked workers while
+# this process writes the rows (~0.05 s of its start before the workers can be forked).
 
 
 class Verifier:
@@ -40,6 +45,8 @@ class Verifier:
         self.dside = model_side(opts.draft_model)
         self.caches = caches_of(self.side.expect if self.side is not None else None)
         if opts.model is not None and self.pool is None:
+            from slotfile.llama.loader import LoaderError, LoaderPool
+
             try:
                 self.pool = LoaderPool(
                     opts.model, opts.draft_model, opts.n_gpu_layers, opts.jobs, llama_lib=opts.llama_lib
@@ -61,6 +68,10 @@ class Verifier:
     def loaders(self) -> list[dict[str, Any]]:
         """Every loader this run used (the first: the one it started with), as --json shows them."""
         pools = [p for p in (self.pool, self._server[0] if self._server else None) if p is not None]
+        if not pools:
+            return []
+        from slotfile.llama.loader import LoaderError
+
         try:
             return [dict(p.describe(), files=self.used.get(id(p), 0)) for p in pools]
         except LoaderError as e:
@@ -73,6 +84,8 @@ class Verifier:
         pool = self.pool
         if pool is None or pool.loads_version_of(sf.format, sf.version):
             return pool, None
+        from slotfile.llama.loader import LIB_ENV
+
         if pool.library.source in ("--llama-lib", LIB_ENV):
             return pool, None
         server, note = self._server_pool()
@@ -88,6 +101,8 @@ class Verifier:
 
     def _start_server_pool(self) -> tuple[LoaderPool | None, str]:
         assert self.opts.model is not None and self.pool is not None
+        from slotfile.llama.loader import Library, LoaderError, LoaderPool, server_library
+
         folder, where = server_library()
         if folder is None:
             return None, where
@@ -156,6 +171,8 @@ class Verifier:
         t = time.monotonic()
         pool, tried = self.pool_for(sf)
         if pool is not None:
+            from slotfile.llama.loader import settings_for
+
             settings = settings_for(sf, self.opts.n_gpu_layers)
             if self.opts.settings_hook is not None:
                 settings = self.opts.settings_hook(sf, settings)
@@ -166,6 +183,8 @@ class Verifier:
         lv["load"].seconds = time.monotonic() - t
         if settings is not None:
             lv["load"].details["settings"] = settings.to_dict()
+        from slotfile.verify.deep import level_deep
+
         t = time.monotonic()
         lv["deep"] = level_deep(sf, str(path), pool, lv["load"], self.opts, settings, self.caches)
         lv["deep"].seconds = time.monotonic() - t
@@ -173,14 +192,21 @@ class Verifier:
     def run(self, paths: list[Path], on_done: Callable[[FileReport], None] | None = None) -> list[FileReport]:
         """Every file, ``jobs`` at a time; results in the order of ``paths``.  Raises
         VerifyError when the loader cannot start (model unloadable)."""
+        from slotfile.llama.loader import LoaderError
+
         try:
             return self._run(paths, on_done)
         except LoaderError as e:
             raise VerifyError(str(e)) from e
 
     def _run(self, paths: list[Path], on_done: Callable[[FileReport], None] | None) -> list[FileReport]:
-        if self.pool is None and self.opts.model is None and len(paths) >= PARALLEL_MIN:
-            return self._run_forked(paths, on_done)
+        if self.pool is None and self.opts.model is None:  # structure only: on forked processes for many files
+            out = []
+            for r in self.stream(paths):
+                out.append(r)
+                if on_done:
+                    on_done(r)
+            return out
         if self.opts.jobs <= 1 or len(paths) <= 1:
             out = []
             for p in paths:
@@ -202,28 +228,26 @@ class Verifier:
                     on_done(r)
         return [r for r in results if r is not None]
 
-    def _run_forked(self, paths: list[Path], on_done: Callable[[FileReport], None] | None) -> list[FileReport]:
-        """Structure only (no model, no loader): the files on forked processes (a directory's
-        worth; slotfile.slotdir.walk.forked_map), each reading its files with this Verifier."""
-        global _FORKED
-        _FORKED = self
-        try:
-            sizes = [_size(p) for p in paths]
-            out: list[FileReport] = forked_map(_verify_list, paths, sizes)
-        finally:
-            _FORKED = None
-        for r in out:
-            if on_done:
-                on_done(r)
-        return out
+    def stream(
+        self,
+        paths: list[Path],
+        digest: Callable[[FileReport], Any] | None = None,
+        sizes: list[int | None] | None = None,
+    ) -> Iterator[Any]:
+        """Structure only (no model, no loader): each file's report, or ``digest(report)`` made
+        where the file was read, yielded in the order of ``paths`` as they are made; for a
+        directory's worth on forked processes (slotfile.slotdir.forked, ``opts.read_jobs``),
+        each reading its files with this Verifier.  ``sizes``: the files' as walked (None:
+        asked).  The workers are forked now."""
+        assert self.pool is None and self.opts.model is None
 
+        def some(chunk: list[Path]) -> list[Any]:
+            return [self.verify(p) if digest is None else digest(self.verify(p)) for p in chunk]
 
-_FORKED: Verifier | None = None  # the Verifier the forked processes use (they inherit it)
-
-
-def _verify_list(paths: list[Path]) -> list[FileReport]:
-    assert _FORKED is not None
-    return [_FORKED.verify(p) for p in paths]
+        known = sizes if sizes is not None and len(sizes) == len(paths) else [None] * len(paths)
+        return ordered_map(
+            some, paths, [_size(p) if n is None else n for p, n in zip(paths, known, strict=True)], self.opts.read_jobs
+        )
 
 
 def _size(p: Path) -> int:

@@ -5,13 +5,15 @@ with a sentence naming the llama.cpp line that loads it."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from slotfile.format import versions
 from slotfile.format.records import FileFormat, SlotFile
-from slotfile.llama.loader import LIB_ENV, LoaderPool, LoadResult, library_label
 from slotfile.problems import CheckLevel, ProblemCode
 from slotfile.verify.records import Level, SkipKind
+
+if TYPE_CHECKING:  # the loader is imported once a file was loaded: a structure-only run needs none of it
+    from slotfile.llama.loader import LoaderPool, LoadResult
 
 
 def version_message(sf: SlotFile, loader_version: int | None, loader_name: str, tried: str | None = None) -> str | None:
@@ -41,6 +43,8 @@ def level_load(
     lv = Level(CheckLevel.LOAD)
     if pool is None or res is None:
         return lv.skip("no --model")
+    from slotfile.llama.loader import LIB_ENV
+
     info = pool.info
     vmsg = _load_version_message(sf, info, tried)
     lv.details = {
@@ -88,6 +92,8 @@ def level_load(
 
 def _load_version_message(sf: SlotFile, info: dict[str, Any], tried: str | None) -> str | None:
     """Why the loader's llama.cpp cannot judge a file of another state or session version."""
+    from slotfile.llama.loader import library_label
+
     if sf.format == FileFormat.GGSN and sf.version is not None and sf.version != info.get("session_version"):
         ginfo = versions.version_info(FileFormat.GGSN, sf.version)
         known = ginfo.writer if ginfo else "no known llama.cpp line"

@@ -21,7 +21,10 @@ class VerifyOptions:
     draft_model: str | None = None
     deep: bool = False
     n_gpu_layers: int = 0
-    jobs: int = 1
+    jobs: int = 1  # loader workers (--model)
+    # structure only: the processes a directory's files are read with (None: 2 from 200 files,
+    # or $SLOTFILE_DIR_JOBS; slotfile.slotdir.forked.dir_jobs)
+    read_jobs: int | None = None
     timeout: float = 300.0
     scan: bool = False  # structure level also checks every K/V/R/S value is finite
     llama_lib: str | None = None  # a folder holding libllama.so for the workers (--llama-lib)

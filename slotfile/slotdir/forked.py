@@ -1,0 +1,206 @@
+"""A directory's files read on forked processes, the results streamed back in their order.
+
+``ls DIR``, ``verify DIR`` (structure) and ``prune --damaged`` read every file on its own: a
+process's layout cache (slotfile.format.layout_cache) only ever holds shapes re-checked against
+each file's bytes, so which process reads a file changes nothing in what is read.  From
+:data:`PARALLEL_MIN` files on, :func:`ordered_map` forks :func:`dir_jobs` workers (2 by
+default: ``$SLOTFILE_DIR_JOBS`` or the caller's ``--jobs`` say otherwise) and hands them the
+files in chunks of :data:`CHUNK`, at most :data:`WINDOW` chunks ahead of what the caller has
+taken: results come back in the files' order as they are made, so the caller can write each
+row and drop it (memory flat in the number of files).
+
+Within a chunk each worker takes a band of file sizes (cut at the directory's size quantiles,
+each band held within a quarter of the chunk of an even share): a body size's layout is
+searched for once, in the worker that keeps that size, not in every worker.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+PARALLEL_MIN = 200  # files: below this a second process costs more than it saves
+JOBS_ENV = "SLOTFILE_DIR_JOBS"  # processes a directory's files are read with (default: DEFAULT_JOBS)
+DEFAULT_JOBS = 2  # at most, and no more than the CPUs this process may run on
+CHUNK = 32  # files per chunk: small enough to stream, large enough to amortise a message
+WINDOW = 6  # chunks in flight ahead of the one being taken (task messages stay far below a socket's buffer)
+
+
+def dir_jobs(jobs: int | None = None) -> int:
+    """The processes a directory's files are read with: ``jobs`` when given (``verify --jobs``),
+    else ``$SLOTFILE_DIR_JOBS``, else 2 (or 1 on a single CPU)."""
+    if jobs is not None:
+        return max(1, jobs)
+    try:
+        return max(1, int(os.environ[JOBS_ENV]))
+    except (KeyError, ValueError):
+        pass
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cpus = os.cpu_count() or 1
+    return max(1, min(DEFAULT_JOBS, cpus))
+
+
+def can_fork() -> bool:
+    """Whether forked workers are safe here: ``os.fork`` and not macOS (whose system libraries
+    may not survive a fork; Python itself stopped forking there by default), and no other
+    thread running (a thread holding a lock at the fork would leave it held in the child)."""
+    import threading
+
+    return hasattr(os, "fork") and sys.platform != "darwin" and threading.active_count() == 1
+
+
+def ordered_map(
+    fn: Callable[[list[Any]], list[Any]], items: Sequence[Any], sizes: Sequence[int], jobs: int | None = None
+) -> Iterator[Any]:
+    """``fn`` (a list of items to a list of results, one each, never raising) over ``items``,
+    the results yielded in the items' order.  Serial in this process for fewer than
+    :data:`PARALLEL_MIN` items, one job, or where forking is unsafe; else the workers are forked
+    now (before the caller starts a progress bar's thread) and fed as the results are taken."""
+    n = min(dir_jobs(jobs), len(items) // (PARALLEL_MIN // 2) or 1)
+    if n < 2 or len(items) < PARALLEL_MIN or not can_fork():
+        return _serial(fn, items)
+    return _Forked(fn, items, sizes, n).results()
+
+
+def _serial(fn: Callable[[list[Any]], list[Any]], items: Sequence[Any]) -> Iterator[Any]:
+    for i in range(0, len(items), CHUNK):
+        yield from fn(list(items[i : i + CHUNK]))
+
+
+def split_chunk(idx: Sequence[int], sizes: Sequence[int], bounds: Sequence[int], n: int) -> list[list[int]]:
+    """The items ``idx`` of one chunk for ``n`` workers: sorted by size and cut where the sizes
+    cross ``bounds`` (the directory's size quantiles), each cut held within a quarter of the
+    chunk of an even split (so no worker waits long on another)."""
+    order = sorted(idx, key=lambda i: sizes[i])
+    m, slack = len(order), max(1, len(order) // 4)
+    cuts, prev = [0], 0
+    for j in range(1, n):
+        even = j * m // n
+        below = sum(1 for i in order if sizes[i] < bounds[j - 1])
+        cut = max(prev, min(max(below, even - slack), even + slack, m))
+        cuts.append(cut)
+        prev = cut
+    cuts.append(m)
+    return [sorted(order[cuts[j] : cuts[j + 1]]) for j in range(n)]
+
+
+class _Forked:
+    """The workers of one :func:`ordered_map`: each a forked process on one end of a socket
+    pair, taking lists of items and answering ``(True, results)`` or ``(False, traceback)``."""
+
+    def __init__(self, fn: Callable[[list[Any]], list[Any]], items: Sequence[Any], sizes: Sequence[int], n: int):
+        self.items, self.sizes, self.n = items, sizes, n
+        ranked = sorted(sizes)
+        self.bounds = [ranked[j * len(ranked) // n] for j in range(1, n)]
+        self.chunks = [range(i, min(i + CHUNK, len(items))) for i in range(0, len(items), CHUNK)]
+        self.conns: list[Any] = []
+        self.pids: list[int] = []
+        self._start(fn)
+
+    def _start(self, fn: Callable[[list[Any]], list[Any]]) -> None:
+        import gc
+        from multiprocessing import Pipe
+
+        for f in (sys.stdout, sys.stderr):  # a child never writes what the parent had buffered
+            f.flush()
+        # the objects made so far (modules, the grammar, the file list) set aside from the
+        # cyclic collector: a worker's collections would walk them all, writing to every page
+        # it shares with the parent (gc.freeze's purpose); 15-20 % of a worker's CPU otherwise
+        gc.freeze()
+        try:
+            self._fork(fn, Pipe)
+        finally:
+            gc.unfreeze()  # in this process, as before
+
+    def _fork(self, fn: Callable[[list[Any]], list[Any]], pipe: Callable[..., Any]) -> None:
+        for _ in range(self.n):
+            mine, theirs = pipe(duplex=True)
+            pid = os.fork()
+            if pid == 0:  # the worker
+                code = 1
+                try:
+                    mine.close()
+                    for c in self.conns:
+                        c.close()
+                    _serve(fn, theirs)
+                    code = 0
+                finally:
+                    os._exit(code)  # no atexit, no flush of the parent's streams
+            theirs.close()
+            self.conns.append(mine)
+            self.pids.append(pid)
+
+    def results(self) -> Iterator[Any]:
+        parts: deque[list[list[int]]] = deque()
+        done = False
+        try:
+            for k in range(min(WINDOW, len(self.chunks))):
+                parts.append(self._send(k))
+            for k in range(len(self.chunks)):
+                got: dict[int, Any] = {}
+                for conn, idx in zip(self.conns, parts.popleft(), strict=True):
+                    if idx:
+                        got.update(zip(idx, self._recv(conn), strict=True))
+                if k + WINDOW < len(self.chunks):
+                    parts.append(self._send(k + WINDOW))
+                for i in self.chunks[k]:
+                    yield got[i]
+            done = True
+        finally:
+            self._stop(done)
+
+    def _send(self, k: int) -> list[list[int]]:
+        split = split_chunk(self.chunks[k], self.sizes, self.bounds, self.n)
+        for conn, idx in zip(self.conns, split, strict=True):
+            if idx:
+                conn.send([self.items[i] for i in idx])
+        return split
+
+    @staticmethod
+    def _recv(conn: Any) -> list[Any]:
+        try:
+            ok, got = conn.recv()
+        except EOFError:
+            raise RuntimeError("a directory worker process ended unexpectedly") from None
+        if not ok:
+            raise RuntimeError(f"a directory worker process failed:\n{got}")
+        return list(got)
+
+    def _stop(self, done: bool) -> None:
+        """Each worker told to end (all taken) or killed (the caller stopped early), and reaped."""
+        import signal
+
+        for conn, pid in zip(self.conns, self.pids, strict=True):
+            try:
+                if done:
+                    conn.send(None)
+                else:
+                    os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+            conn.close()
+        for pid in self.pids:
+            os.waitpid(pid, 0)
+
+
+def _serve(fn: Callable[[list[Any]], list[Any]], conn: Any) -> None:
+    """A worker: lists of items in, their results out, until None."""
+    import traceback
+
+    while True:
+        try:
+            items = conn.recv()
+        except EOFError:
+            return
+        if items is None:
+            return
+        try:
+            out: tuple[bool, Any] = (True, fn(items))
+        except Exception:  # said by the parent, with the worker's traceback
+            out = (False, traceback.format_exc())
+        conn.send(out)
