@@ -19,7 +19,15 @@ from slotfile.format.records import LayerRun
 from slotfile.format.types import TypeId
 from slotfile.verify.judge import judge_layers
 from slotfile.verify.shape import drift_shape
-from slotfile.verify.spikes import EXACT_LIMIT, find_spike, resolution, spike_limit
+from slotfile.verify.spikes import (
+    CLEAN_MAX,
+    EXACT_BLOCK_LIMIT,
+    EXACT_LIMIT,
+    SPIKE_MARGIN,
+    find_spike,
+    resolution,
+    spike_limit,
+)
 
 from .conftest import MODELS, SLOTS
 from .test_deep_shape import GEMMA, drift_from
@@ -84,7 +92,9 @@ def test_exponent_flip_is_a_spike_at_its_element(gemma):
     sp = row["spike"]
     assert (row["block"], row["part"], row["layer"], sp["cell"], sp["element"]) == ("kv-base", "V", 1, cell, el)
     assert p[2] == off == sp["offset"] and f"cell {cell}" in p[3] and f"element {el}:" in p[3]
-    assert sp["ratio"] > spike_limit(run) == 2 * 7.9 and j.byte_damage and not drift_shape(j).drift
+    assert (
+        sp["ratio"] > spike_limit(run) == SPIKE_MARGIN * CLEAN_MAX["V"] and j.byte_damage and not drift_shape(j).drift
+    )
 
 
 @pytest.mark.parametrize("bit", [0, 1])
@@ -140,6 +150,27 @@ def test_q8_0_scale_flip_moves_one_block():
     assert "block of 32 values" in p[3] and p[2] == off
 
 
+@pytest.mark.parametrize(("bit", "claimed"), [(3, True), (1, True), (0, False)])
+def test_q8_0_quant_flip_is_judged_by_the_element_it_moves(bit, claimed):
+    """One flipped int8 quant moves one value by 2^bit steps of its block: a block is judged by
+    its largest difference, so 8 steps are claimed (the root mean square over the block's 32
+    values, 1.4 steps, was not), 2 steps in an exact context too; one step is what re-rounding does."""
+    data = Q8.read_bytes()
+    run = _run(data, "kv", "K", 1)
+    cell, block, quant = run.n_cells // 2, 2, 5
+    off = run.data.offset + cell * run.row_size + 34 * block + 2 + quant  # block_q8_0: f16 d, then int8 qs[32]
+    bad = bytearray(data)
+    bad[off] ^= 1 << bit
+    j = judge_layers(parse_buffer(bytes(bad)).body, parse_buffer(data).body)
+    rows = [r for r in j.rows if "spike" in r]
+    assert bool(rows) is claimed and bool(j.byte_damage) is claimed
+    sp = find_spike(_run(bytes(bad), "kv", "K", 1), run, limit=0.0)
+    assert sp is not None and (sp.cell, sp.element) == (cell, 32 * block + quant) and sp.exact
+    assert sp.ratio == pytest.approx(2.0**bit, rel=0.02)  # steps of the block's scale
+    if claimed:
+        assert rows[0]["spike"]["limit"] == EXACT_BLOCK_LIMIT and rows[0]["spike"]["offset"] == off - 2 - quant
+
+
 # ------------------------------------------------------------------ the real worker
 
 
@@ -179,10 +210,23 @@ CORPUS = Path(os.environ.get("SLOTFILE_CACHE_DIR", Path.home() / ".cache" / "slo
 CUDA_FILE = CORPUS / "v4-cuda" / "g-base__single__s0.bin"  # written by a CUDA llama-server on a GPU
 
 
+def _flip_near(data: bytes, run: LayerRun, value: float) -> tuple[bytes, int, int, int]:
+    """The f16 element of ``run`` nearest ``value`` with its top exponent bit flipped (-2.6, exponent
+    16, becomes a subnormal, about 0): the damaged copy, its offset, cell and element."""
+    v = np.frombuffer(data, np.float16, run.n_cells * run.row_size // 2, run.data.offset).astype(np.float64)
+    vals = v[_values(data, run)]
+    cell, el = np.unravel_index(int(np.argmin(np.abs(vals - value))), vals.shape)
+    bad, off = flip_f16(data, run, int(cell), int(el), 14)
+    return bad, off, int(cell), int(el)
+
+
 @pytest.mark.llama
-def test_gpu_written_file_passes_and_its_flip_fails(llama_v4_lib, tmp_path: Path):
+def test_gpu_written_file_passes_and_its_flips_fail(llama_v4_lib, tmp_path: Path):
     """A Gemma 3 270M file saved on a GPU, verified here on a CPU: its drift (every cell, every
-    layer) is no spike; one V element of a value near -2.6 flipped to about 0 is one."""
+    layer) is no spike; one V element of a value near -2.6 flipped to about 0 is one, in layer 4
+    (largest difference from the recompute 0.39) and in layer 9, whose largest difference is 1.14
+    (the rule that divided by the root mean square of the differences around the element passed
+    it: 15.3 times that, under its limit 15.8)."""
     side = Path(f"{CUDA_FILE}.json")
     if not CUDA_FILE.is_file() or not side.is_file():
         pytest.skip(f"no GPU-written corpus file here ({CUDA_FILE}; bench/corpus.md)")
@@ -192,17 +236,27 @@ def test_gpu_written_file_passes_and_its_flip_fails(llama_v4_lib, tmp_path: Path
     from slotfile.verify import Verifier, VerifyOptions
 
     data = CUDA_FILE.read_bytes()
-    run = _run(data, "kv-swa", "V", 4)  # its largest difference from the recompute: 0.39
-    v = np.frombuffer(data, np.float16, run.n_cells * run.row_size // 2, run.data.offset).astype(np.float64)
-    vals = v[_values(data, run)]
-    cell, el = np.unravel_index(int(np.argmin(np.abs(vals + 2.63))), vals.shape)
-    bad, off = flip_f16(data, run, int(cell), int(el), 14)  # -2.6 (exponent 16) becomes a subnormal, about 0
-    p = tmp_path / "flipped.bin"
-    p.write_bytes(bad)
     with Verifier(VerifyOptions(model=model, deep=True, llama_lib=str(llama_v4_lib))) as ver:
         clean = ver.verify(CUDA_FILE).levels["deep"]
         assert clean.status == "pass" and not any("spike" in r for r in clean.details["layers"])
-        d = ver.verify(p).levels["deep"]
-    assert d.status == "fail" and d.details["decided_by"] == "bytes", d.details.get("evidence")
-    (row,) = [r for r in d.details["layers"] if "spike" in r]
-    assert row["spike"]["offset"] == off and (row["block"], row["part"], row["layer"]) == ("kv-swa", "V", 4)
+        for layer in (4, 9):
+            bad, off, cell, _el = _flip_near(data, _run(data, "kv-swa", "V", layer), -2.63)
+            p = tmp_path / f"flipped-v{layer}.bin"
+            p.write_bytes(bad)
+            d = ver.verify(p).levels["deep"]
+            assert d.status == "fail" and d.details["decided_by"] == "bytes", d.details.get("evidence")
+            (row,) = [r for r in d.details["layers"] if "spike" in r]
+            assert row["spike"]["offset"] == off and row["spike"]["cell"] == cell
+            assert (row["block"], row["part"], row["layer"]) == ("kv-swa", "V", layer)
+
+
+def test_a_quantized_element_offset_is_its_block_start():
+    """A q8_0 element in the middle of a block: its bytes lie inside the block (after the scale),
+    so the offset named is the block's, never a proportional point between two blocks."""
+    from slotfile.verify.judge import _element_offset
+
+    run = _run(Q8.read_bytes(), "kv", "V", 0)
+    start = run.data.offset + 3 * run.row_size
+    assert [_element_offset(run, 3, el) for el in (0, 31, 32, 33, 63, 64)] == [start] * 2 + [start + 34] * 3 + [
+        start + 68
+    ]
