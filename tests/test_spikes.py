@@ -23,6 +23,7 @@ from slotfile.verify.spikes import (
     CLEAN_MAX,
     EXACT_BLOCK_LIMIT,
     EXACT_LIMIT,
+    LAYER_EXACT_LIMIT,
     SPIKE_MARGIN,
     find_spike,
     resolution,
@@ -110,21 +111,33 @@ def test_low_mantissa_flip_is_not_claimed(gemma, bit):
     assert sp is not None and (sp.cell, sp.element) == (cell, el) and sp.ratio == 2.0**bit  # steps moved
 
 
-def test_mantissa_flip_in_an_exact_context_is_claimed_beyond_four_steps(gemma):
+@pytest.mark.parametrize(
+    ("bits", "other", "claimed_limit"),
+    [
+        ((3,), None, LAYER_EXACT_LIMIT),
+        ((2,), None, LAYER_EXACT_LIMIT),
+        ((1,), None, None),
+        ((3,), (3, 7), EXACT_LIMIT),
+        ((2,), (3, 7), None),
+    ],
+)
+def test_mantissa_flip_in_an_exact_context(gemma, bits, other, claimed_limit):
     """Where the rest of the head and the element in every other cell equal the recompute bit for
-    bit (clean files show at most one step there), 8 steps are no rounding; 4 are not claimed."""
+    bit, 8 steps are no rounding (clean files show at most 3 there), 4 are not claimed; where the
+    whole layer but this element does (clean files: 1 step), 4 are claimed, 2 not."""
     run = _run(gemma, "kv-swa", "K", 1)
     cell, el = _big_element(gemma, run)
-    rec = parse_buffer(gemma).body
-    for bit, claimed in ((3, True), (2, False)):
-        bad, off = flip_f16(gemma, run, cell, el, bit)
-        j = judge_layers(parse_buffer(bad).body, rec)
-        rows = [r for r in j.rows if "spike" in r]
-        assert bool(rows) is claimed and bool(j.byte_damage) is claimed
-        if claimed:
-            sp = rows[0]["spike"]
-            assert sp["exact"] and sp["ratio"] == 8.0 and sp["limit"] == EXACT_LIMIT and sp["offset"] == off
-            assert "8 storage steps" in j.problems[0][3] and "equal the recompute exactly" in j.problems[0][3]
+    bad, off = flip_f16(gemma, run, cell, el, bits[0])
+    if other is not None:  # one step elsewhere in the layer (another cell, another element)
+        bad, _ = flip_f16(bad, run, (cell + other[0]) % run.n_cells, (el + other[1]) % (run.row_size // 2), 0)
+    j = judge_layers(parse_buffer(bad).body, parse_buffer(gemma).body)
+    rows = [r for r in j.rows if "spike" in r]
+    assert bool(rows) is (claimed_limit is not None) and bool(j.byte_damage) is (claimed_limit is not None)
+    if rows:
+        sp = rows[0]["spike"]
+        assert sp["exact"] and sp["ratio"] == 2.0 ** bits[0] and sp["limit"] == claimed_limit and sp["offset"] == off
+        assert f"{2 ** bits[0]} storage steps" in j.problems[0][3] and "equal the recompute exactly" in j.problems[0][3]
+        assert ("every other value of the layer" in j.problems[0][3]) is (other is None)
 
 
 def test_drift_moves_whole_rows_and_is_no_spike(gemma):
@@ -226,7 +239,7 @@ def test_gpu_written_file_passes_and_its_flips_fail(llama_v4_lib, tmp_path: Path
     layer) is no spike; one V element of a value near -2.6 flipped to about 0 is one, in layer 4
     (largest difference from the recompute 0.39) and in layer 9, whose largest difference is 1.14
     (the rule that divided by the root mean square of the differences around the element passed
-    it: 15.3 times that, under its limit 15.8)."""
+    it: 15.3 times that, under its limit 15.8), and so is a K sign flip that rule passed too."""
     side = Path(f"{CUDA_FILE}.json")
     if not CUDA_FILE.is_file() or not side.is_file():
         pytest.skip(f"no GPU-written corpus file here ({CUDA_FILE}; bench/corpus.md)")
@@ -239,15 +252,20 @@ def test_gpu_written_file_passes_and_its_flips_fail(llama_v4_lib, tmp_path: Path
     with Verifier(VerifyOptions(model=model, deep=True, llama_lib=str(llama_v4_lib))) as ver:
         clean = ver.verify(CUDA_FILE).levels["deep"]
         assert clean.status == "pass" and not any("spike" in r for r in clean.details["layers"])
-        for layer in (4, 9):
-            bad, off, cell, _el = _flip_near(data, _run(data, "kv-swa", "V", layer), -2.63)
-            p = tmp_path / f"flipped-v{layer}.bin"
+        flips = [("V", layer, *_flip_near(data, _run(data, "kv-swa", "V", layer), -2.63)) for layer in (4, 9)]
+        # the bench's sign flip (seed 25): K layer 4, cell 2, element 25, 0.97 -> -0.93 where the largest
+        # difference in its row is 0.69 (on a dimension 4 times larger); scaled to its size, 0.07
+        k4 = _run(data, "kv-swa", "K", 4)
+        flips.append(("K", 4, *flip_f16(data, k4, 2, 25, 15), 2, 25))
+        for part, layer, bad, off, cell, _el in flips:
+            p = tmp_path / f"flipped-{part}{layer}.bin"
             p.write_bytes(bad)
             d = ver.verify(p).levels["deep"]
             assert d.status == "fail" and d.details["decided_by"] == "bytes", d.details.get("evidence")
             (row,) = [r for r in d.details["layers"] if "spike" in r]
             assert row["spike"]["offset"] == off and row["spike"]["cell"] == cell
-            assert (row["block"], row["part"], row["layer"]) == ("kv-swa", "V", layer)
+            assert (row["block"], row["part"], row["layer"]) == ("kv-swa", part, layer)
+            assert row["spike"]["scaled"] is (part == "K")
 
 
 def test_a_quantized_element_offset_is_its_block_start():
