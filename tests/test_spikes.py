@@ -7,6 +7,7 @@ here on a CPU (bench/corpus.md)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from pathlib import Path
@@ -278,3 +279,23 @@ def test_a_quantized_element_offset_is_its_block_start():
     assert [_element_offset(run, 3, el) for el in (0, 31, 32, 33, 63, 64)] == [start] * 2 + [start + 34] * 3 + [
         start + 68
     ]
+
+
+def test_columns_joined_over_chunks_equal_the_whole():
+    """The largest and second-largest difference per unit over the cells, kept chunk by chunk
+    (CHUNK_CELLS at a time on long files), equal those of all cells at once, ties included."""
+    from slotfile.verify.spikes import _Columns
+
+    rng = np.random.default_rng(3)
+    u = np.round(rng.random((23, 6)) * 4) / 4  # ties
+    y = rng.standard_normal((23, 6))
+    cols = _Columns(np.zeros(0), np.zeros(0), np.zeros(0, dtype=np.intp), np.zeros(0), np.zeros(0))
+    bounds = [0, 5, 11, 17, 23]
+    for c0, c1 in itertools.pairwise(bounds):
+        cols = cols.add(u[c0:c1], y[c0:c1], c0)
+    rest = cols.rest(0, 23)
+    for c in range(23):
+        others = np.delete(u, c, axis=0)
+        assert np.array_equal(rest[c], others.max(axis=0))
+    assert cols.n_cells == 23 and np.allclose(cols.values, (y * y).sum(axis=0))
+    assert np.array_equal(cols.nonzero, (u > 0).sum(axis=0))
