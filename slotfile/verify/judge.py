@@ -19,7 +19,7 @@ from slotfile.format.records import Body, CacheExpect, LayerRun, MemoryBlock, Me
 from slotfile.model.expect import rotation_widths
 from slotfile.problems import ProblemCode
 from slotfile.verify.records import Level
-from slotfile.verify.spikes import Spike, find_spike, spike_message
+from slotfile.verify.spikes import Spike, block_size, find_spike, spike_message
 from slotfile.verify.stats import CellStats, RowStats, cell_stats, tolerance_class
 
 Caches = dict[str, CacheExpect]  # a model's KV caches by block role ("kv", "kv-base", "kv-swa", ...)
@@ -399,7 +399,7 @@ def _add_spike(out: Judgment, sec: str, fr: LayerRun, sp: Spike, pos: np.ndarray
     """An isolated spike (:mod:`slotfile.verify.spikes`): damage in the file's bytes at its element,
     with its evidence in the layer's report row (the last one)."""
     p = int(pos[sp.cell]) if pos is not None and sp.cell < len(pos) else None
-    off = _element_offset(fr, sp.cell, sp.element - sp.element % sp.block)  # a block: where its scale is
+    off = _element_offset(fr, sp.cell, sp.element)  # a block: where its scale is
     out.rows[-1]["spike"] = dict(sp.as_dict(), position=p, offset=off)
     msg = spike_message(fr, sp, p)
     out.problems.append((ProblemCode.DEEP_MISMATCH, sec, off, msg))
@@ -412,6 +412,7 @@ def _element_offset(fr: LayerRun, cell: int, el: int) -> int:
         size = fr.row_size // max(fr.elements or 1, 1)
         return fr.data.offset + (el * fr.n_cells + cell) * size
     elems = max(fr.elements or 1, 1)
+    el -= el % block_size(fr.type_id)  # a quantized element's bytes lie inside its block's
     return fr.data.offset + cell * fr.row_size + (el * fr.row_size) // elems
 
 
