@@ -132,3 +132,46 @@ def test_q4_cell_swap_under_the_limit_fails_as_moved(q4_chat, tmp_path):
     c = deep["details"]["checkpoints"][2]
     assert c["decided_by"] == "misplaced" and c["stepwise"] > 0
     assert c["margin"] < MARGIN_LIMIT  # by its statistics alone it would pass
+
+
+def _zero_row(data: bytes, run: Any, cell: int) -> bytes:
+    off = run.data.offset + cell * run.row_size
+    return data[:off] + bytes(run.row_size) + data[off + run.row_size :]
+
+
+def test_quant_flip_in_exact_checkpoint_fails_as_a_lone_cell(tmp_path):
+    """One quant bit of a q8_0 K row in a checkpoint that recomputes bit for bit: under the
+    minimum floors (statistics alone passed it), but every other layer recomputes its position
+    exactly, so it is damage in that layer's bytes."""
+    data = (SLOTS / "llama_q8_0_fa.slot").read_bytes()
+    k = _stream(data, 0).k[0]
+    off = k.data.offset + 4 * k.row_size + 2 + 14  # cell 4, past the block's f16 scale: quant 14
+    bad = bytearray(data)
+    bad[off] ^= 1 << 4  # 16 quant steps (bench/damage.py ckpt-flip-quant, seed 25: 2.2 floors)
+    p = tmp_path / "ck-quant.slot"
+    p.write_bytes(bytes(bad))
+    with Verifier(VerifyOptions(model=str(LLAMA), deep=True)) as v:
+        r, deep = _deep(v, p)
+    assert r["levels"]["load"]["status"] == "pass" and deep["status"] == "fail"
+    (q,) = deep["problems"]
+    assert q["section"] == "sckp.checkpoint[0].data_tgt.kv.stream[0]" and q["offset"] == k.data.offset + 4 * k.row_size
+    assert "K layer 0 (q8_0): cell 4 (position 4)" in q["message"] and "recompute it exactly" in q["message"]
+    c = deep["details"]["checkpoints"][0]
+    assert c["decided_by"] == "lone-layer" and c["margin"] < MARGIN_LIMIT and c["stepwise"] == 0
+
+
+def test_damage_in_two_layers_of_a_draft_state_is_judged_against_its_floor(tmp_path):
+    """Cell 40's K and V rows of the draft state's one layer zeroed: not a lone cell (two rows
+    differ there, as drift moves them), so the draft state is judged again against its stepwise floor (the 22 tokens
+    after the last checkpoint, in the draft context), and still fails."""
+    data = (SLOTS / "llama_draft_sdft.slot").read_bytes()
+    st = parse_buffer(data).draft.dft.body.blocks[0].active_streams()[0]
+    bad = _zero_row(_zero_row(data, st.k[0], 40), st.v[0], 40)
+    p = tmp_path / "sdft-two.slot"
+    p.write_bytes(bad)
+    with Verifier(VerifyOptions(model=str(LLAMA), draft_model=str(MODELS / "draft.gguf"), deep=True)) as v:
+        r, deep = _deep(v, p)
+    assert r["levels"]["load"]["status"] == "pass" and deep["status"] == "fail"
+    assert {q["section"] for q in deep["problems"]} == {"sdft.data_dft.kv.stream[0]"}
+    d = deep["details"]["draft"]
+    assert d["status"] == "fail" and d["stepwise"] == 22 and d["decided_by"] != "lone-layer"

@@ -43,6 +43,7 @@ from slotfile.llama.worker.runtime import DEEP_N_BATCH, DEEP_N_UBATCH
 from slotfile.llama.worker.settings import LoadSettings
 from slotfile.problems import CheckLevel, ProblemCode
 from slotfile.verify.judge import Caches, DeepInputs, caches_of
+from slotfile.verify.lone import lone_cells
 from slotfile.verify.options import VerifyOptions
 from slotfile.verify.records import Level, Status
 from slotfile.verify.shape import Outcome, Schedule, judge_with_schedules
@@ -139,10 +140,13 @@ def _with_floors(
 
 
 def _reopen(lv: Level, e: dict[str, Any], section: str) -> bool:
-    """Whether the blob of entry ``e`` failed by its values alone (deep-mismatch); if so its
-    problems are dropped and the entry is pending again, for its stepwise floor."""
+    """Whether the blob of entry ``e`` failed by its values alone (deep-mismatch), not by a lone
+    cell (:func:`_with_lone`); if so its problems are dropped and the entry is pending again,
+    for its stepwise floor."""
     mine = [p for p in lv.problems if p.section.startswith(section)]
-    if e["status"] != Status.FAIL or not all(p.code == ProblemCode.DEEP_MISMATCH for p in mine):
+    if e["status"] != Status.FAIL or e.get("decided_by") == LONE:
+        return False
+    if not all(p.code == ProblemCode.DEEP_MISMATCH for p in mine):
         return False
     lv.problems = [p for p in lv.problems if p not in mine]
     e.update(status="pending")
@@ -356,8 +360,9 @@ class _Judge:
             flo = self._parse(w, w.floor, sb, self.floor_view) if self.floor_view is not None else None
             floor = flo if flo is not None and flo.layout is not None else None
             inputs = DeepInputs(floor, w.caches, w.n_tokens, w.k if floor else 0)
-            outcome = judge_with_schedules(sb, inputs, (self.schedule, rec), None)
-            _commit(sub, sb, outcome, self.floor_view is not None)
+            final = self.floor_view is not None
+            outcome = _with_lone(sb, judge_with_schedules(sb, inputs, (self.schedule, rec), None), final)
+            _commit(sub, sb, outcome, final)
             rows, how = outcome.judgment.rows, {k: outcome.details()[k] for k in how}
         for p in sub.problems:
             where = w.section + p.section.removeprefix("body")
@@ -387,6 +392,25 @@ class _Judge:
             self.scratch, view, rec, w.section, partial=sb.layout.kinds, exp=w.exp, exp_partial=w.exp_partial
         )
         return rec.body
+
+
+LONE = "lone-layer"  # decided_by of a blob with a lone cell (slotfile/verify/lone.py)
+
+
+def _with_lone(body: Body, outcome: Outcome, final: bool) -> Outcome:
+    """``outcome`` with the lone cells of its judgment (:func:`slotfile.verify.lone.lone_cells`)
+    as damage, unless moved data or damaged bytes decided it already.  Lone cells do not wait
+    for the stepwise floor (the other layers' exact agreement is their evidence; :func:`_reopen`
+    leaves them), so outside the ``final`` judgment the layers' floor-dependent differences are
+    dropped: only the stepwise floor could judge those."""
+    lone = [] if outcome.decided_by in ("misplaced", "bytes") else lone_cells(body, outcome.judgment)
+    if not lone:
+        return outcome
+    j = outcome.judgment
+    keep = j.problems if final else [p for p in j.problems if p[0] != ProblemCode.DEEP_MISMATCH]
+    j.problems = lone + keep
+    ev = lone[0][3] + (f" (+{len(lone) - 1} more)" if len(lone) > 1 else "")
+    return dataclasses.replace(outcome, decided_by=LONE, evidence=ev, drift=False)
 
 
 def _commit(sub: Level, body: Body, outcome: Outcome, final: bool) -> None:
