@@ -20,7 +20,10 @@ Kinds (``size``: bytes for spans, the factor for ``row-scale``, ``-`` otherwise)
 * ``cell-swap``: the rows of two cells of one layer exchanged; ``kv-swap``: one layer's K and V
   rows exchanged (same byte length); ``layer-swap``: two layers' K (and V) rows exchanged.
 * ``token``: one stored token id replaced by another id the file holds.
-* ``ckpt-span`` of 16 B / 512 B: random bytes inside the rows of the checkpoints' ``data_tgt``.
+* ``ckpt-span`` (random bytes) / ``ckpt-zero-span`` of 16 B, 512 B, 4 KiB, ``ckpt-flip-sign`` /
+  ``ckpt-flip-exponent`` / ``ckpt-flip-quant``, ``ckpt-cell-swap``, ``ckpt-kv-swap``,
+  ``ckpt-layer-swap``: the same damage inside the rows of the checkpoints' ``data_tgt`` blobs
+  (a swap stays inside one blob), which ``verify --deep`` judges against their recompute.
 """
 
 from __future__ import annotations
@@ -52,7 +55,14 @@ KINDS: dict[str, tuple[str, ...]] = {
     "kv-swap": ("-",),
     "layer-swap": ("-",),
     "token": ("-",),
-    "ckpt-span": ("16", "512"),
+    "ckpt-span": ("16", "512", "4096"),
+    "ckpt-zero-span": ("16", "512", "4096"),
+    "ckpt-flip-sign": ("-",),
+    "ckpt-flip-exponent": ("-",),
+    "ckpt-flip-quant": ("-",),
+    "ckpt-cell-swap": ("-",),
+    "ckpt-kv-swap": ("-",),
+    "ckpt-layer-swap": ("-",),
 }
 # bit positions per float type: (sign, exponent bits, mantissa bits) of IEEE half/single/bfloat16
 FLOAT_BITS: dict[int, tuple[int, range, range]] = {
@@ -208,11 +218,13 @@ def _delta(type_id: int, old: bytes, new: bytes) -> tuple[float, float]:
     return dm, float(np.max(np.abs(a)))
 
 
-def _flip(sf: SlotFile, rng: np.random.Generator, kind: str) -> tuple[list[tuple[int, bytes]], dict[str, Any]] | str:
-    """One bit flipped: in an element (float types) or a block's scale d / a quant (quantized)."""
+def _flip(
+    sf: SlotFile, rng: np.random.Generator, kind: str, rows: list[Target]
+) -> tuple[list[tuple[int, bytes]], dict[str, Any]] | str:
+    """One bit flipped in ``rows``: in an element (float types) or a block's scale d / a quant (quantized)."""
     quant = kind == "flip-quant"
     ok = PLAIN_QUANTS if quant else (*FLOAT_BITS, *SCALED_QUANTS)
-    targets = [t for t in body_targets(sf) if t.type_id in ok]
+    targets = [t for t in rows if t.type_id in ok]
     if not targets:
         return "no " + ("q8_0/q4_0" if quant else "float or scaled quantized") + " rows"
     t = _pick_weighted(rng, targets)
@@ -253,13 +265,13 @@ def _span_pieces(targets: list[Target], start: int, size: int) -> list[tuple[Tar
 
 
 def _span(
-    sf: SlotFile, rng: np.random.Generator, size: int, zero: bool, checkpoints: bool = False
+    sf: SlotFile, rng: np.random.Generator, size: int, zero: bool, targets: list[Target]
 ) -> tuple[list[tuple[int, bytes]], dict[str, Any]] | str:
-    """``size`` bytes zeroed or randomised at a uniform offset of the rows (body or checkpoints)."""
-    targets = checkpoint_targets(sf) if checkpoints else body_targets(sf)
+    """``size`` bytes zeroed or randomised at a uniform offset of the rows ``targets`` (body or checkpoints)."""
     total = sum(t.length for t in targets)
     if total < size:
-        return f"{'checkpoint' if checkpoints else 'body'} rows hold {total} B < {size} B"
+        where = "checkpoint" if targets and targets[0].region != "body" else "body"
+        return f"{where} rows hold {total} B < {size} B"
     start = int(rng.integers(total - size + 1))
     pieces = _span_pieces(targets, start, size)
     fill = bytes(size) if zero else rng.integers(0, 256, size, dtype=np.uint8).tobytes()
@@ -317,9 +329,11 @@ def _differs(sf: SlotFile, a: list[tuple[int, int]], b: list[tuple[int, int]]) -
     return any(sf.buffer[oa : oa + n] != sf.buffer[ob : ob + n] for (oa, n), (ob, _) in zip(a, b, strict=True))
 
 
-def _cell_swap(sf: SlotFile, rng: np.random.Generator) -> tuple[list[tuple[int, bytes]], dict[str, Any]] | str:
+def _cell_swap(
+    sf: SlotFile, rng: np.random.Generator, rows: list[Target]
+) -> tuple[list[tuple[int, bytes]], dict[str, Any]] | str:
     """The rows of two cells of one K/V layer exchanged."""
-    targets = [t for t in body_targets(sf) if t.n_cells >= 2 and t.stream is not None]
+    targets = [t for t in rows if t.n_cells >= 2 and t.stream is not None]
     if not targets:
         return "no K/V layer with two cells"
     t = _pick_weighted(rng, targets)
@@ -331,15 +345,17 @@ def _cell_swap(sf: SlotFile, rng: np.random.Generator) -> tuple[list[tuple[int, 
     return "every pair tried holds identical rows"
 
 
-def _kv_swap(sf: SlotFile, rng: np.random.Generator) -> tuple[list[tuple[int, bytes]], dict[str, Any]] | str:
+def _kv_swap(
+    sf: SlotFile, rng: np.random.Generator, runs: list[Target]
+) -> tuple[list[tuple[int, bytes]], dict[str, Any]] | str:
     """One layer's K rows and V rows exchanged (the same byte length)."""
-    runs = body_targets(sf)
     pairs = [
         (t, v)
         for t in runs
         for v in runs
         if t.part == "K"
-        and (v.part, v.block, v.stream, v.layer, v.length) == ("V", t.block, t.stream, t.layer, t.length)
+        and (v.part, v.region, v.block, v.stream, v.layer, v.length)
+        == ("V", t.region, t.block, t.stream, t.layer, t.length)
         and _differs(sf, [(t.offset, t.length)], [(v.offset, v.length)])
     ]
     if not pairs:
@@ -352,19 +368,22 @@ def _kv_swap(sf: SlotFile, rng: np.random.Generator) -> tuple[list[tuple[int, by
     }
 
 
-def _layer_swap(sf: SlotFile, rng: np.random.Generator) -> tuple[list[tuple[int, bytes]], dict[str, Any]] | str:
-    """Two layers of one block (stream) exchanged: every part whose rows have the same byte length."""
-    by_layer: dict[tuple[str, int | None, int], dict[str, Target]] = {}
-    for t in body_targets(sf):
-        by_layer.setdefault((t.block, t.stream, t.layer), {})[t.part] = t
-    groups: dict[tuple[str, int | None], list[int]] = {}
-    for blk, st, layer in by_layer:
-        groups.setdefault((blk, st), []).append(layer)
+def _layer_swap(
+    sf: SlotFile, rng: np.random.Generator, rows: list[Target]
+) -> tuple[list[tuple[int, bytes]], dict[str, Any]] | str:
+    """Two layers of one block (stream) of one region (the body, one blob) exchanged: every part
+    whose rows have the same byte length."""
+    by_layer: dict[tuple[str, str, int | None, int], dict[str, Target]] = {}
+    for t in rows:
+        by_layer.setdefault((t.region, t.block, t.stream, t.layer), {})[t.part] = t
+    groups: dict[tuple[str, str, int | None], list[int]] = {}
+    for reg, blk, st, layer in by_layer:
+        groups.setdefault((reg, blk, st), []).append(layer)
     cands = []
-    for (blk, st), layers in groups.items():
+    for (reg, blk, st), layers in groups.items():
         for i, la in enumerate(layers):
             for lb in layers[i + 1 :]:
-                pa, pb = by_layer[(blk, st, la)], by_layer[(blk, st, lb)]
+                pa, pb = by_layer[(reg, blk, st, la)], by_layer[(reg, blk, st, lb)]
                 parts = [p for p in pa if p in pb and (pa[p].length, pa[p].type_id) == (pb[p].length, pb[p].type_id)]
                 a = [(pa[p].offset, pa[p].length) for p in parts]
                 b = [(pb[p].offset, pb[p].length) for p in parts]
@@ -393,18 +412,25 @@ def _token(sf: SlotFile, rng: np.random.Generator) -> tuple[list[tuple[int, byte
 
 Maker = Callable[[SlotFile, np.random.Generator, str], "tuple[list[tuple[int, bytes]], dict[str, Any]] | str"]
 MAKERS: dict[str, Maker] = {
-    "flip-sign": lambda sf, r, _s: _flip(sf, r, "flip-sign"),
-    "flip-exponent": lambda sf, r, _s: _flip(sf, r, "flip-exponent"),
-    "flip-mantissa": lambda sf, r, _s: _flip(sf, r, "flip-mantissa"),
-    "flip-quant": lambda sf, r, _s: _flip(sf, r, "flip-quant"),
-    "zero-span": lambda sf, r, s: _span(sf, r, int(s), zero=True),
-    "random-span": lambda sf, r, s: _span(sf, r, int(s), zero=False),
+    "flip-sign": lambda sf, r, _s: _flip(sf, r, "flip-sign", body_targets(sf)),
+    "flip-exponent": lambda sf, r, _s: _flip(sf, r, "flip-exponent", body_targets(sf)),
+    "flip-mantissa": lambda sf, r, _s: _flip(sf, r, "flip-mantissa", body_targets(sf)),
+    "flip-quant": lambda sf, r, _s: _flip(sf, r, "flip-quant", body_targets(sf)),
+    "zero-span": lambda sf, r, s: _span(sf, r, int(s), True, body_targets(sf)),
+    "random-span": lambda sf, r, s: _span(sf, r, int(s), False, body_targets(sf)),
     "row-scale": lambda sf, r, s: _row_scale(sf, r, float(s.lstrip("x"))),
-    "cell-swap": lambda sf, r, _s: _cell_swap(sf, r),
-    "kv-swap": lambda sf, r, _s: _kv_swap(sf, r),
-    "layer-swap": lambda sf, r, _s: _layer_swap(sf, r),
+    "cell-swap": lambda sf, r, _s: _cell_swap(sf, r, body_targets(sf)),
+    "kv-swap": lambda sf, r, _s: _kv_swap(sf, r, body_targets(sf)),
+    "layer-swap": lambda sf, r, _s: _layer_swap(sf, r, body_targets(sf)),
     "token": lambda sf, r, _s: _token(sf, r),
-    "ckpt-span": lambda sf, r, s: _span(sf, r, int(s), zero=False, checkpoints=True),
+    "ckpt-span": lambda sf, r, s: _span(sf, r, int(s), False, checkpoint_targets(sf)),
+    "ckpt-zero-span": lambda sf, r, s: _span(sf, r, int(s), True, checkpoint_targets(sf)),
+    "ckpt-flip-sign": lambda sf, r, _s: _flip(sf, r, "flip-sign", checkpoint_targets(sf)),
+    "ckpt-flip-exponent": lambda sf, r, _s: _flip(sf, r, "flip-exponent", checkpoint_targets(sf)),
+    "ckpt-flip-quant": lambda sf, r, _s: _flip(sf, r, "flip-quant", checkpoint_targets(sf)),
+    "ckpt-cell-swap": lambda sf, r, _s: _cell_swap(sf, r, checkpoint_targets(sf)),
+    "ckpt-kv-swap": lambda sf, r, _s: _kv_swap(sf, r, checkpoint_targets(sf)),
+    "ckpt-layer-swap": lambda sf, r, _s: _layer_swap(sf, r, checkpoint_targets(sf)),
 }
 
 

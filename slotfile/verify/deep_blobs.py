@@ -6,8 +6,10 @@ model's recompute of the same tokens.
 The worker prefills the tokens once, stopping at every checkpoint's n_tokens (where the server
 stopped its prompt to call ``create_checkpoint``) and taking the PARTIAL_ONLY blob there
 (``Worker.deep_blobs``).  Each recomputed blob is parsed by the reader's own blob parser
-(:func:`slotfile.format.read_appendix.parse_seq_blob`) and judged layer by layer as the body is
-(:func:`slotfile.verify.judge.compare_bodies`), first against the cache type's minimum floors
+(:func:`slotfile.format.read_appendix.parse_seq_blob`) and judged by the body's rules
+(:func:`slotfile.verify.shape.judge_with_schedules`, without other schedules: statistics, zero
+runs and spikes, then moved data - swapped layers, K/V or cell rows - before any difference is
+excused as drift, then the drift-or-damage shape), first against the cache type's minimum floors
 (:data:`~slotfile.verify.judge.MIN_FLOOR`; a single prompt's checkpoints recompute bit for bit);
 a checkpoint above them is judged again against a stepwise floor of its own, as the body is:
 the same prefill with the tokens since the previous checkpoint (at most
@@ -34,14 +36,17 @@ import numpy as np
 
 from slotfile.format import grammar as g
 from slotfile.format.read_appendix import parse_seq_blob
-from slotfile.format.records import BlobInfo, Body, Checkpoint, MemoryKind, ModelExpect, SlotFile
+from slotfile.format.records import BlobInfo, Body, CacheExpect, Checkpoint, MemoryKind, ModelExpect, SlotFile
 from slotfile.llama.pool import LoaderPool
 from slotfile.llama.settings import draft_settings_for, settings_for
+from slotfile.llama.worker.runtime import DEEP_N_BATCH, DEEP_N_UBATCH
 from slotfile.llama.worker.settings import LoadSettings
 from slotfile.problems import CheckLevel, ProblemCode
-from slotfile.verify.judge import Caches, DeepInputs, caches_of, compare_bodies
+from slotfile.verify.judge import Caches, DeepInputs, caches_of
+from slotfile.verify.lone import lone_cells
 from slotfile.verify.options import VerifyOptions
 from slotfile.verify.records import Level, Status
+from slotfile.verify.shape import Outcome, Schedule, judge_with_schedules
 
 WORST_KEYS = ("section", "part", "layer", "ratio", "by", "worst_pos")
 # The most tokens before a blob that its noise floor decodes one per call (never more than the
@@ -101,7 +106,8 @@ def check_appendices(
             _mark_pending(plan, "the recompute failed")
         else:
             with _mapped(out) as view:
-                judge = _Judge(judged, dataclasses.replace(sf, problems=[], sections=[]), view)
+                sched = Schedule(opts.n_batch or DEEP_N_BATCH, opts.n_ubatch or DEEP_N_UBATCH)
+                judge = _Judge(judged, dataclasses.replace(sf, problems=[], sections=[]), view, sched)
                 _judge_all(judge, sf, plan, reply, caches)
                 _with_floors(judge, sf, plan, reply, caches, call)
     lv.problems += judged.problems
@@ -134,10 +140,13 @@ def _with_floors(
 
 
 def _reopen(lv: Level, e: dict[str, Any], section: str) -> bool:
-    """Whether the blob of entry ``e`` failed by its values alone (deep-mismatch); if so its
-    problems are dropped and the entry is pending again, for its stepwise floor."""
+    """Whether the blob of entry ``e`` failed by its values alone (deep-mismatch), not by a lone
+    cell (:func:`_with_lone`); if so its problems are dropped and the entry is pending again,
+    for its stepwise floor."""
     mine = [p for p in lv.problems if p.section.startswith(section)]
-    if e["status"] != Status.FAIL or not all(p.code == ProblemCode.DEEP_MISMATCH for p in mine):
+    if e["status"] != Status.FAIL or e.get("decided_by") == LONE:
+        return False
+    if not all(p.code == ProblemCode.DEEP_MISMATCH for p in mine):
         return False
     lv.problems = [p for p in lv.problems if p not in mine]
     e.update(status="pending")
@@ -274,18 +283,33 @@ def _judge_all(judge: _Judge, sf: SlotFile, plan: _Plan, reply: dict[str, Any], 
         rec = got.get(ck.n_tokens) or {}
         label, sec = f"checkpoint {ck.index} (n_tokens {ck.n_tokens})", f"sckp.checkpoint[{ck.index}]"
         if e["status"] == "pending":
-            w = _Want(ck.tgt, rec.get("tgt"), f"{sec}.data_tgt", label, ck.n_tokens, sf.expect, True, caches)
+            cs = blob_caches(ck.tgt.body, sf.expect, True, caches)
+            w = _Want(ck.tgt, rec.get("tgt"), f"{sec}.data_tgt", label, ck.n_tokens, sf.expect, True, cs)
             e.update(judge(w.with_floor(floors.get((ck.n_tokens, False)))))
         d = e["draft"]
         if d is not None and d["status"] == "pending":
             label += ", draft"
-            w = _Want(ck.dft, rec.get("dft"), f"{sec}.data_dft", label, ck.n_tokens, sf.draft_expect, True, dcaches)
+            cs = blob_caches(ck.dft.body, sf.draft_expect, True, dcaches)
+            w = _Want(ck.dft, rec.get("dft"), f"{sec}.data_dft", label, ck.n_tokens, sf.draft_expect, True, cs)
             d.update(judge(w.with_floor(dfloors.get((ck.n_tokens, False)))))
     dft = sf.draft.dft if sf.draft is not None else None
     if plan.sdft is not None and plan.sdft["status"] == "pending" and dft is not None:
         n = int(sf.tokens.tokens.size) if sf.tokens is not None else 0
-        w = _Want(dft, reply.get("draft"), "sdft.data_dft", "draft state", n, sf.draft_expect, False, dcaches)
+        cs = blob_caches(dft.body, sf.draft_expect, False, dcaches)
+        w = _Want(dft, reply.get("draft"), "sdft.data_dft", "draft state", n, sf.draft_expect, False, cs)
         plan.sdft.update(judge(w.with_floor(dfloors.get((n, True)))))
+
+
+def blob_caches(body: Body | None, exp: ModelExpect | None, partial: bool, fallback: Caches) -> Caches:
+    """The model's caches by the roles of a blob's blocks.  A PARTIAL_ONLY blob of an iSWA model
+    holds the SWA cache alone (``llama_kv_cache_iswa::state_write`` skips kv_base), which the
+    blob parser names ``kv`` (its only KV block): its head sizes and the model's first layer
+    (:func:`slotfile.verify.shape.first_layer_block`) are the SWA cache's, not the body's ``kv``
+    role's.  ``fallback``: the body's caches, when the blob's blocks are not the expected ones."""
+    want = (exp.partial_blocks if partial else exp.blocks) if exp is not None else ()
+    if body is None or len(body.blocks) != len(want):
+        return fallback
+    return {b.role: e for b, e in zip(body.blocks, want, strict=True) if isinstance(e, CacheExpect)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -317,6 +341,7 @@ class _Judge:
     lv: Level
     scratch: SlotFile  # the file's settings for the reader's blob parser; its problems are the recompute's
     view: memoryview
+    schedule: Schedule  # the worker's split (labels only: a blob is judged without other schedules)
     floor_view: memoryview | None = None  # the noise-floor blobs (_with_floors)
 
     def __call__(self, w: _Want) -> dict[str, Any]:
@@ -325,6 +350,7 @@ class _Judge:
         assert sb is not None and sb.layout is not None  # _plan: only parsed blobs are pending
         sub = Level(CheckLevel.DEEP)
         rows: list[dict[str, Any]] = []
+        how: dict[str, Any] = {"decided_by": None, "evidence": None}
         rec = self._parse(w, w.span, sb, self.view)
         if rec is None:
             sub.error(ProblemCode.DEEP_INTERNAL, "body", sb.offset, "the worker returned no recomputed blob")
@@ -333,7 +359,11 @@ class _Judge:
         else:
             flo = self._parse(w, w.floor, sb, self.floor_view) if self.floor_view is not None else None
             floor = flo if flo is not None and flo.layout is not None else None
-            rows = compare_bodies(sub, sb, rec, DeepInputs(floor, w.caches, w.n_tokens, w.k if floor else 0))
+            inputs = DeepInputs(floor, w.caches, w.n_tokens, w.k if floor else 0)
+            final = self.floor_view is not None
+            outcome = _with_lone(sb, judge_with_schedules(sb, inputs, (self.schedule, rec), None), final)
+            _commit(sub, sb, outcome, final)
+            rows, how = outcome.judgment.rows, {k: outcome.details()[k] for k in how}
         for p in sub.problems:
             where = w.section + p.section.removeprefix("body")
             self.lv.add(p.severity, p.code, where, p.offset, f"{w.label}: {p.message}")
@@ -346,6 +376,7 @@ class _Judge:
             "worst": worst,
             "layers": len(rows),
             "stepwise": w.k if w.floor else 0,
+            **how,
         }
 
     def _parse(self, w: _Want, span: list[int] | None, sb: Body, view: memoryview) -> Body | None:
@@ -361,6 +392,38 @@ class _Judge:
             self.scratch, view, rec, w.section, partial=sb.layout.kinds, exp=w.exp, exp_partial=w.exp_partial
         )
         return rec.body
+
+
+LONE = "lone-layer"  # decided_by of a blob with a lone cell (slotfile/verify/lone.py)
+
+
+def _with_lone(body: Body, outcome: Outcome, final: bool) -> Outcome:
+    """``outcome`` with the lone cells of its judgment (:func:`slotfile.verify.lone.lone_cells`)
+    as damage, unless moved data or damaged bytes decided it already.  Lone cells do not wait
+    for the stepwise floor (the other layers' exact agreement is their evidence; :func:`_reopen`
+    leaves them), so outside the ``final`` judgment the layers' floor-dependent differences are
+    dropped: only the stepwise floor could judge those."""
+    lone = [] if outcome.decided_by in ("misplaced", "bytes") else lone_cells(body, outcome.judgment)
+    if not lone:
+        return outcome
+    j = outcome.judgment
+    keep = j.problems if final else [p for p in j.problems if p[0] != ProblemCode.DEEP_MISMATCH]
+    j.problems = lone + keep
+    ev = lone[0][3] + (f" (+{len(lone) - 1} more)" if len(lone) > 1 else "")
+    return dataclasses.replace(outcome, decided_by=LONE, evidence=ev, drift=False)
+
+
+def _commit(sub: Level, body: Body, outcome: Outcome, final: bool) -> None:
+    """A blob's outcome into ``sub`` as the body's is (:func:`slotfile.verify.deep._commit`: a
+    drift-shaped difference is one warning), but only in its ``final`` judgment, the one against
+    its stepwise floor: against the minimum floors alone its layer errors stand, so that
+    :func:`_reopen` judges it again against that floor."""
+    from slotfile.verify.deep import _commit as commit_body  # deep imports this module
+
+    if final or not outcome.drift:
+        commit_body(sub, body, outcome)
+    else:
+        outcome.judgment.commit(sub)
 
 
 @contextlib.contextmanager
