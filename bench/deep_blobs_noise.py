@@ -134,7 +134,8 @@ def _summary(r: dict[str, Any]) -> dict[str, Any]:
         "problems": sorted({f"{p['code']} {p['section']}" for p in deep["problems"]}),
         "body_margin": d.get("margin"),
         "checkpoints": [
-            {k: c.get(k) for k in ("n_tokens", "status", "margin", "reason")} | {"by": (c.get("worst") or {}).get("by")}
+            {k: c.get(k) for k in ("n_tokens", "status", "margin", "reason", "stepwise", "decided_by")}
+            | {"by": (c.get("worst") or {}).get("by")}
             for c in d.get("checkpoints", [])
         ],
         "deep_seconds": deep["seconds"],
