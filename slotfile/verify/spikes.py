@@ -44,8 +44,8 @@ from slotfile.format.records import LayerRun
 from slotfile.format.types import TYPES, TypeId
 from slotfile.verify.stats import CHUNK_CELLS, FLOAT_TYPES, dequant_rows
 
-# The largest ratio clean files show against their first recompute (bench/detect-shape-judge.md, 2026-12-04
-# 16:00: 280 real-server files, every GPU-written one (v3-cuda, v4-cuda, v4-cuda-fa: -fa on/off, q8_0,
+# The largest ratio clean files show against their first recompute (bench/spike_maxima.py; bench/detect-shape-judge.md,
+# 2026-12-04 16:00: 280 real-server files, every GPU-written one (v3-cuda, v4-cuda, v4-cuda-fa: -fa on/off, q8_0,
 # q4_0) verified on a CPU, every v3/v4-native Gemma 3 270M file (-fa on/off, q8_0, q4_0, SWA full, -np 4,
 # -ub 64/128, long prompts) and the fixture models'), per kind: K 3.53 where a -ub 128 server's split makes
 # a CPU-written Gemma 3 file drift (g-ub128-b256-fa-off long, cell 293: 5.98 against 1.70 in its row), V
