@@ -38,7 +38,7 @@ from slotfile.verify.judge import (
 )
 from slotfile.verify.options import VerifyOptions
 from slotfile.verify.records import Level, SkipKind, Status
-from slotfile.verify.shape import Outcome, Recompute, Schedule, judge_with_schedules
+from slotfile.verify.shape import Recompute, Schedule, commit_outcome, judge_with_schedules
 from slotfile.verify.stats import FLOAT_TYPES, cell_stats, tolerance_class
 
 
@@ -251,7 +251,7 @@ def _judge_deep(
             lv.error(ProblemCode.DEEP_ROTATION, "body", body.offset, _rotation_message(rot))
         else:
             outcome = judge_with_schedules(body, inputs, (first, rec.body), recompute, checkpoints)  # type: ignore[arg-type]
-            _commit(lv, body, outcome)
+            commit_outcome(lv, body, outcome)
     finally:
         for f in (rec, flo, *opened):
             if f is not None:
@@ -275,22 +275,6 @@ def _judge_deep(
         "min_floor": MIN_FLOOR,
         **(outcome.details() if outcome else {"decided_by": "rotation", "evidence": "", "schedules": []}),
     }
-
-
-def _commit(lv: Level, body: Body, outcome: Outcome) -> None:
-    """The outcome's problems into ``lv``; a drift-shaped difference left after every schedule
-    tried is one warning instead of its layer errors."""
-    if not outcome.drift:
-        outcome.judgment.commit(lv)
-        return
-    lv.warn(
-        ProblemCode.DEEP_DRIFT,
-        "body",
-        body.offset,
-        f"{len(outcome.judgment.problems)} layer(s) exceed their noise floors with the shape of drift, "
-        f"not damage ({outcome.evidence}); the server computed this state in pieces this recompute "
-        "could not replay (a prefix from an earlier request, another build or instruction set)",
-    )
 
 
 def _rotation_message(rot: dict[str, Any]) -> str:

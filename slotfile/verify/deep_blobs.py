@@ -46,7 +46,7 @@ from slotfile.verify.judge import Caches, DeepInputs, caches_of
 from slotfile.verify.lone import lone_cells
 from slotfile.verify.options import VerifyOptions
 from slotfile.verify.records import Level, Status
-from slotfile.verify.shape import Outcome, Schedule, judge_with_schedules
+from slotfile.verify.shape import Outcome, Schedule, commit_outcome, judge_with_schedules
 
 WORST_KEYS = ("section", "part", "layer", "ratio", "by", "worst_pos")
 # The most tokens before a blob that its noise floor decodes one per call (never more than the
@@ -414,14 +414,12 @@ def _with_lone(body: Body, outcome: Outcome, final: bool) -> Outcome:
 
 
 def _commit(sub: Level, body: Body, outcome: Outcome, final: bool) -> None:
-    """A blob's outcome into ``sub`` as the body's is (:func:`slotfile.verify.deep._commit`: a
+    """A blob's outcome into ``sub`` as the body's is (:func:`slotfile.verify.shape.commit_outcome`: a
     drift-shaped difference is one warning), but only in its ``final`` judgment, the one against
     its stepwise floor: against the minimum floors alone its layer errors stand, so that
     :func:`_reopen` judges it again against that floor."""
-    from slotfile.verify.deep import _commit as commit_body  # deep imports this module
-
     if final or not outcome.drift:
-        commit_body(sub, body, outcome)
+        commit_outcome(sub, body, outcome)
     else:
         outcome.judgment.commit(sub)
 

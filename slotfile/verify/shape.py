@@ -29,6 +29,7 @@ from slotfile.format.records import Body
 from slotfile.problems import ProblemCode
 from slotfile.verify.judge import MARGIN_LIMIT, Caches, DeepInputs, Judgment, RunCells, judge_layers
 from slotfile.verify.misplaced import find_misplaced
+from slotfile.verify.records import Level
 
 MAX_RETRIES = 4  # extra recomputes, each only while the difference has the drift shape
 # a layer at a position "differs too" (corroborates a failing cell of another layer) above this
@@ -281,3 +282,19 @@ def judge_with_schedules(
         "the first tokens: damage"
     )
     return Outcome(best, best_s, "shape", ev, tried)
+
+
+def commit_outcome(lv: Level, body: Body, outcome: Outcome) -> None:
+    """The outcome's problems into ``lv``; a drift-shaped difference left after every schedule
+    tried is one warning instead of its layer errors."""
+    if not outcome.drift:
+        outcome.judgment.commit(lv)
+        return
+    lv.warn(
+        ProblemCode.DEEP_DRIFT,
+        "body",
+        body.offset,
+        f"{len(outcome.judgment.problems)} layer(s) exceed their noise floors with the shape of drift, "
+        f"not damage ({outcome.evidence}); the server computed this state in pieces this recompute "
+        "could not replay (a prefix from an earlier request, another build or instruction set)",
+    )
