@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -147,11 +148,12 @@ def find_misplaced(
     over = _over_by_position(j, limit)
     for g in _groups(file_body, rec_body):
         cache: dict[int, np.ndarray] = {}
+        stacks: dict[tuple[int, int], Any] = {}
         for fr, rr in g.runs:
             key = (g.section, fr.part, fr.index)
             if key not in failing:
                 continue
-            p = _layer_match(g, fr, rr, cache)
+            p = _layer_match(g, fr, rr, cache, stacks)
             rc = failing[key]
             if p is None and rc is not None and g.positions is not None:
                 p = _cell_matches(g, (fr, rr), rc, _confined(rc, over, suspect))
@@ -182,7 +184,9 @@ def _confined(rc: RunCells, over: dict[int, set[tuple[str, int]]], suspect: floa
     return np.array([c for c in bad if not over.get(int(rc.positions[c]), set()) - me], dtype=np.int64)
 
 
-def _layer_match(g: Group, fr: LayerRun, rr: LayerRun, cache: dict[int, np.ndarray]) -> Problem | None:
+def _layer_match(
+    g: Group, fr: LayerRun, rr: LayerRun, cache: dict[int, np.ndarray], stacks: dict[tuple[int, int], Any]
+) -> Problem | None:
     """The file's layer against every recomputed layer of the group with its type and byte
     length (another layer, the other of K and V): a problem when one is within :data:`MATCH`
     of the distance to its own recompute and the move is corroborated (:func:`corroborate`)."""
@@ -196,17 +200,27 @@ def _layer_match(g: Group, fr: LayerRun, rr: LayerRun, cache: dict[int, np.ndarr
             cache[id(r)] = sample(r, flat, g.align)
         return cache[id(r)]
 
-    own = distance(x, rec(rr))
-    best: tuple[float, LayerRun, LayerRun] | None = None
-    for fo, other in g.runs:
-        if other is rr or other.type_id != fr.type_id or _flat_length(other) != size:
-            continue
-        d = distance(x, rec(other))
-        if best is None or d < best[0]:
-            best = (d, fo, other)
-    if best is None or not best[0] < MATCH * own:
+    cands = [(fo, o) for fo, o in g.runs if o is not rr and o.type_id == fr.type_id and _flat_length(o) == size]
+    if not cands:
         return None
-    d, fo, other = best
+    own = distance(x, rec(rr))
+    # every candidate at once: the group's recomputed samples of this type and length stacked
+    # once (their norms with them), one product per layer instead of a distance call per pair
+    key = (fr.type_id, size)
+    if key not in stacks:
+        same = [o for _fo, o in g.runs if o.type_id == fr.type_id and _flat_length(o) == size]
+        ys = np.stack([rec(o) for o in same])
+        stacks[key] = ({id(o): i for i, o in enumerate(same)}, ys, np.einsum("ij,ij->i", ys, ys))
+    row, ys, ny2 = stacks[key]
+    idx = np.array([row[id(o)] for _fo, o in cands])
+    nx2 = float(np.einsum("i,i->", x, x))
+    d2 = np.maximum(ny2[idx] + nx2 - 2.0 * np.einsum("ij,j->i", ys[idx], x), 0.0)
+    den = np.sqrt(np.maximum(ny2[idx], nx2))
+    k = int(np.argmin(np.where(den > TINY, np.sqrt(d2) / np.maximum(den, TINY), 0.0)))
+    fo, other = cands[k]
+    d = distance(x, rec(other))  # exact (the product form rounds near 0: a copy is at 0)
+    if not d < MATCH * own:
+        return None
     how = corroborate(x, sample(fo, flat, None), rec(rr), rec(other))
     if not how:
         return None

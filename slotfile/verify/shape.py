@@ -92,6 +92,9 @@ class Outcome:
     evidence: str
     tried: list[dict[str, Any]] = field(default_factory=list)
     drift: bool = False  # the file passes as drift though a layer exceeds its floors
+    # it fails only because no split tried moved a drift-shaped difference: a caller that could
+    # not offer other splits (the appendix blobs' first judgment) may recompute with its own
+    unmoved: bool = False
 
     def details(self) -> dict[str, Any]:
         return {"decided_by": self.decided_by, "evidence": self.evidence, "schedules": self.tried}
@@ -136,6 +139,7 @@ def drift_shape(
     alt = [np.nan_to_num(_position_matrix(o.cells)[0]) for o in others]
     alt = [a for a in alt if a.shape == r.shape]
     high = r >= CORROBORATE
+    held = ~np.isnan(m)
     cols = np.flatnonzero(high.any(axis=0))
     onset = int(cols[0]) if cols.size else None
     for i in range(len(runs)):
@@ -144,7 +148,7 @@ def drift_shape(
             seen = [float(a[i, p]) for a in alt] + [float(r[i, p])]
             if not why and max(seen) > SCHEDULE_DEPENDENT * max(min(seen), 1e-9):
                 continue  # the split moves it: drift
-            bg = max(_background(x, runs, i, int(p)) for x in (r, *alt))
+            bg = max(_background(x, runs, i, int(p), held) for x in (r, *alt))
             if not why and bg >= DRIFTING and r[i, p] <= 2 * limit * bg:
                 continue  # as far from the recompute as every layer around it, relative to its floor
             why = why or _isolated(runs, high, i, int(p), float(r[i, p]))
@@ -153,11 +157,11 @@ def drift_shape(
     return Shape(True, f"drift: from position {onset} on, the layers differ together (model space)", onset)
 
 
-def _background(r: np.ndarray, runs: list[RunCells], i: int, p: int) -> float:
-    """The median over the other layers holding position ``p`` of their largest ratio within
-    :data:`NEAR` positions of it."""
+def _background(r: np.ndarray, runs: list[RunCells], i: int, p: int, held: np.ndarray) -> float:
+    """The median over the other layers holding position ``p`` (``held``: runs by position) of
+    their largest ratio within :data:`NEAR` positions of it."""
     key = (runs[i].block, runs[i].layer)
-    rows = [k for k, x in enumerate(runs) if (x.block, x.layer) != key and x.positions is not None and p in x.positions]
+    rows = [k for k in np.flatnonzero(held[:, p]) if (runs[k].block, runs[k].layer) != key]
     if not rows:
         return 0.0
     return float(np.median(r[rows, max(0, p - NEAR) : p + NEAR + 1].max(axis=1)))
@@ -281,7 +285,7 @@ def judge_with_schedules(
         f"first, {best.margin:.3g} at best with {len(tried)} recomputes) and another build's drift starts at "
         "the first tokens: damage"
     )
-    return Outcome(best, best_s, "shape", ev, tried)
+    return Outcome(best, best_s, "shape", ev, tried, unmoved=True)
 
 
 def commit_outcome(lv: Level, body: Body, outcome: Outcome) -> None:
