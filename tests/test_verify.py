@@ -160,10 +160,13 @@ def test_wrong_model_of_the_same_shape(tmp_path):
     statuses = {k: lv.status for k, lv in r.levels.items()}
     assert statuses == {"structure": "pass", "model": "pass", "load": "pass", "deep": "fail"}
     # every layer differs from position 0 on, which the shape judge reads as another build's drift
-    # (a warning); what fails the file is the next-token logits, far beyond their floor
+    # (a warning); what fails the file is the next-token logits, far beyond their floor, and the
+    # verdict says so: decided by the logits, the message naming other weights as the likely cause
     deep = r.levels["deep"]
-    assert any(p.code == "deep-logits" and p.severity == "error" for p in deep.problems)
-    assert deep.details["decided_by"] == "drift" and deep.details["margin"] > 1000
+    (lg,) = [p for p in deep.problems if p.code == "deep-logits" and p.severity == "error"]
+    assert "with the shape of drift" in lg.message and "other weights" in lg.message
+    assert deep.details["decided_by"] == "logits" and deep.details["margin"] > 1000
+    assert "logits differ by" in deep.details["evidence"]
 
 
 def test_version_message_is_plain():

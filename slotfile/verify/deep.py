@@ -258,8 +258,9 @@ def _judge_deep(
                 f.close()
     rows = outcome.judgment.rows if outcome else []
     lg = res.logits or {}
-    lfloor, lratio = _check_logits(lv, body, lg)
     worst = max(rows, key=lambda r: r["ratio"], default=None)
+    drift = outcome.judgment.margin if outcome is not None and outcome.drift else None
+    lfloor, lratio = _check_logits(lv, body, lg, drift)
     lv.details = {
         "layers": rows,
         "logits": dict(lg, floor=lfloor, ratio=round(lratio, 3)),
@@ -275,6 +276,13 @@ def _judge_deep(
         "min_floor": MIN_FLOOR,
         **(outcome.details() if outcome else {"decided_by": "rotation", "evidence": "", "schedules": []}),
     }
+    if drift is not None and lv.has(ProblemCode.DEEP_LOGITS):
+        # the layers alone would pass as drift: what failed the file is what it would answer
+        lv.details["decided_by"] = "logits"
+        lv.details["evidence"] = (
+            f"the next-token logits differ by {lratio:.3g} floors, though the layers' difference "
+            f"({drift:.3g} floors) has the shape of drift ({outcome.evidence if outcome else ''})"
+        )
 
 
 def _rotation_message(rot: dict[str, Any]) -> str:
@@ -291,9 +299,11 @@ def _rotation_message(rot: dict[str, Any]) -> str:
     )
 
 
-def _check_logits(lv: Level, body: Body, lg: dict[str, Any]) -> tuple[float, float]:
+def _check_logits(lv: Level, body: Body, lg: dict[str, Any], drift: float | None = None) -> tuple[float, float]:
     """Next-token logits after restoring the file against those after recomputing, judged
-    against their floor (at least LOGITS_MIN_FLOOR of the body's coarsest type): (floor, ratio)."""
+    against their floor (at least LOGITS_MIN_FLOOR of the body's coarsest type): (floor, ratio).
+    ``drift``: the layers' margin when they passed as drift (the message then says what that
+    means for the file: another build's drift leaves the logits within their floor)."""
     tol_class = max(
         (tolerance_class(r.type_id) for b in body.blocks for r in b.runs()),
         key=lambda c: LOGITS_MIN_FLOOR[c],
@@ -310,6 +320,13 @@ def _check_logits(lv: Level, body: Body, lg: dict[str, Any]) -> tuple[float, flo
             body.offset,
             f"next-token logits after restoring differ from those after recomputing the tokens by "
             f"{lratio:.3g} noise floors ({100 * lg['rel']:.3g}%; floor {100 * lfloor:.3g}%, limit "
-            f"{MARGIN_LIMIT:g}; top token {lg['top5_restored'][0]} vs {lg['top5_recomputed'][0]})",
+            f"{MARGIN_LIMIT:g}; top token {lg['top5_restored'][0]} vs {lg['top5_recomputed'][0]})"
+            + (
+                ""
+                if drift is None
+                else f"; every layer differs from this model's recompute ({drift:.3g} floors at most) with the "
+                "shape of drift, which another build's arithmetic gives but leaves the logits within their floor: "
+                "likely computed with other weights (another model or quantization than --model)"
+            ),
         )
     return lfloor, lratio
