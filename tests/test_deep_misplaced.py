@@ -156,6 +156,31 @@ def test_rows_moved_in_several_layers_are_not_named(gemma_bytes):
     assert _judge(both, gemma_bytes).decided_by != "misplaced"
 
 
+@pytest.mark.parametrize("scale", [0.05, 0.1])
+def test_cell_swap_among_drifting_layers_is_named(gemma_bytes, scale, monkeypatch):
+    """Every layer over the limit at every position (a GPU-written file judged on a CPU: 6-104
+    floors): no cell is confined by "no other layer differs there", yet the two swapped rows
+    stand out of their layer (STAND_OUT) while the other layers' cells there do not stand out
+    of theirs, so the move is still named.  Without that second reading it is not."""
+    import slotfile.verify.misplaced as mp
+
+    damaged = cell_swap(noised(gemma_bytes, scale))
+    out = _judge(damaged, gemma_bytes)
+    assert out.decided_by == "misplaced", out.evidence
+    assert out.judgment.problems[0][3].startswith("K layer 1 (f16): cell 7 (position 7) holds the row recomputed")
+    monkeypatch.setattr(mp, "_outstanding_by_position", lambda j: None)
+    assert _judge(damaged, gemma_bytes).decided_by != "misplaced"
+
+
+@pytest.mark.parametrize("scale", [0.05, 0.1])
+def test_rows_moved_in_several_drifting_layers_are_not_named(gemma_bytes, scale):
+    """The tipped-row shape of the test above, among drifting layers: the rows stand out at the
+    same positions in two layers, so neither is confined to its layer."""
+    both = cell_swap(cell_swap(noised(gemma_bytes, scale), layer=1), layer=0)
+    body, clean = parse_buffer(both).body, parse_buffer(gemma_bytes).body
+    assert find_misplaced(body, clean, judge_layers(body, clean)) == []
+
+
 def test_clean_file_has_nothing_misplaced(gemma_bytes):
     body = parse_buffer(gemma_bytes).body
     j = judge_layers(body, body)

@@ -38,12 +38,22 @@ from slotfile.verify.stats import CHUNK_CELLS, dequant_rows
 # recomputed layer at 8.8 times its own distance or more; among the 64 worst cells of each layer
 # (confined, corroborated) 0.94 or more (two positions with near-equal rows).  A move: 0 to 0.05.
 MATCH = 0.25
+# a whole layer has far more room: no clean layer came nearer another's recompute than 8.8 times
+# its own distance, so a layer matches from half its own distance on.  A K/V swap of a q4_0 SWA
+# layer in a CUDA-written Gemma file (every layer drifting, q4_0's own distance 0.2-0.35) sat at
+# 0.25-0.26 of its own distance: missed at MATCH, caught here
+MATCH_LAYER = 0.5
 SAMPLE = 1 << 16  # values of a layer compared, evenly spaced in byte order
 MAX_CELLS = 64  # suspect cells per layer looked up among the layer's recomputed rows
 # a layer or cell is suspect from this many noise floors on: a move is judged by its distances,
 # not its size (a q4_0 cell swap can stay under the limit: 2.9 floors)
 SUSPECT = 1.0
 TINY = 1e-30
+# where every layer drifts beyond the limit (a GPU-written file), a cell is confined to its
+# layer when it stands this many times above the layer's median cell (at least one floor) and
+# no other layer's cell at its position stands out of its own layer so: a cell swap in a CUDA
+# file's K layer 9 stood 21x above its layer's median, the other layers there 0.5-2.7x
+STAND_OUT = 4.0
 
 
 @dataclass
@@ -146,6 +156,7 @@ def find_misplaced(
         return []
     out: list[Problem] = []
     over = _over_by_position(j, limit)
+    outstanding = _outstanding_by_position(j)
     for g in _groups(file_body, rec_body):
         cache: dict[int, np.ndarray] = {}
         stacks: dict[tuple[int, int], Any] = {}
@@ -156,7 +167,7 @@ def find_misplaced(
             p = _layer_match(g, fr, rr, cache, stacks)
             rc = failing[key]
             if p is None and rc is not None and g.positions is not None:
-                p = _cell_matches(g, (fr, rr), rc, _confined(rc, over, suspect))
+                p = _cell_matches(g, (fr, rr), rc, _confined(rc, over, suspect, outstanding))
             if p is not None:
                 out.append(p)
     return out
@@ -172,23 +183,53 @@ def _over_by_position(j: Judgment, limit: float) -> dict[int, set[tuple[str, int
     return over
 
 
-def _confined(rc: RunCells, over: dict[int, set[tuple[str, int]]], suspect: float) -> np.ndarray:
+def _standing_out(c: RunCells) -> np.ndarray:
+    """Which cells of a layer stand :data:`STAND_OUT` times above the layer's typical cell
+    (its median ratio, at least one floor)."""
+    return c.ratio >= STAND_OUT * max(float(np.median(c.ratio)), 1.0) if c.ratio.size else c.ratio.astype(bool)
+
+
+def _outstanding_by_position(j: Judgment) -> dict[int, set[tuple[str, int]]]:
+    """Per position, the layers (block role, layer) whose cell there stands out of its layer."""
+    out: dict[int, set[tuple[str, int]]] = {}
+    for c in j.cells:
+        if c.positions is not None:
+            for p in c.positions[np.flatnonzero(_standing_out(c))]:
+                out.setdefault(int(p), set()).add((c.block, c.layer))
+    return out
+
+
+def _confined(
+    rc: RunCells,
+    over: dict[int, set[tuple[str, int]]],
+    suspect: float,
+    outstanding: dict[int, set[tuple[str, int]]] | None = None,
+) -> np.ndarray:
     """The cells of ``rc`` over ``suspect`` floors where no other layer is over the limit (its
-    K or V may be) in ``over`` (:func:`_over_by_position`):
-    damage lives in one layer's bytes, while a drifting row that tips towards another
-    position's recompute (a long repetitive prompt: two near-tied attention targets) carries
-    that difference into every layer above it."""
+    K or V may be) in ``over`` (:func:`_over_by_position`), or, where every layer drifts (a
+    file from another build: every layer over the limit everywhere), that stand out of their
+    layer while no other layer's cell at that position stands out of its own
+    (``outstanding``: :func:`_outstanding_by_position`).  Damage lives in one layer's bytes,
+    while a drifting row that tips towards another position's recompute (a long repetitive
+    prompt: two near-tied attention targets) carries that difference into every layer above it."""
     assert rc.positions is not None
     bad = np.flatnonzero(rc.ratio > suspect)
     me = {(rc.block, rc.layer)}
-    return np.array([c for c in bad if not over.get(int(rc.positions[c]), set()) - me], dtype=np.int64)
+    mine = _standing_out(rc)
+    keep = [
+        c
+        for c in bad
+        if not over.get(int(rc.positions[c]), set()) - me
+        or (outstanding is not None and mine[c] and not outstanding.get(int(rc.positions[c]), set()) - me)
+    ]
+    return np.array(keep, dtype=np.int64)
 
 
 def _layer_match(
     g: Group, fr: LayerRun, rr: LayerRun, cache: dict[int, np.ndarray], stacks: dict[tuple[int, int], Any]
 ) -> Problem | None:
     """The file's layer against every recomputed layer of the group with its type and byte
-    length (another layer, the other of K and V): a problem when one is within :data:`MATCH`
+    length (another layer, the other of K and V): a problem when one is within :data:`MATCH_LAYER`
     of the distance to its own recompute and the move is corroborated (:func:`corroborate`)."""
     size = _flat_length(fr)
     # evenly spaced, strictly increasing (a step of at least 1)
@@ -219,9 +260,9 @@ def _layer_match(
     k = int(np.argmin(np.where(den > TINY, np.sqrt(d2) / np.maximum(den, TINY), 0.0)))
     fo, other = cands[k]
     d = distance(x, rec(other))  # exact (the product form rounds near 0: a copy is at 0)
-    if not d < MATCH * own:
+    if not d < MATCH_LAYER * own:
         return None
-    how = corroborate(x, sample(fo, flat, None), rec(rr), rec(other))
+    how = corroborate(x, sample(fo, flat, None), rec(rr), rec(other), MATCH_LAYER)
     if not how:
         return None
     name = f"{other.part} layer {other.index}"
@@ -234,7 +275,7 @@ def _layer_match(
     return (ProblemCode.DEEP_MISMATCH, g.section, fr.data.offset, msg)
 
 
-def corroborate(x: np.ndarray, y: np.ndarray, rx: np.ndarray, ry: np.ndarray) -> str:
+def corroborate(x: np.ndarray, y: np.ndarray, rx: np.ndarray, ry: np.ndarray, match: float = MATCH) -> str:
     """How stored block ``x``, which matches recomputed block ``ry`` better than its own ``rx``,
     got there, from the stored block ``y`` recomputed as ``ry``: ``copied`` (``y`` holds the
     same values), ``exchanged`` (``y`` matches ``rx`` likewise), or '' (not corroborated: a
@@ -242,7 +283,7 @@ def corroborate(x: np.ndarray, y: np.ndarray, rx: np.ndarray, ry: np.ndarray) ->
     two rows towards each other's, never to the same bytes)."""
     if np.array_equal(x, y):
         return "copied"
-    return "exchanged" if distance(y, rx) < MATCH * distance(y, ry) else ""
+    return "exchanged" if distance(y, rx) < match * distance(y, ry) else ""
 
 
 def _cell_matches(g: Group, runs: tuple[LayerRun, LayerRun], rc: RunCells, bad: np.ndarray) -> Problem | None:
