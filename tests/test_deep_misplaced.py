@@ -181,6 +181,25 @@ def test_rows_moved_in_several_drifting_layers_are_not_named(gemma_bytes, scale)
     assert find_misplaced(body, clean, judge_layers(body, clean)) == []
 
 
+def test_kv_swap_among_noisy_layers_is_named(gemma_bytes, monkeypatch):
+    """A layer's K and V exchanged where every value is also far from its recompute (noise of
+    0.4 of each value: the stored V sits 0.37 of its norm from the recomputed V, a third of its
+    distance to its own recompute, as a q4_0 layer of a CUDA-written file did): a whole layer
+    matches from half its own distance (MATCH_LAYER), and the same noise alone matches nothing.
+    At the cells' quarter it would pass."""
+    import slotfile.verify.misplaced as mp
+
+    clean = parse_buffer(gemma_bytes).body
+    body = parse_buffer(kv_swap(noised(gemma_bytes, 0.4))).body
+    j = judge_layers(body, clean)
+    found = find_misplaced(body, clean, j)
+    assert found and found[0][3].startswith("K layer 1 (f16) matches the recompute of V layer 1")
+    noisy = parse_buffer(noised(gemma_bytes, 0.4)).body
+    assert find_misplaced(noisy, clean, judge_layers(noisy, clean)) == []
+    monkeypatch.setattr(mp, "MATCH_LAYER", MATCH)
+    assert find_misplaced(body, clean, j) == []
+
+
 def test_clean_file_has_nothing_misplaced(gemma_bytes):
     body = parse_buffer(gemma_bytes).body
     j = judge_layers(body, body)
