@@ -120,14 +120,11 @@ def _with_floors(
 ) -> None:
     """Judge again, each against its stepwise noise floor, the blobs that failed by their values
     alone (deep-mismatch) against the minimum floors."""
-    retry, dretry = [], []
-    for ck, e in zip(sf.checkpoints, plan.checkpoints, strict=True):
-        if _reopen(judge.lv, e, f"sckp.checkpoint[{ck.index}].data_tgt"):
-            retry.append(ck.n_tokens)
-        if e["draft"] is not None and _reopen(judge.lv, e["draft"], f"sckp.checkpoint[{ck.index}].data_dft"):
-            dretry.append(ck.n_tokens)
-    if plan.sdft is not None and _reopen(judge.lv, plan.sdft, "sdft.data_dft"):
-        dretry.append(int(sf.tokens.tokens.size) if sf.tokens is not None else 0)
+    retry: list[int] = []
+    dretry: list[int] = []
+    for sec, (e, n, draft) in _blob_sections(sf, plan).items():
+        if _reopen(judge.lv, e, sec):
+            (dretry if draft else retry).append(n)
     if not retry and not dretry:
         return
     with _scratch() as out:
@@ -165,11 +162,14 @@ def _with_splits(judge: _Judge, sf: SlotFile, plan: _Plan, caches: Caches, call:
     2.7 at 128).  A blob no split clears keeps its first judgment."""
     todo = {sec: v for sec, v in _blob_sections(sf, plan).items() if sec in judge.unmoved}
     first = judge.schedule
-    tried = {sec: [first.as_dict() | {"margin": v[0]["margin"]}] for sec, v in todo.items()}
+    tried = {sec: [first.as_dict() | {"margin": e["margin"]}] for sec, (e, _n, _d) in todo.items()}
+    for sec, (e, _n, _d) in todo.items():
+        e["schedules"] = tried[sec]  # filled in as the splits are tried (kept across the restores below)
     for u in [u for u in USUAL_UBATCH if u < first.n_ubatch][:MAX_RETRIES]:
         if not todo:
             break
-        kept = {sec: dict(v[0]) for sec, v in todo.items()}
+        sched = Schedule(first.n_batch, u)
+        kept = {sec: dict(e) for sec, (e, _n, _d) in todo.items()}
         for e, _n, _d in todo.values():
             e.update(status="pending")
         sub = Level(CheckLevel.DEEP)
@@ -184,25 +184,22 @@ def _with_splits(judge: _Judge, sf: SlotFile, plan: _Plan, caches: Caches, call:
                 )
             if reply is not None and floors is not None:
                 with _mapped(out) as view, _mapped(fout) as fview:
-                    split = _Judge(sub, judge.scratch, view, Schedule(first.n_batch, u), fview)
+                    split = _Judge(sub, judge.scratch, view, sched, fview)
                     _judge_all(split, sf, plan, reply | {k: floors[k] for k in ("floors", "draft_floors")}, caches)
         for sec, (e, _n, _d) in list(todo.items()):
-            label = Schedule(first.n_batch, u).as_dict()
-            tried[sec].append(label | ({"margin": e["margin"]} if e["status"] != "pending" else {"error": why}))
+            got = {"margin": e["margin"]} if e["status"] != "pending" else {"error": why}
+            tried[sec].append(sched.as_dict() | got)
             if e["status"] == Status.PASS:
                 judge.lv.problems = [p for p in judge.lv.problems if not p.section.startswith(sec)]
                 judge.lv.problems += [p for p in sub.problems if p.section.startswith(sec)]
                 e.update(
                     decided_by="schedule",
-                    evidence=f"replaying the split {Schedule(first.n_batch, u).label()} leaves it within its floors",
+                    evidence=f"replaying the split {sched.label()} leaves it within its floors",
                 )
                 del todo[sec]
             else:
                 e.clear()
                 e.update(kept[sec])
-    for sec, (e, _n, _d) in _blob_sections(sf, plan).items():
-        if sec in tried:
-            e["schedules"] = tried[sec]
 
 
 def _reopen(lv: Level, e: dict[str, Any], section: str) -> bool:
@@ -479,7 +476,7 @@ def _with_lone(body: Body, outcome: Outcome, final: bool) -> Outcome:
     keep = j.problems if final else [p for p in j.problems if p[0] != ProblemCode.DEEP_MISMATCH]
     j.problems = lone + keep
     ev = lone[0][3] + (f" (+{len(lone) - 1} more)" if len(lone) > 1 else "")
-    return dataclasses.replace(outcome, decided_by=LONE, evidence=ev, drift=False)
+    return dataclasses.replace(outcome, decided_by=LONE, evidence=ev, drift=False, unmoved=False)
 
 
 def _commit(sub: Level, body: Body, outcome: Outcome, final: bool) -> None:
