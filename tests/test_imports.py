@@ -8,6 +8,7 @@ function-level import fails here as well.
 from __future__ import annotations
 
 import ast
+import os
 from pathlib import Path
 
 PKG = Path(__file__).resolve().parent.parent / "slotfile"
@@ -190,3 +191,45 @@ def test_the_layer_check_finds_a_function_level_import(tmp_path: Path):
         ("slotfile.format.reader", "slotfile.llama.pool")
     ]
     assert forbidden_edges(g, "!slotfile.cli", ("slotfile.cli",)) == [("slotfile.llama.pool", "slotfile.cli.app")]
+
+
+def test_a_structure_only_run_forks_before_the_model_side(tmp_path: Path):
+    """A directory's structure-only verify forks its workers once the reader is imported: the
+    judge, the deep level, the loader and the model bridge (~0.1 s of start-up before the
+    fork, and memory in every worker) are not imported by then, nor by the workers.  Checked
+    in a fresh interpreter, through the CLI, on 240 copies of real fixture files (forked from
+    200 on: slotfile.slotdir.forked.PARALLEL_MIN)."""
+    import shutil
+    import subprocess
+    import sys
+
+    slots = sorted((PKG.parent / "fixtures" / "slots").glob("*.slot"))
+    for i in range(240):
+        p = tmp_path / f"s{i:03d}.slot"
+        shutil.copyfile(slots[i % len(slots)], p)
+        os.utime(p, (1, 1))  # long settled
+    code = (
+        "import sys\n"
+        "import slotfile.slotdir.forked as F\n"
+        "heavy = ['slotfile.verify.judge', 'slotfile.verify.deep', 'slotfile.llama.loader',\n"
+        "         'slotfile.llama.pool', 'slotfile.model.bridge', 'slotfile.model.check']\n"
+        "start = F._Forked._start\n"
+        "def at_fork(self, fn):\n"
+        "    sys.stderr.write(f'AT FORK {[m for m in heavy if m in sys.modules]}\\n')\n"
+        "    start(self, fn)\n"
+        "F._Forked._start = at_fork\n"
+        "serve = F._serve\n"
+        "def worker(fn, conn):\n"
+        "    try:\n"
+        "        serve(fn, conn)\n"
+        "    finally:\n"
+        "        sys.stderr.write(f'WORKER {[m for m in heavy if m in sys.modules]}\\n')\n"
+        "F._serve = worker\n"
+        "from slotfile.cli.app import main\n"
+        "sys.argv = ['slotfile', 'verify', sys.argv[1], '--json']\n"
+        "main()\n"
+    )
+    got = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, check=False)
+    lines = sorted(x for x in got.stderr.splitlines() if x.startswith(("AT FORK", "WORKER")))
+    assert lines == ["AT FORK []", "WORKER []", "WORKER []"], got.stderr[-3000:]
+    assert '"files": 240' in got.stdout

@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -230,7 +230,7 @@ def _stream_mode(req: VerifyRequest, check: CheckResult | None) -> str | None:
 
 
 def _run_streamed(
-    req: VerifyRequest, verifier: Verifier, files: list[Path], col: Collected, t0: float, mode: str, show: bool
+    req: VerifyRequest, verifier: Verifier, files: Sequence[Path], col: Collected, t0: float, mode: str, show: bool
 ) -> int:
     """Structure only: each file read (on forked processes for a directory's worth), its row
     made where it was read and written here as it comes, in order; then the summary."""
@@ -324,7 +324,7 @@ def _manifest_check(req: VerifyRequest) -> CheckResult | int | None:
 
 
 def _run_with_models(
-    req: VerifyRequest, files: list[Path], col: Collected, check: CheckResult | None, t0: float
+    req: VerifyRequest, files: Sequence[Path], col: Collected, check: CheckResult | None, t0: float
 ) -> int:
     """--models: each file verified with the model identify picks for it (slotfile.seal.verify_hook)."""
     from slotfile.cli.common import fail
@@ -448,7 +448,7 @@ def _exit_code(
     return OK
 
 
-def _run_with_progress(verifier: Verifier, files: list[Path]) -> list[FileReport]:
+def _run_with_progress(verifier: Verifier, files: Sequence[Path]) -> list[FileReport]:
     """The run with a progress bar on stderr (a terminal)."""
     from slotfile.cli.common import progress_bar
     from slotfile.cli.terminal import escape_text

@@ -16,9 +16,8 @@ from slotfile.cli.listing import Row, pipe_line, pipe_text, print_rows, screen_w
 from slotfile.cli.terminal import count, escape_text, human_size, problem_line
 from slotfile.diagnosis import CAUSE_SHORT, Cause
 from slotfile.problems import Severity
-from slotfile.verify import DEEP_JUDGMENT, LEVELS, SCHEMA, FileReport, VerifyOptions
-from slotfile.verify.options import required_levels
-from slotfile.verify.records import SkipKind, Status, Verdict
+from slotfile.verify.options import VerifyOptions, required_levels
+from slotfile.verify.records import LEVELS, SCHEMA, FileReport, SkipKind, Status, Verdict
 
 if TYPE_CHECKING:
     from rich.console import Console  # imported by out_console() when a listing is printed
@@ -121,7 +120,7 @@ def document(
         "model": opts.model,
         "draft_model": opts.draft_model,
         "deep": opts.deep,
-        "tolerances": DEEP_JUDGMENT,
+        "tolerances": _tolerances(),
         "files": files,  # made as written
         "errors": errors,
         "require": list(required_levels(opts.require)),
@@ -134,6 +133,14 @@ def document(
 
 _VERDICT_STYLE = {Verdict.PASS: "bold green", Verdict.FAIL: "bold red", Verdict.ERROR: "bold magenta"}
 _STATUS_MARK = {Status.PASS: "ok", Status.FAIL: "FAIL", Status.SKIPPED: "-"}
+
+
+def _tolerances() -> dict[str, Any]:
+    """The deep judge's tolerances (slotfile.verify.judge), imported when the document is written:
+    after a directory run's workers were forked, never in them."""
+    from slotfile.verify.judge import DEEP_JUDGMENT
+
+    return DEEP_JUDGMENT
 
 
 def _warnings(r: FileReport) -> list[str]:

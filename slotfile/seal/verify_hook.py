@@ -11,6 +11,7 @@ that is missing, extra, changed or sealed with another model makes the exit code
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -84,7 +85,7 @@ def exit_code(rc: int, res: CheckResult) -> int:
 
 
 def verify_with_models(
-    files: list[Path], models: list[Path], opts: Any, on_done: Any = None
+    files: Sequence[Path], models: list[Path], opts: Any, on_done: Any = None
 ) -> tuple[list[Any], dict[str, dict[str, Any]]]:
     """``verify DIR --models PATH...``: each file's model picked by identify (metadata fit, then
     the prefix proof), every file verified with its model, one Verifier per model; a file that
@@ -99,7 +100,9 @@ def verify_with_models(
 
     cands = collect_models(models)
     groups, idents = pick_models(
-        files, cands, IdentifyOptions(timeout=opts.timeout, llama_lib=opts.llama_lib, n_gpu_layers=opts.n_gpu_layers)
+        list(files),
+        cands,
+        IdentifyOptions(timeout=opts.timeout, llama_lib=opts.llama_lib, n_gpu_layers=opts.n_gpu_layers),
     )
     by_path: dict[str, Any] = {}
     for model, fs in groups.items():

@@ -19,14 +19,60 @@ Each level is reported on its own, per file (status ``pass``, ``fail`` or ``skip
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# The names below are imported on first use (PEP 562), not with the package: a structure-only
+# directory run imports slotfile.verify.records and .engine's reader side in the process that
+# forks the workers, and the judge, the loader and the model bridge only where a model is in
+# play (each ~10-40 ms of start-up before the workers can fork).
+# collect is also a submodule's name: imported here, or importing the submodule first would
+# leave the package attribute the module, never reaching __getattr__
 from slotfile.verify.collect import collect
-from slotfile.verify.engine import Verifier
-from slotfile.verify.judge import DEEP_JUDGMENT, MARGIN_LIMIT, MIN_FLOOR, STEPWISE_TOKENS
-from slotfile.verify.load import level_load, version_message
-from slotfile.verify.model import ModelSide, level_model, model_side, read
-from slotfile.verify.options import VerifyOptions
-from slotfile.verify.records import LEVELS, SCHEMA, FileReport, Level, SkipKind, Status, Verdict, VerifyError
-from slotfile.verify.structure import level_structure
+
+if TYPE_CHECKING:
+    from slotfile.verify.engine import Verifier
+    from slotfile.verify.judge import DEEP_JUDGMENT, MARGIN_LIMIT, MIN_FLOOR, STEPWISE_TOKENS
+    from slotfile.verify.load import level_load, version_message
+    from slotfile.verify.model import ModelSide, level_model, model_side, read
+    from slotfile.verify.options import VerifyOptions
+    from slotfile.verify.records import LEVELS, SCHEMA, FileReport, Level, SkipKind, Status, Verdict, VerifyError
+    from slotfile.verify.structure import level_structure
+
+_WHERE = {
+    "Verifier": "slotfile.verify.engine",
+    "DEEP_JUDGMENT": "slotfile.verify.judge",
+    "MARGIN_LIMIT": "slotfile.verify.judge",
+    "MIN_FLOOR": "slotfile.verify.judge",
+    "STEPWISE_TOKENS": "slotfile.verify.judge",
+    "level_load": "slotfile.verify.load",
+    "version_message": "slotfile.verify.load",
+    "ModelSide": "slotfile.verify.model",
+    "level_model": "slotfile.verify.model",
+    "model_side": "slotfile.verify.model",
+    "read": "slotfile.verify.model",
+    "VerifyOptions": "slotfile.verify.options",
+    "LEVELS": "slotfile.verify.records",
+    "SCHEMA": "slotfile.verify.records",
+    "FileReport": "slotfile.verify.records",
+    "Level": "slotfile.verify.records",
+    "SkipKind": "slotfile.verify.records",
+    "Status": "slotfile.verify.records",
+    "Verdict": "slotfile.verify.records",
+    "VerifyError": "slotfile.verify.records",
+    "level_structure": "slotfile.verify.structure",
+}
+
+
+def __getattr__(name: str) -> Any:
+    try:
+        where = _WHERE[name]
+    except KeyError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    value = getattr(importlib.import_module(where), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "DEEP_JUDGMENT",

@@ -37,7 +37,7 @@ from slotfile.verify.judge import (
     rotation_width,
 )
 from slotfile.verify.options import VerifyOptions
-from slotfile.verify.records import Level, SkipKind, Status
+from slotfile.verify.records import NO_DEEP, Level, SkipKind, Status
 from slotfile.verify.shape import Recompute, Schedule, commit_outcome, judge_with_schedules
 from slotfile.verify.stats import FLOAT_TYPES, cell_stats, tolerance_class
 
@@ -162,7 +162,7 @@ def _skip_reason(
 ) -> tuple[str, SkipKind] | None:
     """Why the deep level does not run for this file (None: it runs)."""
     if not opts.deep:
-        return "no --deep", SkipKind.NOT_REQUESTED
+        return NO_DEEP, SkipKind.NOT_REQUESTED
     if pool is None:
         return "no --model", SkipKind.NOT_REQUESTED
     if load.status == Status.SKIPPED:

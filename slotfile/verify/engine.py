@@ -9,23 +9,24 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from slotfile.diagnosis import Cause, facts_of
 from slotfile.format.records import SlotFile
+from slotfile.problems import CheckLevel
 from slotfile.slotdir.forked import ordered_map
 from slotfile.text import count
-from slotfile.verify.judge import caches_of
 from slotfile.verify.load import level_load
 from slotfile.verify.model import level_model, model_side, read
 from slotfile.verify.options import VerifyOptions, required_levels
-from slotfile.verify.records import LEVELS, FileReport, SkipKind, VerifyError
+from slotfile.verify.records import LEVELS, NO_DEEP, FileReport, Level, SkipKind, VerifyError
 from slotfile.verify.structure import level_structure, scan_into
 
 if TYPE_CHECKING:
     from slotfile.llama.loader import LoaderPool
+    from slotfile.verify.judge import Caches
 
 # The loader (slotfile.llama) and the deep level are imported where a model is in play: a
 # structure-only run never needs them, and a directory's worth is read by forked workers while
@@ -43,7 +44,11 @@ class Verifier:
         self.pool: LoaderPool | None = pool
         self.side = model_side(opts.model)
         self.dside = model_side(opts.draft_model)
-        self.caches = caches_of(self.side.expect if self.side is not None else None)
+        self.caches: Caches = {}
+        if self.side is not None and self.side.expect is not None:
+            from slotfile.verify.judge import caches_of
+
+            self.caches = caches_of(self.side.expect)
         if opts.model is not None and self.pool is None:
             from slotfile.llama.loader import LoaderError, LoaderPool
 
@@ -183,13 +188,16 @@ class Verifier:
         lv["load"].seconds = time.monotonic() - t
         if settings is not None:
             lv["load"].details["settings"] = settings.to_dict()
+        if not self.opts.deep:  # without importing the deep level (its loader side, numpy's linalg)
+            lv["deep"] = Level(CheckLevel.DEEP).skip(NO_DEEP, SkipKind.NOT_REQUESTED)
+            return
         from slotfile.verify.deep import level_deep
 
         t = time.monotonic()
         lv["deep"] = level_deep(sf, str(path), pool, lv["load"], self.opts, settings, self.caches)
         lv["deep"].seconds = time.monotonic() - t
 
-    def run(self, paths: list[Path], on_done: Callable[[FileReport], None] | None = None) -> list[FileReport]:
+    def run(self, paths: Sequence[Path], on_done: Callable[[FileReport], None] | None = None) -> list[FileReport]:
         """Every file, ``jobs`` at a time; results in the order of ``paths``.  Raises
         VerifyError when the loader cannot start (model unloadable)."""
         from slotfile.llama.loader import LoaderError
@@ -199,7 +207,7 @@ class Verifier:
         except LoaderError as e:
             raise VerifyError(str(e)) from e
 
-    def _run(self, paths: list[Path], on_done: Callable[[FileReport], None] | None) -> list[FileReport]:
+    def _run(self, paths: Sequence[Path], on_done: Callable[[FileReport], None] | None) -> list[FileReport]:
         if self.pool is None and self.opts.model is None:  # structure only: on forked processes for many files
             out = []
             for r in self.stream(paths):
@@ -230,7 +238,7 @@ class Verifier:
 
     def stream(
         self,
-        paths: list[Path],
+        paths: Sequence[Path],
         digest: Callable[[FileReport], Any] | None = None,
         sizes: list[int | None] | None = None,
     ) -> Iterator[Any]:

@@ -6,15 +6,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from slotfile.format.reader import open_slot_file
 from slotfile.format.records import ModelExpect, SlotFile
-from slotfile.model.bridge import ModelError, ModelInfo, load_model_info
-from slotfile.model.check import check_against_model
-from slotfile.model.expect import expect_from_model
 from slotfile.problems import CheckLevel, ProblemCode
 from slotfile.text import count
 from slotfile.verify.records import Level, VerifyError
+
+if TYPE_CHECKING:
+    from slotfile.model.bridge import ModelInfo
+
+# The model bridge (the GGUF reader) and the model check are imported where a model is given:
+# a structure-only run reads files through read() and level_model()'s skip alone.
 
 
 @dataclass
@@ -31,6 +35,9 @@ def model_side(path: str | None) -> ModelSide | None:
     """The model at ``path`` (None: not given).  Raises VerifyError when it cannot be read."""
     if path is None:
         return None
+    from slotfile.model.bridge import ModelError, load_model_info
+    from slotfile.model.expect import expect_from_model
+
     try:
         info = load_model_info(path)
     except ModelError as e:
@@ -63,6 +70,8 @@ def level_model(sf: SlotFile, side: ModelSide | None, dside: ModelSide | None) -
     for s in (side, dside):
         if s is not None and s.note:
             lv.warn(ProblemCode.NOT_MODELLED, "body", sf.body.offset if sf.body else None, s.note)
+    from slotfile.model.check import check_against_model
+
     for p in check_against_model(sf, exp, dexp):
         lv.problems.append(p)  # raised at the model level (slotfile.model.check)
     if exp is not None and sf.body is not None and sf.body.layout is None:

@@ -36,6 +36,9 @@ class SkipKind(StrEnum):
     BLOCKED = "blocked"
 
 
+NO_DEEP = "no --deep"  # the deep level's skip reason when it was not asked for (engine, deep)
+
+
 class Verdict(StrEnum):
     """A file's outcome: every level that ran passed, one failed, or the file could not be read."""
 
