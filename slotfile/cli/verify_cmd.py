@@ -55,7 +55,10 @@ from typing import TYPE_CHECKING, Any
 
 from slotfile.exitcodes import OK, OPERATIONAL, PROBLEMS, USAGE
 from slotfile.slotdir.walk import SETTLE_SECONDS, SETTLE_WAIT_SECONDS, Tally
-from slotfile.verify.records import Verdict
+
+# Nothing of the reader (numpy, construct) or the verify levels is imported with this module:
+# run_verify starts the loader workers first, and they load the model while this process
+# imports those (a deep check on a short file: ~0.3 s of its critical path otherwise).
 
 if TYPE_CHECKING:
     from slotfile.cli.verify_output import Counts
@@ -353,6 +356,8 @@ def tally(col: Collected, reports: list[FileReport]) -> Tally:
 
 
 def _tally(col: Collected, c: Counts) -> Tally:
+    from slotfile.verify.records import Verdict
+
     unread = c.verdicts[Verdict.ERROR]
     return Tally(c.files - unread, col.skipped, unread + len(col.errors) + len(col.busy))
 
@@ -439,6 +444,7 @@ def _exit_code(
     was still being written after --settle-wait (left out: never a pass), else OK.  ``counts``:
     a streamed run's, in place of the reports."""
     from slotfile.cli.verify_output import Counts
+    from slotfile.verify.records import Verdict
 
     v = (counts if counts is not None else Counts.of(reports)).verdicts
     if errors or v[Verdict.ERROR]:

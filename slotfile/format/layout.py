@@ -26,14 +26,9 @@ from slotfile.format.grammar import (
     ViewStream,
 )
 from slotfile.format.layout_cache import SHAPES, Shape, remember, same_bytes, shape_of, shifted
+from slotfile.format.magics import MemoryKind as MemoryKind  # defined there: the loader reads it
 from slotfile.format.rec_scan import rec_candidates
 from slotfile.problems import ProblemCode
-
-
-class MemoryKind(StrEnum):
-    KV = "KV"  # one llama_kv_cache::state_write block
-    REC = "REC"  # one llama_memory_recurrent::state_write block
-
 
 KV, REC = MemoryKind.KV, MemoryKind.REC
 Kinds = tuple[MemoryKind, ...]  # the block kinds of a body, in order

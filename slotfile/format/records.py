@@ -21,6 +21,7 @@ import numpy as np
 from slotfile.format import grammar as g
 from slotfile.format.appendix import BlobSpan
 from slotfile.format.layout import Layout, MemoryKind
+from slotfile.format.magics import FileFormat as FileFormat  # defined there: the loader pool reads it
 from slotfile.format.types import ELEMENT_DTYPE, TYPES, type_name
 from slotfile.problems import Problem, ProblemCode, Severity
 
@@ -45,12 +46,6 @@ __all__ = [
     "TokenForm",
     "TokenPayload",
 ]
-
-
-class FileFormat(StrEnum):
-    GGSQ = "GGSQ"  # slot file (llama_state_seq_save_file)
-    GGSN = "GGSN"  # session file (llama_state_save_file)
-    UNKNOWN = "unknown"
 
 
 class TokenForm(StrEnum):

@@ -21,8 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from slotfile.format import versions
-from slotfile.format.reader import open_slot_file
-from slotfile.format.records import FileFormat
+from slotfile.format.magics import FileFormat
 from slotfile.llama.library import Library, LoaderError, resolve_library
 from slotfile.llama.settings import draft_settings_for, settings_for
 from slotfile.llama.worker.settings import LoadSettings
@@ -427,6 +426,8 @@ class LoaderPool:
         ``sf``: the file as the caller already parsed it (otherwise it is parsed here)."""
         if sf is None:
             try:
+                from slotfile.format.reader import open_slot_file  # here: the pool starts without the reader
+
                 sf = open_slot_file(path)
             except OSError as e:
                 return LoadResult(False, f"cannot read {path}: {e.strerror or e}", 0, [], None)
@@ -520,6 +521,8 @@ class LoaderPool:
         )
 
     def _settings_of(self, path: str) -> LoadSettings:
+        from slotfile.format.reader import open_slot_file
+
         return settings_for(open_slot_file(path), self.n_gpu_layers)
 
     def deep_blobs(

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from slotfile.format.records import FileFormat, MemoryKind
+from slotfile.format.magics import FileFormat, MemoryKind
 from slotfile.format.types import BY_NAME
 from slotfile.llama.worker.settings import LoadSettings, pad_ctx
 

@@ -68,6 +68,7 @@ from slotfile.llama.worker import runtime as rt
 from slotfile.llama.worker.calls import (
     decode,
     decode_one_thread,
+    decode_stepwise,
     get_blob,
     load_seq_file,
     pos_range,
@@ -271,7 +272,7 @@ class Worker:
             if n_stepwise > 0 and not (self.model.recurrent or self.model.hybrid):
                 if not rt.L.llama_memory_seq_rm(mem, seq, n - n_stepwise, -1):
                     raise Failed(f"llama_memory_seq_rm refused to drop positions {n - n_stepwise}..{n - 1}")
-                decode_one_thread(ctx, tokens[n - n_stepwise :], n - n_stepwise, seq)
+                decode_stepwise(ctx, tokens[n - n_stepwise :], n - n_stepwise, seq)
                 self._write_state(ctx, seq, req["out_floor"])
                 decode_one_thread(ctx, [probe], n, seq, True)
                 floor = self._logits(ctx)
@@ -496,7 +497,7 @@ def _floor_blobs(
         k = min(n_stepwise, b - a, b // 2) if b in take else 0
         decode(ctx, tokens[a : b - k], a, seq, True, n_batch)
         if k:
-            decode_one_thread(ctx, tokens[b - k : b], b - k, seq)
+            decode_stepwise(ctx, tokens[b - k : b], b - k, seq)
             blob = get_blob(ctx, seq, 0 if b == full else rt.L.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY)
             out.append({"n_tokens": b, "k": k, "full": b == full, "blob": [bf.tell(), len(blob)]})
             bf.write(blob)
