@@ -211,9 +211,12 @@ def find_spike(
     bs = block_size(t)
     head_units = head // bs if head and head % bs == 0 else 0
     cols = _Columns(np.zeros(0), np.zeros(0), np.zeros(0, dtype=np.intp), np.zeros(0), np.zeros(0))
+    held: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # one chunk: dequantized once, not per pass
     for c0 in range(0, n, CHUNK_CELLS):
         x, y = _pair(a, b, c0, min(n, c0 + CHUNK_CELLS), b_cells)
-        cols = cols.add(unit_diffs(x - y, t), y, c0)
+        u = unit_diffs(x - y, t)
+        cols = cols.add(u, y, c0)
+        held = (x, y, u) if n <= CHUNK_CELLS else None
     if not cols.nonzero.any():
         return None
     scaled = CLEAN_MAX_SCALED.get(a.part) if t in FLOAT_TYPES else None
@@ -225,8 +228,10 @@ def find_spike(
     )
     best: Spike | None = None
     for c0 in range(0, n, CHUNK_CELLS):
-        x, y = _pair(a, b, c0, min(n, c0 + CHUNK_CELLS), b_cells)
-        sp = _worst_unit(x, y, t, head_units, cols, c0, lims)
+        if held is not None:
+            sp = _worst_unit(*held[:2], t, head_units, cols, c0, lims, held[2])
+        else:
+            sp = _worst_unit(*_pair(a, b, c0, min(n, c0 + CHUNK_CELLS), b_cells), t, head_units, cols, c0, lims)
         if sp is not None and (best is None or sp.ratio / sp.limit > best.ratio / best.limit):
             best = sp
     if best is None or best.ratio / best.limit <= (1.0 if limit is None else limit):
@@ -259,10 +264,18 @@ class _Limits:
 
 
 def _worst_unit(
-    x: np.ndarray, y: np.ndarray, t: int, head_units: int, cols: _Columns, c0: int, lims: _Limits
+    x: np.ndarray,
+    y: np.ndarray,
+    t: int,
+    head_units: int,
+    cols: _Columns,
+    c0: int,
+    lims: _Limits,
+    u: np.ndarray | None = None,
 ) -> Spike | None:
-    """The unit of the chunk of cells from ``c0`` furthest above its limit."""
-    u = unit_diffs(x - y, t)
+    """The unit of the chunk of cells from ``c0`` furthest above its limit (``u``: its unit
+    differences when already made)."""
+    u = unit_diffs(x - y, t) if u is None else u
     if not u.size:
         return None
     row, col, res = _rest_of_heads(u, head_units), cols.rest(c0, u.shape[0]), np.maximum(resolution(y, t), _TINY)
