@@ -167,6 +167,13 @@ def test_wrong_model_of_the_same_shape(tmp_path):
     assert "with the shape of drift" in lg.message and "other weights" in lg.message
     assert deep.details["decided_by"] == "logits" and deep.details["margin"] > 1000
     assert "logits differ by" in deep.details["evidence"]
+    # and the drift warnings (the body's, each checkpoint's) no longer blame the server's
+    # pieces, which the logits rule out
+    drifts = [p for p in deep.problems if p.code == "deep-drift"]
+    assert drifts[0].section == "body" and len(drifts) == 3
+    for p in drifts:
+        assert "shape of drift" in p.message and "not another build's arithmetic" in p.message
+        assert "computed this state in pieces" not in p.message
 
 
 def test_version_message_is_plain():

@@ -11,6 +11,7 @@ server generated one per call and grows with depth, hence a floor from stepwise 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import tempfile
 from collections.abc import Iterator
@@ -38,7 +39,7 @@ from slotfile.verify.judge import (
 )
 from slotfile.verify.options import VerifyOptions
 from slotfile.verify.records import NO_DEEP, Level, SkipKind, Status
-from slotfile.verify.shape import Recompute, Schedule, commit_outcome, judge_with_schedules
+from slotfile.verify.shape import Recompute, Schedule, blame_not_arithmetic, commit_outcome, judge_with_schedules
 from slotfile.verify.stats import FLOAT_TYPES, cell_stats, tolerance_class
 
 
@@ -154,6 +155,11 @@ def level_deep(
                 ("llama.cpp crashed: " if res.crashed else "recompute failed: ") + res.message,
             )
     check_appendices(lv, sf, pool, opts, settings, caches)  # SCKP and SDFT blobs (deep_blobs.py)
+    if lv.details.get("decided_by") == "logits":  # the body's and the blobs' drift warnings alike
+        lv.problems = [
+            dataclasses.replace(p, message=blame_not_arithmetic(p.message)) if p.code == ProblemCode.DEEP_DRIFT else p
+            for p in lv.problems
+        ]
     return lv.finish()
 
 

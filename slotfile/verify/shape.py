@@ -299,6 +299,18 @@ def commit_outcome(lv: Level, body: Body, outcome: Outcome) -> None:
         "body",
         body.offset,
         f"{len(outcome.judgment.problems)} layer(s) exceed their noise floors with the shape of drift, "
-        f"not damage ({outcome.evidence}); the server computed this state in pieces this recompute "
-        "could not replay (a prefix from an earlier request, another build or instruction set)",
+        f"not damage ({outcome.evidence}){_SERVER_PIECES}",
     )
+
+
+_SERVER_PIECES = (  # the cause a drift warning names while the next-token logits agree
+    "; the server computed this state in pieces this recompute could not replay (a prefix from an "
+    "earlier request, another build or instruction set)"
+)
+_NOT_ARITHMETIC = "; but the next-token logits fail (deep-logits): not another build's arithmetic"
+
+
+def blame_not_arithmetic(message: str) -> str:
+    """A drift warning's message once the body's next-token logits failed (slotfile.verify.deep):
+    another build's drift leaves them within their floor, so the cause it named is ruled out."""
+    return message.replace(_SERVER_PIECES, _NOT_ARITHMETIC)
