@@ -544,3 +544,57 @@ def test_one_token_decodes_give_the_same_state_on_one_thread_and_two(which: str)
     )
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.split()[0] == "SAME", r.stdout
+
+
+class _Threads:
+    """The three thread calls of the llama bindings that decode_stepwise makes, recording each
+    count it sets (the decodes themselves are the test's: their time is what it chooses by)."""
+
+    def __init__(self) -> None:
+        self.n = (2, 2)
+        self.set: list[int] = []
+
+    def llama_n_threads(self, ctx: object) -> int:
+        return self.n[0]
+
+    def llama_n_threads_batch(self, ctx: object) -> int:
+        return self.n[1]
+
+    def llama_set_n_threads(self, ctx: object, n: int, nb: int) -> None:
+        self.n = (n, nb)
+        self.set.append(n)
+
+
+@pytest.mark.parametrize(
+    ("name", "seconds", "expect"),
+    [
+        # idle cores: two threads quicker from the trial (token 2) on
+        ("idle", lambda i, n: 0.005 if n == 2 else 0.03, [1, 1] + [2] * 14),
+        # a busy machine: two threads slower at the trial, one thread for the rest
+        ("busy", lambda i, n: 0.06 if n == 2 else 0.01, [1, 1, 2] + [1] * 13),
+        # two threads quicker until another process takes a core (token 6 on): back to one
+        ("loaded later", lambda i, n: (0.005 if i < 6 else 0.2) if n == 2 else 0.03, [1, 1, 2, 2, 2, 2, 2] + [1] * 9),
+    ],
+)
+def test_stepwise_decodes_take_the_quicker_thread_count(monkeypatch, name, seconds, expect):
+    """slotfile.llama.worker.calls.decode_stepwise: one warm-up and one timed token on one
+    thread, one on all, then the quicker; a multi-thread decode over twice the one-thread
+    time puts the rest on one thread; the context's counts are restored after."""
+    import time
+
+    from slotfile.llama.worker import calls
+    from slotfile.llama.worker import runtime as rt
+
+    fake = _Threads()
+    used: list[int] = []
+
+    def decode(ctx, tokens, pos0, seq, outputs, batch=0):
+        assert len(tokens) == 1 and batch == 1
+        used.append(fake.n[0])
+        time.sleep(seconds(pos0, fake.n[0]))
+
+    monkeypatch.setattr(rt, "L", fake)
+    monkeypatch.setattr(calls, "decode", decode)
+    calls.decode_stepwise(None, list(range(16)), 0, 0)
+    assert used == expect, name
+    assert fake.n == (2, 2)  # restored
