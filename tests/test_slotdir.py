@@ -134,7 +134,7 @@ def test_summary_is_structure_level(tree):
         2,
     )
     assert by["sub/cut.bin"].damaged and "truncated" in (by["sub/cut.bin"].first_problem or "")
-    two = summarize(type(scan.slots[0])(str(SLOTS / "llama_2stream.slot"), "x", 0, 0))
+    two = summarize(type(scan.slots[0])("", str(SLOTS / "llama_2stream.slot"), 0, 0))  # root "": rel is the path
     assert (two.n_stream, two.active_streams) == (2, 1)
 
 
@@ -356,3 +356,22 @@ def test_stream_rewrite_loads_with_that_many_streams(tmp_path, src, n):
         assert res.ok and all(ok for ok, _ in res.checkpoints), res.message
         if n != sf.body.blocks[0].n_stream:  # type: ignore[union-attr]
             assert not pool.load(str(SLOTS / f"{src}.slot"), ls).ok  # the original does not
+
+
+def test_an_entry_keeps_its_root_once_and_its_path_is_the_walks(tmp_path: Path, monkeypatch):
+    """A DirEntry holds the walked root (one string shared by the walk's entries) and its
+    relative path; its path is what the walk opened (os.path.join of the folder and the
+    name), however the root was given: relative, with "./" or a trailing slash, absolute."""
+    (tmp_path / "s" / "sub").mkdir(parents=True)
+    for rel in ("a.slot", "sub/b.slot"):
+        (tmp_path / "s" / rel).write_bytes(b"GGSQ")
+    monkeypatch.chdir(tmp_path)
+    for top in ("s", "s/", "./s", str(tmp_path / "s"), str(tmp_path / "s") + "/"):
+        scan = scan_dir(top, settle=0)
+        got = {e.rel: e.path for e in scan.slots}
+        want = {}
+        for d, _dirs, names in os.walk(top):
+            for n in names:
+                want[os.path.relpath(os.path.join(d, n), top)] = os.path.join(d, n)
+        assert got == want, top
+        assert len({id(e.root) for e in scan.slots}) == 1 and scan.slots[0].root == top

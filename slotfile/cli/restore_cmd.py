@@ -28,6 +28,7 @@ be), 4 when one cannot be, failed its check or was still being written after ``-
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -105,7 +106,7 @@ def _entries(paths: tuple[Path, ...], settle: float, settle_wait: float, command
                 found.errors.append(f"no slot files found under {p}")
         elif p.is_file():
             st = p.stat()
-            found.entries.append(DirEntry(str(p), p.name, st.st_size, st.st_mtime))
+            found.entries.append(DirEntry(os.path.dirname(str(p)), p.name, st.st_size, st.st_mtime))
         else:
             found.errors.append(f"{p}: no such file or directory")
     return found

@@ -40,12 +40,18 @@ _TEMP_SUFFIXES = (".tmp", ".part", ".partial")
 
 @dataclass(slots=True)
 class DirEntry:
-    """One regular file under DIR (never a symlink)."""
+    """One regular file under DIR (never a symlink).  Its path is ``root`` joined with ``rel``,
+    made when asked: a walk holds an entry a file, and its ``root`` is one string all its
+    entries share (a path string kept in each was ~30 % of a large store's walk)."""
 
-    path: str
-    rel: str  # relative to DIR
+    root: str  # the directory walked, as given ("" where ``rel`` is the whole path)
+    rel: str  # relative to ``root``
     size: int
     mtime: float
+
+    @property
+    def path(self) -> str:
+        return os.path.join(self.root, self.rel) if self.root else self.rel
 
 
 @dataclass(slots=True)
@@ -206,7 +212,7 @@ def _restat(scan: DirScan, e: DirEntry) -> DirEntry | None:
     if not stat.S_ISREG(st.st_mode):
         scan.errors.append(f"{e.path}: no longer a regular file")
         return None
-    return DirEntry(e.path, e.rel, st.st_size, st.st_mtime)
+    return DirEntry(e.root, e.rel, st.st_size, st.st_mtime)
 
 
 def _walk_order(rel: str) -> tuple[tuple[int, str], ...]:
@@ -234,7 +240,7 @@ def _classify(out: DirScan, d: str, rel: str, name: str, settle: float, now: flo
         return
     if not stat.S_ISREG(st.st_mode):
         return
-    entry = DirEntry(p, rel, st.st_size, st.st_mtime)
+    entry = DirEntry(out.root, rel, st.st_size, st.st_mtime)  # its path is p: os.path.join(root, rel)
     if is_temp_name(name):
         out.temps.append(entry)
         return

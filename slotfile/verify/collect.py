@@ -14,6 +14,7 @@ operational errors: a run that checks nothing must not pass.
 
 from __future__ import annotations
 
+import bisect
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -25,17 +26,26 @@ from slotfile.text import count
 
 
 class PathList(Sequence[Path]):
-    """Paths held as their strings, each made a :class:`~pathlib.Path` when it is taken: a
-    ``Path`` kept for every file of a 20,000-file store cost ~440 bytes a file (its parts
-    list, its cached string); the walk's own string is ~90, and is shared, not copied."""
+    """Paths held as strings, each made a :class:`~pathlib.Path` when it is taken: a ``Path``
+    kept for every file of a 20,000-file store cost ~440 bytes a file (its parts list, its
+    cached string).  A walked directory's files are held as their paths relative to it (the
+    walk's own strings, shared, not copied) under one root string for all of them."""
 
-    __slots__ = ("_s",)
+    __slots__ = ("_roots", "_s", "_starts")
 
     def __init__(self, paths: Iterable[str | os.PathLike[str]] = ()) -> None:
-        self._s = [os.fspath(p) for p in paths]
+        self._s: list[str] = []
+        # each run of items under one root: its first index and its root ("": whole paths)
+        self._starts: list[int] = []
+        self._roots: list[str] = []
+        self.extend(paths)
 
     def __len__(self) -> int:
         return len(self._s)
+
+    def _path(self, i: int) -> str:
+        root = self._roots[bisect.bisect_right(self._starts, i) - 1]
+        return os.path.join(root, self._s[i]) if root else self._s[i]
 
     @overload
     def __getitem__(self, i: int) -> Path: ...
@@ -43,27 +53,40 @@ class PathList(Sequence[Path]):
     def __getitem__(self, i: slice) -> PathList: ...
     def __getitem__(self, i: int | slice) -> Path | PathList:
         if isinstance(i, slice):
-            return PathList(self._s[i])
-        return Path(self._s[i])
+            return PathList(self._path(j) for j in range(*i.indices(len(self._s))))
+        if i < 0:
+            i += len(self._s)
+        if not 0 <= i < len(self._s):
+            raise IndexError("PathList index out of range")
+        return Path(self._path(i))
 
     def __iter__(self) -> Iterator[Path]:
-        return map(Path, self._s)
+        return (Path(self._path(i)) for i in range(len(self._s)))
 
     def __eq__(self, other: object) -> bool:
-        if isinstance(other, PathList):
-            return self._s == other._s
-        return isinstance(other, list) and list(self) == other
+        return isinstance(other, PathList | list) and list(self) == list(other)
 
     __hash__ = None  # type: ignore[assignment]  # mutable, as a list
 
     def __repr__(self) -> str:
-        return f"PathList({self._s!r})"
+        return f"PathList({[str(p) for p in self]!r})"
 
     def append(self, p: str | os.PathLike[str]) -> None:
-        self._s.append(os.fspath(p))
+        self.extend((p,))
 
     def extend(self, paths: Iterable[str | os.PathLike[str]]) -> None:
-        self._s.extend(os.fspath(p) for p in paths)
+        self._under("", (os.fspath(p) for p in paths))
+
+    def extend_under(self, root: str, rels: Iterable[str]) -> None:
+        """Paths ``rels`` relative to the directory ``root``."""
+        self._under(root, rels)
+
+    def _under(self, root: str, items: Iterable[str]) -> None:
+        start = len(self._s)
+        self._s.extend(items)
+        if len(self._s) > start and (not self._roots or self._roots[-1] != root):
+            self._starts.append(start)
+            self._roots.append(root)
 
 
 def path_order(path: str) -> str:
@@ -112,7 +135,7 @@ def collect(
                 out.errors.append(f"no slot files found under {a}{f' ({aside})' if aside else _what_is_there(a)}")
             elif aside:
                 out.notes.append(f"{a}: {aside}")
-            _take(out, scan.slots)
+            _take(out, scan.root, scan.slots)
             del scan  # its entries: a large store's files are held once, as strings
         elif a.exists():
             out.files.append(a)
@@ -122,16 +145,14 @@ def collect(
     return out
 
 
-def _take(out: Collected, slots: list[DirEntry]) -> None:
-    """A walk's files into ``out``, sorted as paths sort, each path as :class:`Path` writes it
-    ("./x" is "x"); ``slots`` is sorted in place.  The walk's own strings are kept where they
-    already are that (the usual case), so a file costs its string and two list slots."""
-    slots.sort(key=lambda e: path_order(e.path))
-    for e in slots:
-        p = e.path
-        norm = str(Path(p))
-        out.files.append(p if norm == p else norm)
-        out.sizes.append(e.size)
+def _take(out: Collected, root: str, slots: list[DirEntry]) -> None:
+    """A walk of ``root``'s files into ``out``, sorted as their paths sort (part by part; with
+    one root for all, as their relative paths sort), each held as its relative path (the
+    entry's own string): a file costs its name and two list slots.  ``slots`` is sorted in
+    place."""
+    slots.sort(key=lambda e: path_order(e.rel))
+    out.files.extend_under(root, (e.rel for e in slots))
+    out.sizes += [e.size for e in slots]
 
 
 def _skipped(scan: DirScan) -> str:
