@@ -75,15 +75,12 @@ class PathList(Sequence[Path]):
         self.extend((p,))
 
     def extend(self, paths: Iterable[str | os.PathLike[str]]) -> None:
-        self._under("", (os.fspath(p) for p in paths))
+        self.extend_under("", (os.fspath(p) for p in paths))
 
     def extend_under(self, root: str, rels: Iterable[str]) -> None:
-        """Paths ``rels`` relative to the directory ``root``."""
-        self._under(root, rels)
-
-    def _under(self, root: str, items: Iterable[str]) -> None:
+        """Paths ``rels`` relative to the directory ``root`` ("": whole paths)."""
         start = len(self._s)
-        self._s.extend(items)
+        self._s.extend(rels)
         if len(self._s) > start and (not self._roots or self._roots[-1] != root):
             self._starts.append(start)
             self._roots.append(root)

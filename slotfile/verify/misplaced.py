@@ -254,10 +254,8 @@ def _layer_match(
         stacks[key] = ({id(o): i for i, o in enumerate(same)}, ys, np.einsum("ij,ij->i", ys, ys))
     row, ys, ny2 = stacks[key]
     idx = np.array([row[id(o)] for _fo, o in cands])
-    nx2 = float(np.einsum("i,i->", x, x))
-    d2 = np.maximum(ny2[idx] + nx2 - 2.0 * np.einsum("ij,j->i", ys[idx], x), 0.0)
-    den = np.sqrt(np.maximum(ny2[idx], nx2))
-    k = int(np.argmin(np.where(den > TINY, np.sqrt(d2) / np.maximum(den, TINY), 0.0)))
+    xs = x[None, :]
+    k = int(np.argmin(_product_distances(xs, np.einsum("ij,ij->i", xs, xs), ys[idx], ny2[idx])[0]))
     fo, other = cands[k]
     d = distance(x, rec(other))  # exact (the product form rounds near 0: a copy is at 0)
     if not d < MATCH_LAYER * own:
@@ -339,8 +337,14 @@ def _row_distances(x: np.ndarray, run: LayerRun) -> np.ndarray:
     for c0 in range(0, run.n_cells, CHUNK_CELLS):
         c1 = min(run.n_cells, c0 + CHUNK_CELLS)
         y = np.nan_to_num(dequant_rows(run, c0, c1), nan=0.0, posinf=0.0, neginf=0.0)
-        ny2 = np.einsum("ij,ij->i", y, y)
-        d2 = np.maximum(nx2[:, None] + ny2[None, :] - 2.0 * (x @ y.T), 0.0)
-        den = np.maximum(np.sqrt(np.maximum(nx2[:, None], ny2[None, :])), TINY)
-        out[:, c0:c1] = np.sqrt(d2) / den
+        out[:, c0:c1] = _product_distances(x, nx2, y, np.einsum("ij,ij->i", y, y))
     return out
+
+
+def _product_distances(x: np.ndarray, nx2: np.ndarray, y: np.ndarray, ny2: np.ndarray) -> np.ndarray:
+    """:func:`distance` of every row of ``x`` to every row of ``y`` (their squared norms ``nx2``,
+    ``ny2``) from one matrix product instead of a call per pair; it rounds near 0, so a
+    decision on a pair it picks takes :func:`distance` again."""
+    d2 = np.maximum(nx2[:, None] + ny2[None, :] - 2.0 * (x @ y.T), 0.0)
+    den = np.maximum(np.sqrt(np.maximum(nx2[:, None], ny2[None, :])), TINY)
+    return np.sqrt(d2) / den
