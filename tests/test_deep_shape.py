@@ -250,6 +250,24 @@ def test_clean_fixture_is_decided_by_statistics(verifier):
 
 
 @pytest.mark.llama
+def test_the_file_is_compared_while_the_floor_decodes(verifier, monkeypatch):
+    """The worker says when the recompute is written (an interim line) and goes on with the
+    floor's one-token decodes; the parent compares every layer meanwhile, once."""
+    import slotfile.verify.deep as deep_mod
+
+    made: list[int] = []
+    compare = deep_mod._Early.compare
+
+    def spy(self, path):
+        compare(self, path)
+        made.append(len(self.pre.layers) if self.pre else -1)
+
+    monkeypatch.setattr(deep_mod._Early, "compare", spy)
+    d = verifier.verify(GEMMA).levels["deep"]
+    assert d.status == "pass" and made == [len(d.details["layers"])] and made[0] > 0
+
+
+@pytest.mark.llama
 @pytest.mark.parametrize("damage, decided", [(zero_512, "bytes"), (flip_exponent, "bytes")])
 def test_damaged_fixture_fails_deep(verifier, gemma_bytes, tmp_path: Path, damage, decided):
     p = tmp_path / f"{damage.__name__}.slot"
@@ -311,3 +329,31 @@ def test_first_layer_is_the_models_layer_0_not_each_blocks():
     j.problems.append((ProblemCode.DEEP_MISMATCH, "body.kv-swa.stream[0]", 0, "layer over its floors"))
     assert drift_shape(j, first_block="kv-swa").evidence.startswith("first layer: at position 20")
     assert drift_shape(j).drift  # taking the base block's layer 0 as a first layer hid it
+
+
+def test_comparisons_made_ahead_give_the_same_judgment(gemma_bytes, monkeypatch):
+    """The deep check compares the file with the recompute while the loader decodes the noise
+    floor's tokens (slotfile.verify.deep._Early): judge_layers then takes each layer's
+    comparison from the Precomputed instead of making it, with the same rows and problems,
+    and ignores one made for another pair of bodies."""
+    import slotfile.verify.judge as judge_mod
+
+    clean = parse_buffer(gemma_bytes).body
+    copies = {
+        "clean": gemma_bytes,
+        "zeroed": zero_512(gemma_bytes),
+        "flipped": flip_exponent(gemma_bytes),
+        "drift": drift_from(gemma_bytes, 46),
+    }
+    for name, data in copies.items():
+        body = parse_buffer(data).body
+        plain = judge_layers(body, clean, DeepInputs(n_tokens=54))
+        pre = judge_mod.Precomputed(body, clean, {})
+        assert len(pre.layers) == len(plain.rows), name
+        assert pre.of(parse_buffer(data).body, clean) == {}  # another parse: another pair
+        with monkeypatch.context() as m:
+            m.setattr(judge_mod, "compare_layer", lambda *a: pytest.fail("compared again"))
+            ahead = judge_layers(body, clean, DeepInputs(n_tokens=54, pre=pre))
+        assert ahead.rows == plain.rows and ahead.problems == plain.problems, name
+        assert ahead.byte_damage == plain.byte_damage, name
+        assert all(np.array_equal(a.ratio, b.ratio) for a, b in zip(ahead.cells, plain.cells, strict=True)), name

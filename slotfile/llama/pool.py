@@ -16,6 +16,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -230,8 +231,12 @@ class WorkerProcess:
         line, self.buf = self.buf.split(b"\n", 1)
         return json.loads(line), ""
 
-    def request(self, req: dict[str, Any], timeout: float) -> tuple[dict[str, Any] | None, str, str]:
-        """(response or None, why it died, the log written meanwhile)."""
+    def request(
+        self, req: dict[str, Any], timeout: float, on_interim: Callable[[dict[str, Any]], None] | None = None
+    ) -> tuple[dict[str, Any] | None, str, str]:
+        """(response or None, why it died, the log written meanwhile).  A line the worker sends
+        before its response (``{"interim": ...}``) goes to ``on_interim``, which runs while the
+        worker goes on; the timeout covers both."""
         self.n += 1
         req = dict(req, id=self.n)
         off = self.log_size()
@@ -242,7 +247,12 @@ class WorkerProcess:
         except (BrokenPipeError, OSError):
             self.exit_status = _signal_name(self.proc.wait())
             return None, f"the loader process died with {self.exit_status}", self.log_since(off)
+        deadline = time.monotonic() + timeout
         resp, died = self.read(timeout)
+        while resp is not None and "interim" in resp:
+            if on_interim is not None:
+                on_interim(resp)
+            resp, died = self.read(max(deadline - time.monotonic(), 0.001))
         return resp, died, self.log_since(off)
 
     def kill(self) -> None:
@@ -260,6 +270,14 @@ class WorkerProcess:
                 with contextlib.suppress(OSError):
                     f.close()
         self.log.close()
+
+
+def _ignoring_reply(fn: Callable[[], None] | None) -> Callable[[dict[str, Any]], None] | None:
+    """``fn`` as an interim-line handler (the line itself carries nothing it needs)."""
+    if fn is None:
+        return None
+    f = fn
+    return lambda _line: f()
 
 
 def _log_tail(log: str, n: int = 12) -> str:
@@ -370,10 +388,12 @@ class LoaderPool:
                 self._all.remove(w)
         w.close()
 
-    def _call(self, req: dict[str, Any], timeout: float) -> tuple[dict[str, Any] | None, str, str]:
+    def _call(
+        self, req: dict[str, Any], timeout: float, on_interim: Callable[[dict[str, Any]], None] | None = None
+    ) -> tuple[dict[str, Any] | None, str, str]:
         w = self._acquire()
         try:
-            resp, died, log = w.request(req, timeout)
+            resp, died, log = w.request(req, timeout, on_interim)
         except BaseException:
             w.kill()
             self._retire(w)
@@ -474,6 +494,7 @@ class LoaderPool:
         n_stepwise: int = 0,
         out_floor: str | None = None,
         cuts: list[int] | None = None,
+        on_recomputed: Callable[[], None] | None = None,
     ) -> DeepResult:
         """Restore ``path`` and recompute ``tokens`` from scratch with the same settings; the
         recomputed state is written to ``out`` (a GGSQ file with no tokens).  ``batch``: the
@@ -481,7 +502,8 @@ class LoaderPool:
         server's defaults, 2048 and 512).  With ``n_stepwise`` and ``out_floor``: the last
         ``n_stepwise`` tokens decoded again one per call, that state written to ``out_floor`` (the
         noise floor).  ``cuts``: where the prefill starts a new llama_decode call (a server's
-        checkpoint breaks, a reused prefix)."""
+        checkpoint breaks, a reused prefix).  ``on_recomputed``: called once ``out`` is written,
+        while the worker decodes the noise floor's tokens (the two run side by side)."""
         if settings is None:
             settings = self._settings_of(path)
         req = {
@@ -496,8 +518,9 @@ class LoaderPool:
             "n_stepwise": int(n_stepwise),
             "out_floor": str(out_floor) if out_floor else None,
             "cuts": [int(c) for c in cuts or []],
+            "early": on_recomputed is not None,
         }
-        resp, died, log = self._call(req, timeout)
+        resp, died, log = self._call(req, timeout, _ignoring_reply(on_recomputed))
         if resp is None:
             line = telling_line(log)
             return DeepResult(False, died + (f": {line}" if line else ""), crashed=True, log=log)

@@ -33,6 +33,7 @@ from slotfile.verify.judge import (
     STEPWISE_TOKENS,
     Caches,
     DeepInputs,
+    Precomputed,
     head_size,
     layer_pairs,
     rotation_width,
@@ -40,7 +41,7 @@ from slotfile.verify.judge import (
 from slotfile.verify.options import VerifyOptions
 from slotfile.verify.records import NO_DEEP, Level, SkipKind, Status
 from slotfile.verify.shape import Recompute, Schedule, blame_not_arithmetic, commit_outcome, judge_with_schedules
-from slotfile.verify.stats import FLOAT_TYPES, cell_stats, tolerance_class
+from slotfile.verify.stats import FLOAT_TYPES, cell_stats, median, tolerance_class
 
 
 def _deep_preconditions(sf: SlotFile, n_vocab: int) -> str | None:
@@ -96,7 +97,7 @@ def rotation_check(file_body: Body, rec_body: Body, caches: Caches) -> dict[str,
     if not direct:
         return None
     here_off = attn_rot_disabled()  # the workers inherit this environment
-    d, o = float(np.median(direct)), float(np.median(other))
+    d, o = median(direct), median(other)
     same = d <= o
     stored_off = here_off if same else not here_off
     return {
@@ -131,7 +132,8 @@ def level_deep(
     tokens = [int(t) for t in sf.tokens.tokens]  # type: ignore[union-attr]
     body: Body = sf.body  # type: ignore[assignment]  # _deep_preconditions: a parsed body
     first = Schedule(opts.n_batch or DEEP_N_BATCH, opts.n_ubatch or DEEP_N_UBATCH)
-    with _scratch_files(2) as (rec_out, floor_out):
+    early = _Early(body, caches)
+    with _scratch_files(2) as (rec_out, floor_out), contextlib.closing(early):
         res = pool.deep(
             path,
             tokens,
@@ -143,10 +145,11 @@ def level_deep(
             n_ubatch=first.n_ubatch,
             n_stepwise=STEPWISE_TOKENS,
             out_floor=floor_out,
+            on_recomputed=lambda: early.compare(rec_out),
         )
         if res.ok:
             retry = _retrier(pool, path, tokens, settings, opts)
-            _judge_deep(lv, body, (tokens, first, _needs_checkpoints(sf)), res, caches, retry)
+            _judge_deep(lv, body, (tokens, first, _needs_checkpoints(sf)), res, early, retry)
         else:
             lv.error(
                 ProblemCode.CRASHED if res.crashed else ProblemCode.DEEP_FAILED,
@@ -197,6 +200,40 @@ def _scratch_files(n: int) -> Iterator[list[str]]:
                 pass
 
 
+class _Early:
+    """The comparisons that need no noise floor, made as soon as the recompute is written while
+    the loader decodes the floor's tokens on the other core(s): the recomputed file, the
+    rotation check and every layer's :class:`~slotfile.verify.judge.Precomputed` comparison.
+    The same calls as without it; when one fails here the judgment makes it again and reports
+    it there."""
+
+    def __init__(self, body: Body, caches: Caches) -> None:
+        self.body, self.caches = body, caches
+        self.rec: Any = None  # the opened recompute (a SlotFileHandle), once compared
+        self.rotation: dict[str, Any] | None = None
+        self.pre: Precomputed | None = None
+
+    def compare(self, rec_path: str) -> None:
+        try:
+            rec = open_slot_file(rec_path)
+        except Exception:  # the judgment opens it again and reports why
+            return
+        self.rec = rec
+        try:
+            if rec.body is not None:
+                self.rotation = rotation_check(self.body, rec.body, self.caches)
+                if self.rotation is None or self.rotation["matches"]:
+                    self.pre = Precomputed(self.body, rec.body, self.caches)
+        except Exception:  # as above: made again where it is reported
+            self.rec, self.rotation, self.pre = None, None, None
+            rec.close()
+
+    def close(self) -> None:
+        if self.rec is not None:
+            self.rec.close()
+            self.rec = None
+
+
 def _needs_checkpoints(sf: SlotFile) -> bool:
     """Whether the server stopped this file's prompts at checkpoint breaks: a recurrent state,
     or a sliding-window cache that does not hold every position (no ``--swa-full``)."""
@@ -236,7 +273,7 @@ def _judge_deep(
     body: Body,
     run: tuple[list[int], Schedule, bool],
     res: DeepResult,
-    caches: Caches,
+    early: _Early,
     retry: tuple[Recompute, list[Any]],
 ) -> None:
     """The file's state against the recomputed one (rotation, then every layer against the
@@ -246,12 +283,18 @@ def _judge_deep(
     whether the server took checkpoints."""
     tokens, first, checkpoints = run
     assert res.recomputed is not None  # res.ok
-    rec = open_slot_file(res.recomputed)
+    caches = early.caches
+    made_early = early.rec is not None
+    rec = early.rec if made_early else open_slot_file(res.recomputed)
+    early.rec = None  # closed below
     flo = open_slot_file(res.floor) if res.floor else None
     recompute, opened = retry
     try:
-        inputs = DeepInputs(flo.body if flo else None, caches, len(tokens), res.n_stepwise)
-        rot = rotation_check(body, rec.body, caches) if rec.body is not None else None
+        inputs = DeepInputs(flo.body if flo else None, caches, len(tokens), res.n_stepwise, pre=early.pre)
+        if made_early:
+            rot = early.rotation
+        else:
+            rot = rotation_check(body, rec.body, caches) if rec.body is not None else None
         outcome = None
         if rot is not None and not rot["matches"]:
             lv.error(ProblemCode.DEEP_ROTATION, "body", body.offset, _rotation_message(rot))

@@ -196,6 +196,61 @@ class DeepInputs:
     # the floor statistics per (block role, part, layer), once measured: a recompute with
     # another schedule is judged against the first recompute's floor (Judgment.floors)
     floors: dict[tuple[str, str, int], RowStats | None] | None = None
+    # the floor-free comparisons of the file with one recompute, made ahead (Precomputed)
+    pre: Precomputed | None = None
+
+
+@dataclass
+class Compared:
+    """One layer of the file against the same layer recomputed, before any noise floor: the
+    per-cell statistics and the isolated spike (None: none, or the layer holds non-finite
+    values or a run of zeros, which are reported instead)."""
+
+    stats: CellStats
+    spike: Spike | None
+
+
+def compare_layer(fr: LayerRun, rr: LayerRun, head: int, b_cells: np.ndarray | None) -> Compared:
+    """``fr`` against ``rr``: :func:`~slotfile.verify.stats.cell_stats`, then
+    :func:`~slotfile.verify.spikes.find_spike` where the stored values are finite and hold no
+    run of zeros (what :func:`_compare_run` reports first)."""
+    cs = cell_stats(fr, rr, head, b_cells=b_cells)
+    clean = cs.first_bad < 0 and cs.zero_run < ZERO_RUN
+    return Compared(cs, find_spike(fr, rr, head, b_cells) if clean else None)
+
+
+_Key = tuple[str, str, int]  # (block role, part, layer)
+
+
+class Precomputed:
+    """Every layer's :class:`Compared` for one file body and one recomputed body, made while the
+    loader decodes the noise floor's tokens (:meth:`slotfile.llama.pool.LoaderPool.deep`'s
+    ``on_recomputed``): the judgment then only has the floors left to apply.  Used only for the
+    bodies it was made from (a recompute with another schedule is compared afresh)."""
+
+    def __init__(self, file_body: Body, rec_body: Body, caches: Caches) -> None:
+        self.file_body, self.rec_body = file_body, rec_body
+        self.layers: dict[_Key, Compared] = {}
+        if rec_body.layout is None or file_body.layout is None or file_body.layout.kinds != rec_body.layout.kinds:
+            return
+        for fb, rb in zip(file_body.blocks, rec_body.blocks, strict=False):
+            if _cells_differ([], fb, rb):
+                continue
+            head_of = caches.get(fb.role)
+            for sec, fr, rr, pos in layer_pairs(fb, rb):
+                if fr is None or rr is None or not _comparable(fr, rr):
+                    continue
+                b_cells = align_cells(pos, _stream_positions(rb, sec))
+                self.layers[(fb.role, fr.part, fr.index)] = compare_layer(fr, rr, head_size(head_of, fr.part), b_cells)
+
+    def of(self, file_body: Body, rec_body: Body) -> dict[_Key, Compared]:
+        """The comparisons made for these two bodies (empty for any other pair)."""
+        return self.layers if file_body is self.file_body and rec_body is self.rec_body else {}
+
+
+def _comparable(fr: LayerRun, rr: LayerRun) -> bool:
+    """Rows of the same type, size and orientation (otherwise a layout problem, not a comparison)."""
+    return (fr.type_id, fr.row_size, fr.transposed) == (rr.type_id, rr.row_size, rr.transposed)
 
 
 @dataclass
@@ -260,6 +315,7 @@ def judge_layers(file_body: Body, rec_body: Body, inputs: DeepInputs | None = No
         out.problems.append((ProblemCode.DEEP_LAYOUT, "body", file_body.offset, msg))
         return out
     floors = _floor_runs(rec_body, inp.floor_body)
+    done = inp.pre.of(file_body, rec_body) if inp.pre is not None else {}
     for fb, rb in zip(file_body.blocks, rec_body.blocks, strict=False):
         if _cells_differ(out.problems, fb, rb):
             continue  # different cells: a row-by-row comparison means nothing
@@ -269,15 +325,16 @@ def judge_layers(file_body: Body, rec_body: Body, inputs: DeepInputs | None = No
                 assert run is not None  # layer_pairs yields at least one side
                 msg = f"{run.part} layer {run.index} present in only one of file and recomputed state"
                 out.problems.append((ProblemCode.DEEP_LAYOUT, sec, fr.offset if fr else None, msg))
-            elif (fr.type_id, fr.row_size, fr.transposed) != (rr.type_id, rr.row_size, rr.transposed):
+            elif not _comparable(fr, rr):
                 msg = (
                     f"{fr.part} layer {fr.index}: {fr.type_name} rows of "
                     f"{fr.row_size} B; the recomputed state has {rr.type_name} rows of {rr.row_size} B"
                 )
                 out.problems.append((ProblemCode.DEEP_LAYOUT, sec, fr.offset, msg))
             else:
-                rpos = _stream_positions(rb, sec)
-                _compare_run(out, inp, (sec, fb.role), fr, rr, (pos, rpos), floors.get((fb.role, rr.part, rr.index)))
+                key = (fb.role, rr.part, rr.index)
+                runs = (fr, rr, done.get(key))
+                _compare_run(out, inp, (sec, fb.role), runs, (pos, _stream_positions(rb, sec)), floors.get(key))
     return out
 
 
@@ -321,9 +378,11 @@ def _floor_stats(rr: LayerRun, floor: _Floor | None, head: int, inp: DeepInputs)
     if floor is None:
         return None
     br, bpos, apos = floor
-    return cell_stats(rr, br, head, b_cells=align_cells(apos, bpos)).summary(
-        _stepwise_cells(apos, rr.n_cells, inp.n_tokens, inp.n_stepwise)
-    )
+    cells = _stepwise_cells(apos, rr.n_cells, inp.n_tokens, inp.n_stepwise)
+    b_cells = align_cells(apos, bpos)
+    # only the stepwise cells: the floor is their worst angle, norm and element (judge_run);
+    # the summary's *_cell fields index ``cells``
+    return cell_stats(rr, br, head, b_cells=b_cells[cells] if b_cells is not None else None, a_cells=cells).summary()
 
 
 def _cell_ratios(cs: CellStats, fl: dict[str, float]) -> np.ndarray:
@@ -337,18 +396,21 @@ def _compare_run(
     out: Judgment,
     inp: DeepInputs,
     where: tuple[str, str],
-    fr: LayerRun,
-    rr: LayerRun,
+    runs: tuple[LayerRun, LayerRun, Compared | None],
     positions: tuple[np.ndarray | None, np.ndarray | None],
     floor: _Floor | None,
 ) -> None:
-    """One layer's rows of the file against the recomputed ones: the layer's report row, its per-cell
-    ratios and a problem when the values are not finite, hold a run of zeros, an isolated spike
-    (:mod:`slotfile.verify.spikes`) or differ by more than MARGIN_LIMIT noise floors."""
+    """One layer's rows of the file against the recomputed ones (``runs``: the file's, the
+    recompute's and their :class:`Compared` when made ahead): the layer's report row, its
+    per-cell ratios and a problem when the values are not finite, hold a run of zeros, an
+    isolated spike (:mod:`slotfile.verify.spikes`) or differ by more than MARGIN_LIMIT noise
+    floors."""
     sec, role = where
+    fr, rr, cmp = runs
     pos, rpos = positions
     head = head_size(inp.caches.get(role), fr.part)
-    cs = cell_stats(fr, rr, head, b_cells=align_cells(pos, rpos))
+    cmp = cmp or compare_layer(fr, rr, head, align_cells(pos, rpos))
+    cs = cmp.stats
     s_st = cs.summary()
     key = (role, fr.part, fr.index)
     f_st = inp.floors.get(key) if inp.floors is not None else _floor_stats(rr, floor, head, inp)
@@ -389,8 +451,8 @@ def _compare_run(
         )
         out.problems.append((ProblemCode.DEEP_MISMATCH, sec, _element_offset(fr, zc, ze), msg))
         out.byte_damage.append(f"{sec} {msg}")
-    elif (sp := find_spike(fr, rr, head, align_cells(pos, rpos))) is not None:
-        _add_spike(out, sec, fr, sp, pos)
+    elif cmp.spike is not None:
+        _add_spike(out, sec, fr, cmp.spike, pos)
     elif j["ratio"] > MARGIN_LIMIT:
         out.problems.append((ProblemCode.DEEP_MISMATCH, sec, off, _mismatch_message(fr, j, cell, p, s_st.rel)))
 

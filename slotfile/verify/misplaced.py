@@ -30,7 +30,7 @@ from slotfile.format.records import Body, LayerRun, MemoryBlock, MemoryKind
 from slotfile.format.types import TypeId
 from slotfile.problems import ProblemCode
 from slotfile.verify.judge import MARGIN_LIMIT, Judgment, Problem, RunCells, align_cells
-from slotfile.verify.stats import CHUNK_CELLS, dequant_rows
+from slotfile.verify.stats import CHUNK_CELLS, dequant_rows, median
 
 # another recomputed block "matches" a stored one that is nearer to it than this fraction of the
 # stored block's distance to its own recompute.  Measured on 34 clean real-server Gemma files
@@ -186,7 +186,7 @@ def _over_by_position(j: Judgment, limit: float) -> dict[int, set[tuple[str, int
 def _standing_out(c: RunCells) -> np.ndarray:
     """Which cells of a layer stand :data:`STAND_OUT` times above the layer's typical cell
     (its median ratio, at least one floor)."""
-    return c.ratio >= STAND_OUT * max(float(np.median(c.ratio)), 1.0) if c.ratio.size else c.ratio.astype(bool)
+    return c.ratio >= STAND_OUT * max(median(c.ratio), 1.0) if c.ratio.size else c.ratio.astype(bool)
 
 
 def _outstanding_by_position(j: Judgment) -> dict[int, set[tuple[str, int]]]:

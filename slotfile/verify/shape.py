@@ -30,6 +30,7 @@ from slotfile.problems import ProblemCode
 from slotfile.verify.judge import MARGIN_LIMIT, Caches, DeepInputs, Judgment, RunCells, judge_layers
 from slotfile.verify.misplaced import find_misplaced
 from slotfile.verify.records import Level
+from slotfile.verify.stats import median, nanmedian
 
 MAX_RETRIES = 4  # extra recomputes, each only while the difference has the drift shape
 # a layer at a position "differs too" (corroborates a failing cell of another layer) above this
@@ -164,7 +165,7 @@ def _background(r: np.ndarray, runs: list[RunCells], i: int, p: int, held: np.nd
     rows = [k for k in np.flatnonzero(held[:, p]) if (runs[k].block, runs[k].layer) != key]
     if not rows:
         return 0.0
-    return float(np.median(r[rows, max(0, p - NEAR) : p + NEAR + 1].max(axis=1)))
+    return median(r[rows, max(0, p - NEAR) : p + NEAR + 1].max(axis=1))
 
 
 def _isolated(runs: list[RunCells], high: np.ndarray, i: int, p: int, ratio: float) -> str:
@@ -200,7 +201,7 @@ def _first_layer(m: np.ndarray, runs: list[RunCells], p: int, limit: float, firs
         if x.layer == 0 and (first_block is None or x.block == first_block) and not np.isnan(m[k, p])
     ]
     at = np.nan_to_num(m[held, p])
-    typical = np.array([float(np.nanmedian(m[k])) for k in held])
+    typical = np.array([nanmedian(m[k]) for k in held])
     if held and float(at.min()) > limit and bool(np.all(at > STANDOUT * typical)):
         return (
             f"first layer: at position {p} the first layer's K and V differ beyond the limit "

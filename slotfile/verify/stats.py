@@ -52,6 +52,25 @@ def dequant_rows(run: LayerRun, c0: int, c1: int, cells: np.ndarray | None = Non
     return gq.dequantize(np.ascontiguousarray(raw), GGMLQuantizationType(t)).astype(np.float64).reshape(c1 - c0, -1)
 
 
+def median(a: np.ndarray | list[float]) -> float:
+    """``np.median`` of the values (NaN if any is NaN, NaN for none), without its first call's
+    import of numpy.ma (``_median_nancheck``: ~20 ms, on the deep check's critical path)."""
+    v = np.asarray(a, dtype=np.float64).ravel()
+    if not v.size or np.isnan(v).any():
+        return float("nan")
+    k = v.size // 2
+    if v.size % 2:
+        return float(np.partition(v, k)[k])
+    p = np.partition(v, (k - 1, k))
+    return float((p[k - 1] + p[k]) / 2)
+
+
+def nanmedian(a: np.ndarray) -> float:
+    """``np.nanmedian`` of the values (NaN when all are NaN), as :func:`median`."""
+    v = np.asarray(a, dtype=np.float64).ravel()
+    return median(v[~np.isnan(v)])
+
+
 LNORM_CAP = 10.0  # |ln(norm ratio)| given for a head whose norm is zero on one side only
 TINY = 1e-20
 
@@ -91,7 +110,7 @@ class CellStats:
             i = int(idx[int(np.argmax(arr[idx]))])
             setattr(st, name, float(arr[i]))
             setattr(st, f"{name}_cell", i)
-        st.median_angle = float(np.median(self.angle[idx]))
+        st.median_angle = median(self.angle[idx])
         if self.emax.size:
             i = int(idx[int(np.argmax(self.emax[idx]))])
             st.emax, st.emax_cell = float(self.emax[i]), i
@@ -161,20 +180,29 @@ def _zero_run(x: np.ndarray, y: np.ndarray, transposed: bool) -> tuple[int, int]
 
 
 def cell_stats(
-    a: LayerRun, b: LayerRun, head: int = 0, rotate: int = 0, b_cells: np.ndarray | None = None
+    a: LayerRun,
+    b: LayerRun,
+    head: int = 0,
+    rotate: int = 0,
+    b_cells: np.ndarray | None = None,
+    a_cells: np.ndarray | None = None,
 ) -> CellStats:
     """File run ``a`` against recomputed run ``b`` (same cells, same type), in chunks of cells.
     ``head``: elements per head (0: the whole row is one head); ``rotate``: apply llama.cpp's
     Hadamard rotation of this width to ``b`` first (comparing against the other rotation
     setting: the rotation is its own inverse); ``b_cells``: the cell of ``b`` for each cell of
-    ``a`` (the recompute placed them in another order; None: the same order)."""
-    n = a.n_cells
+    ``a`` (the recompute placed them in another order; None: the same order).  ``a_cells``:
+    only these cells of ``a`` (``b_cells`` then gives ``b``'s cell for each of them); the
+    statistics are indexed by their order in it."""
+    n = a.n_cells if a_cells is None else len(a_cells)
+    if a_cells is not None and b_cells is None:
+        b_cells = a_cells
     st = CellStats(np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n))
     ss_d = ss_b = 0.0
     h_mat = hadamard(rotate) if rotate else None
     for c0 in range(0, n, CHUNK_CELLS):
         c1 = min(n, c0 + CHUNK_CELLS)
-        x, y = dequant_rows(a, c0, c1), dequant_rows(b, c0, c1, b_cells)
+        x, y = dequant_rows(a, c0, c1, a_cells), dequant_rows(b, c0, c1, b_cells)
         if not x.size:
             continue
         if h_mat is not None and y.shape[1] % rotate == 0:

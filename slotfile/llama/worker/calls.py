@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import ctypes
 import itertools
-import time
 from typing import Any
 
 from slotfile.llama.worker import runtime as rt
@@ -80,45 +79,20 @@ def decode(ctx: Any, tokens: list[int], pos0: int, seq: int, outputs: bool, batc
 
 
 def decode_one_thread(ctx: Any, tokens: list[int], pos0: int, seq: int, outputs: bool = False) -> None:
-    """Decode ``tokens`` one per llama_decode call on a single thread (the deep check's probe
-    token).  A one-token graph is too small to share reliably: see :func:`decode_stepwise`."""
+    """Decode ``tokens`` one per llama_decode call on a single thread: the deep check's probe
+    token and its stepwise noise floor (the path the server's generated tokens take).
+
+    One thread because a one-token decode's values depend on the thread count: with flash
+    attention over 512 or more K/V cells, ``ggml_compute_forward_flash_attn_ext_f16``
+    (ggml-cpu/ops.cpp, both pinned trees) splits the cells into one chunk per thread and sums
+    the partial softmaxes (``use_split_kv_path``), so two threads round otherwise than one
+    (tests/test_loader.py).  A floor that followed the machine's thread count, or its load,
+    would move a file's margin from run to run.  The parent judges meanwhile on the other
+    core(s) (``early`` in the worker's ``deep``)."""
     n_threads, n_batch_threads = int(rt.L.llama_n_threads(ctx)), int(rt.L.llama_n_threads_batch(ctx))
     rt.L.llama_set_n_threads(ctx, 1, 1)
     try:
         decode(ctx, tokens, pos0, seq, outputs, 1)
-    finally:
-        rt.L.llama_set_n_threads(ctx, n_threads, n_batch_threads)
-
-
-STEPWISE_SLOWER = 2.0  # a multi-thread one-token decode this much slower than one thread's: one thread from then on
-
-
-def decode_stepwise(ctx: Any, tokens: list[int], pos0: int, seq: int, outputs: bool = False) -> None:
-    """Decode ``tokens`` one per llama_decode call (the path the server's generated tokens
-    take: the deep check's noise floor), on the thread count that is quicker here now.
-
-    With two threads each of a one-token graph's few hundred ops ends at a barrier.  On idle
-    cores that still saves a third (Gemma 3 270M, 32 decodes: 0.67 s on two threads, 1.01 s on
-    one); on a busy machine every barrier waits for the other thread to be scheduled (55.7 s
-    on two threads, 2.7 s on one).  So it is measured: a warm-up token and one timed token on
-    one thread, one on all; the quicker count goes on, and a decode on all threads that takes
-    over :data:`STEPWISE_SLOWER` times the one-thread time puts the rest on one thread.  The
-    thread count does not change the values: each output row is computed by one thread
-    whatever the count (tests/test_loader.py holds the states byte-identical)."""
-    n_threads, n_batch_threads = int(rt.L.llama_n_threads(ctx)), int(rt.L.llama_n_threads_batch(ctx))
-    one = 0.0  # seconds of a timed one-thread decode
-    many = n_threads > 1 and len(tokens) > 3
-    try:
-        for i, tok in enumerate(tokens):
-            use_many = many and i >= 2
-            rt.L.llama_set_n_threads(ctx, *((n_threads, n_batch_threads) if use_many else (1, 1)))
-            t = time.perf_counter()
-            decode(ctx, [tok], pos0 + i, seq, outputs, 1)
-            took = time.perf_counter() - t
-            if i == 1:
-                one = took
-            elif use_many and took > (STEPWISE_SLOWER if i > 2 else 1.0) * one:
-                many = False  # slower than one thread (at the trial: at all; later: by 2x)
     finally:
         rt.L.llama_set_n_threads(ctx, n_threads, n_batch_threads)
 

@@ -4,7 +4,8 @@
 
 It loads the model(s) once, says hello, then answers one JSON request per line on stdin with
 one JSON line on its private protocol pipe (the original stdout; fd 1 is pointed at stderr so
-that nothing llama.cpp prints can corrupt the protocol).  llama.cpp's log (warnings and
+that nothing llama.cpp prints can corrupt the protocol); ``deep`` with ``early`` sends one
+``{"interim": ...}`` line before its reply.  llama.cpp's log (warnings and
 errors) is written to fd 2 as it happens, so it survives an abort: the parent reads it back
 from the file it gave the worker as stderr.  The parent ends the worker with SIGKILL: freeing
 the model and contexts costs time and leaves nothing behind that the kernel would not reclaim.
@@ -68,7 +69,6 @@ from slotfile.llama.worker import runtime as rt
 from slotfile.llama.worker.calls import (
     decode,
     decode_one_thread,
-    decode_stepwise,
     get_blob,
     load_seq_file,
     pos_range,
@@ -235,7 +235,9 @@ class Worker:
         the last ``n_stepwise`` cells, decode those tokens again one per llama_decode call (the
         path the server's generated tokens take), write that state to ``out_floor`` and decode
         the probe (logits C): the parent's noise floor, at the cost of ``n_stepwise``
-        single-token decodes."""
+        single-token decodes.  With ``early``, a line ``{"interim": "recomputed"}`` says that
+        ``out`` is written before those decodes start (the reply still follows)."""
+        rt.import_beside("numpy")  # for the logits, while the file is restored and the probe decoded
         path, s, tokens = req["path"], request_settings(req["settings"]), [int(t) for t in req["tokens"]]
         probe = int(req["probe"])
         n_batch = int(req.get("n_batch") or DEEP_N_BATCH)
@@ -270,9 +272,11 @@ class Worker:
             floor = None
             # a recurrent state cannot drop its last cells (llama_memory_seq_rm says no): no floor
             if n_stepwise > 0 and not (self.model.recurrent or self.model.hybrid):
+                if req.get("early"):  # the parent compares ``out`` while the stepwise tokens decode
+                    send({"interim": "recomputed", "id": req.get("id")})
                 if not rt.L.llama_memory_seq_rm(mem, seq, n - n_stepwise, -1):
                     raise Failed(f"llama_memory_seq_rm refused to drop positions {n - n_stepwise}..{n - 1}")
-                decode_stepwise(ctx, tokens[n - n_stepwise :], n - n_stepwise, seq)
+                decode_one_thread(ctx, tokens[n - n_stepwise :], n - n_stepwise, seq)
                 self._write_state(ctx, seq, req["out_floor"])
                 decode_one_thread(ctx, [probe], n, seq, True)
                 floor = self._logits(ctx)
@@ -497,7 +501,7 @@ def _floor_blobs(
         k = min(n_stepwise, b - a, b // 2) if b in take else 0
         decode(ctx, tokens[a : b - k], a, seq, True, n_batch)
         if k:
-            decode_stepwise(ctx, tokens[b - k : b], b - k, seq)
+            decode_one_thread(ctx, tokens[b - k : b], b - k, seq)
             blob = get_blob(ctx, seq, 0 if b == full else rt.L.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY)
             out.append({"n_tokens": b, "k": k, "full": b == full, "blob": [bf.tell(), len(blob)]})
             bf.write(blob)

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import importlib
 import json
 import os
 import struct
 import sys
+import threading
 import time
 from typing import Any
 
@@ -57,6 +59,19 @@ def send(obj: dict[str, Any]) -> None:
 def mark(text: str) -> None:
     """A marker line in the log so that lines can be told apart per request."""
     os.write(2, f"@@slotfile {text}\n".encode())
+
+
+def import_beside(module: str) -> None:
+    """Import ``module`` on a thread while the caller goes on: llama.cpp's calls release the
+    GIL (ctypes), so the import runs beside them instead of before them.  Whoever imports it
+    next waits for this import to finish (the import lock); a failure is raised there again."""
+    if module not in sys.modules:
+        threading.Thread(target=_import_quietly, args=(module,), daemon=True).start()
+
+
+def _import_quietly(module: str) -> None:
+    with contextlib.suppress(Exception):
+        importlib.import_module(module)
 
 
 def logged_errors(n: int = 3) -> str:
