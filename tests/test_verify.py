@@ -501,12 +501,14 @@ def test_model_level_token_and_position_checks():
 
 
 def test_collected_paths_sort_as_paths_do(tmp_path):
-    """A directory's files are held as strings (slotfile.verify.collect.PathList) and sorted by
-    a one-string key: the order is pathlib's, part by part (``d/x`` before ``d-2/x`` and
-    ``d.x``, a folder's files among its subfolders by name), as when each was a Path."""
+    """A directory's files are held as strings (slotfile.verify.collect.PathList) in the walk's
+    order, which is pathlib's, part by part (``d/x`` before ``d-2/x`` and ``d.x``, a folder's
+    files among its subfolders by name), as when each was a Path and sorted; path_order is
+    the one-string key of that order."""
     from pathlib import Path, PurePosixPath
 
-    from slotfile.verify.collect import PathList, path_order
+    from slotfile.slotdir.walk import path_order
+    from slotfile.verify.collect import PathList
 
     names = ["d/x", "d-2/x", "d.x", "d/sub/y", "d/a", "a b/c", "d/sub-1/z", "D/x", "d/\u00e9", "d/z"]
     assert sorted(names, key=path_order) == [str(p) for p in sorted(map(PurePosixPath, names))]
@@ -518,5 +520,5 @@ def test_collected_paths_sort_as_paths_do(tmp_path):
     assert isinstance(col.files, PathList)
     assert list(col.files) == sorted(tmp_path / n for n in names)
     assert col.files == sorted(tmp_path / n for n in names) and col.files[1:3] == list(col.files)[1:3]
-    assert col.sizes == [(tmp_path / n).stat().st_size for n in sorted(names, key=lambda n: PurePosixPath(n))]
+    assert list(col.sizes) == [(tmp_path / n).stat().st_size for n in sorted(names, key=lambda n: PurePosixPath(n))]
     assert all(type(p) is type(Path()) for p in col.files)

@@ -86,7 +86,7 @@ def run_ls(args: LsArgs) -> int:
         fail(e, "ls")
     if args.sort == "path" and server is None and not args.models and not _has_manifest(root):
         # streamed: each file read (on forked processes for a large DIR), written and dropped
-        entries = sorted(scan.slots, key=lambda e: e.rel)
+        entries = scan.slots.sorted_by_rel()
         rows = Rows(summarize_stream(entries), len(entries), scan, t0)
         return _print(args, rows, {}, server, now, (None, [], None), None)
     listed = summarize_all(scan.slots)  # every row kept: the columns below need them all

@@ -16,12 +16,20 @@ from __future__ import annotations
 
 import bisect
 import os
+from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import overload
 
-from slotfile.slotdir.walk import SETTLE_SECONDS, SETTLE_WAIT_SECONDS, DirEntry, DirScan, scan_dir
+from slotfile.slotdir.walk import (
+    SETTLE_SECONDS,
+    SETTLE_WAIT_SECONDS,
+    DirEntry,
+    DirScan,
+    EntryList,
+    scan_dir,
+)
 from slotfile.text import count
 
 
@@ -86,13 +94,6 @@ class PathList(Sequence[Path]):
             self._roots.append(root)
 
 
-def path_order(path: str) -> str:
-    """The key that sorts path strings as :class:`~pathlib.PurePosixPath` sorts them (part by
-    part: ``d/x`` before ``d-2/x``), one string a file rather than a list of its parts: the
-    separator becomes the lowest character (no part holds a NUL)."""
-    return path.replace(os.sep, "\x00")
-
-
 @dataclass
 class Collected:
     """The files to verify (a directory's sorted by path, the order of the report), the
@@ -107,7 +108,8 @@ class Collected:
     busy_paths: list[str] = field(default_factory=list)
     skipped: int = 0
     dirs: int = 0  # directory arguments walked
-    sizes: list[int | None] = field(default_factory=list)  # of ``files``, as walked (None: not walked)
+    # of ``files``, as walked (-1: not walked); an array: a large store's sizes held as 8 bytes each
+    sizes: array[int] = field(default_factory=lambda: array("q"))
 
 
 def collect(
@@ -136,20 +138,18 @@ def collect(
             del scan  # its entries: a large store's files are held once, as strings
         elif a.exists():
             out.files.append(a)
-            out.sizes.append(None)
+            out.sizes.append(-1)
         else:
             out.errors.append(f"{a}: no such file or directory")
     return out
 
 
-def _take(out: Collected, root: str, slots: list[DirEntry]) -> None:
-    """A walk of ``root``'s files into ``out``, sorted as their paths sort (part by part; with
-    one root for all, as their relative paths sort), each held as its relative path (the
-    entry's own string): a file costs its name and two list slots.  ``slots`` is sorted in
-    place."""
-    slots.sort(key=lambda e: path_order(e.rel))
+def _take(out: Collected, root: str, slots: EntryList) -> None:
+    """A walk of ``root``'s files into ``out``, in the walk's order (their paths' order, part by
+    part: :func:`~slotfile.slotdir.walk.scan_dir`), each held as its relative path (the
+    entry's own string): a file costs its name and a list slot, its size 8 bytes."""
     out.files.extend_under(root, (e.rel for e in slots))
-    out.sizes += [e.size for e in slots]
+    out.sizes.extend(slots.sizes())
 
 
 def _skipped(scan: DirScan) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+from array import array
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -240,22 +241,23 @@ class Verifier:
         self,
         paths: Sequence[Path],
         digest: Callable[[FileReport], Any] | None = None,
-        sizes: list[int | None] | None = None,
+        sizes: Sequence[int] | None = None,
     ) -> Iterator[Any]:
         """Structure only (no model, no loader): each file's report, or ``digest(report)`` made
         where the file was read, yielded in the order of ``paths`` as they are made; for a
         directory's worth on forked processes (slotfile.slotdir.forked, ``opts.read_jobs``),
-        each reading its files with this Verifier.  ``sizes``: the files' as walked (None:
-        asked).  The workers are forked now."""
+        each reading its files with this Verifier.  ``sizes``: the files' as walked (-1, or
+        None for all: asked).  The workers are forked now."""
         assert self.pool is None and self.opts.model is None
 
         def some(chunk: list[Path]) -> list[Any]:
             return [self.verify(p) if digest is None else digest(self.verify(p)) for p in chunk]
 
-        known = sizes if sizes is not None and len(sizes) == len(paths) else [None] * len(paths)
-        return ordered_map(
-            some, paths, [_size(p) if n is None else n for p, n in zip(paths, known, strict=True)], self.opts.read_jobs
-        )
+        walked = sizes if sizes is not None and len(sizes) == len(paths) else None
+        if walked is None or min(walked, default=0) < 0:  # asked of the files the walk did not see
+            w = walked
+            walked = array("q", (_size(p) if w is None or w[i] < 0 else w[i] for i, p in enumerate(paths)))
+        return ordered_map(some, paths, walked, self.opts.read_jobs)
 
 
 def _size(p: Path) -> int:
