@@ -83,15 +83,15 @@ def child(args: list[str], out: Path, code: Path = ROOT) -> tuple[float, int, in
     idle cores would take, whatever the load)."""
     env = dict(os.environ, PYTHONPATH=str(code))
     t0 = time.perf_counter()
-    with open(out, "wb") as f:
-        p = subprocess.Popen(
-            [*RT, sys.executable, "-m", "slotfile", *args], stdout=f, stderr=subprocess.DEVNULL, env=env, cwd=code
-        )
+    with open(out, "wb") as f, tempfile.TemporaryFile() as err:
+        p = subprocess.Popen([*RT, sys.executable, "-m", "slotfile", *args], stdout=f, stderr=err, env=env, cwd=code)
         _, status, ru = os.wait4(p.pid, 0)
-    dt = time.perf_counter() - t0
-    rc = os.waitstatus_to_exitcode(status)
-    if rc not in (0, 4):
-        raise SystemExit(f"slotfile {' '.join(args)} failed ({rc})")
+        dt = time.perf_counter() - t0
+        rc = os.waitstatus_to_exitcode(status)
+        if rc not in (0, 4):
+            err.seek(0)
+            tail = err.read().decode(errors="replace").strip().splitlines()[-8:]
+            raise SystemExit(f"slotfile {' '.join(args)} ({code}) failed ({rc}):\n" + "\n".join(tail))
     files = int(subprocess.run([sys.executable, "-c", _COUNT, str(out)], capture_output=True, check=True).stdout)
     return dt, ru.ru_maxrss, files, ru.ru_utime + ru.ru_stime
 
