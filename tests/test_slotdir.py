@@ -381,7 +381,7 @@ def test_an_entry_keeps_its_root_once_and_its_path_is_the_walks(tmp_path: Path, 
 def test_a_walk_holds_its_entries_as_columns(tmp_path: Path):
     """scan_dir keeps its slot files in an EntryList: the relative paths (the walk's strings),
     sizes and times in arrays, a DirEntry made when asked.  It reads as a sequence of entries
-    (index, slice, iteration, +), sorts by relative path without making entries, refuses an
+    (index, slice, iteration, +), sorts by a key of the relative path without making entries, refuses an
     entry of another root, and holds 5,000 files in well under the ~190 bytes a file that
     entry objects took."""
     import gc
@@ -414,7 +414,6 @@ def test_a_walk_holds_its_entries_as_columns(tmp_path: Path):
     assert (e.rel, e.size, e.path) == ("d3/slot-00007.bin", 12, str(tmp_path / "d3" / "slot-00007.bin"))
     assert [x.rel for x in slots[10:13]] == walked[10:13] and isinstance(slots[10:13], EntryList)
     assert list(slots.sizes()) == [x.size for x in slots]
-    assert [x.rel for x in slots.sorted_by_rel()] == sorted(walked)
     both = slots + [DirEntry(str(tmp_path), "extra.bin", 1, 0.0)]  # noqa: RUF005 - EntryList.__add__
     assert len(both) == 5001 and both[-1].rel == "extra.bin"
     slots.sort_by_rel(lambda rel: rel.split("/")[1])  # by name: stable, so d0's file first

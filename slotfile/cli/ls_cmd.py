@@ -42,6 +42,7 @@ from slotfile.slotdir.walk import (
     FileSummary,
     Tally,
     human_age,
+    path_order,
     scan_dir,
     settle_problem,
     summarize_all,
@@ -86,8 +87,8 @@ def run_ls(args: LsArgs) -> int:
         fail(e, "ls")
     if args.sort == "path" and server is None and not args.models and not _has_manifest(root):
         # streamed: each file read (on forked processes for a large DIR), written and dropped
-        entries = scan.slots.sorted_by_rel()
-        rows = Rows(summarize_stream(entries), len(entries), scan, t0)
+        # the walk's order is the paths' (part by part, as verify lists them): no sort, no copy
+        rows = Rows(summarize_stream(scan.slots), len(scan.slots), scan, t0)
         return _print(args, rows, {}, server, now, (None, [], None), None)
     listed = summarize_all(scan.slots)  # every row kept: the columns below need them all
     fates = _fates(listed, server, side)
@@ -241,7 +242,7 @@ def _picked(args: LsArgs, rows: list[FileSummary]) -> dict[str, Any] | int | Non
 
 def _sorted(rows: list[FileSummary], sort: str, now: float) -> list[FileSummary]:
     key = {
-        "path": lambda s: s.rel,
+        "path": lambda s: path_order(s.rel),  # the walk's order, part by part
         "size": lambda s: -s.size,
         "age": lambda s: -s.age(now),  # oldest first
         "tokens": lambda s: -(s.n_tokens or 0),

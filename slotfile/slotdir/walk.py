@@ -107,10 +107,6 @@ class EntryList(Sequence[DirEntry]):
         rel = self._rel
         self._set(self._take(sorted(range(len(self)), key=lambda i: key(rel[i]))))
 
-    def sorted_by_rel(self) -> EntryList:
-        """A copy in the order of the relative paths as strings."""
-        return self._take(sorted(range(len(self)), key=self._rel.__getitem__))
-
     def _take(self, order: Iterable[int]) -> EntryList:
         out = EntryList(self.root)
         for i in order:

@@ -239,3 +239,27 @@ def test_prune_usage_and_quota_errors(tmp_path):
     (d / "busy.slot").write_bytes(b"x" * 100)  # fresh: counts, never removed
     r = run("prune", d, "--max-total", "50", "--settle-wait", "0")
     assert r.exit_code == 4 and "do not free enough" in r.stdout
+
+
+def test_ls_lists_by_path_in_verifys_order(tmp_path: Path):
+    """``ls`` sorted by path lists part by part, as ``verify DIR`` and pathlib do (``d/x``
+    before ``d-2/x`` and ``d.slot``): streamed in the walk's order, and with ``--sort path``
+    where the rows are kept (a manifest beside the files)."""
+    from pathlib import PurePosixPath
+
+    d = tmp_path / "slots"
+    names = ["d/x.slot", "d-2/x.slot", "d.slot", "d/a b.slot", "c/d/e.slot", "c.slot"]
+    for n in names:
+        (d / n).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(SLOTS / "llama_f16_fa.slot", d / n)
+        os.utime(d / n, (1, 1))
+    want = [str(p) for p in sorted(map(PurePosixPath, names))]
+    assert want[:3] == ["c/d/e.slot", "c.slot", "d/a b.slot"]
+    r = run("ls", d, "--json", "--settle", "0")
+    assert r.exit_code == 0, r.stderr
+    assert [f["rel"] for f in json.loads(r.stdout)["files"]] == want
+    v = run("verify", d, "--json", "--settle", "0")
+    assert [str(PurePosixPath(f["path"]).relative_to(d.as_posix())) for f in json.loads(v.stdout)["files"]] == want
+    assert run("seal", d).exit_code == 0  # a manifest: ls keeps every row, sorted by --sort path
+    r = run("ls", d, "--json", "--settle", "0", "--sort", "path")
+    assert [f["rel"] for f in json.loads(r.stdout)["files"]] == want
