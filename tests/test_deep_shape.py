@@ -357,3 +357,20 @@ def test_comparisons_made_ahead_give_the_same_judgment(gemma_bytes, monkeypatch)
         assert ahead.rows == plain.rows and ahead.problems == plain.problems, name
         assert ahead.byte_damage == plain.byte_damage, name
         assert all(np.array_equal(a.ratio, b.ratio) for a, b in zip(ahead.cells, plain.cells, strict=True)), name
+
+
+def test_median_and_nanmedian_are_numpys():
+    """slotfile.verify.stats.median / nanmedian (which spare the deep check numpy.ma's import)
+    give numpy's values: odd and even sizes, NaN anywhere (NaN), none left (NaN)."""
+    from slotfile.verify.stats import median, nanmedian
+
+    rng = np.random.default_rng(25)
+    for n in range(1, 40):
+        a = rng.normal(size=n)
+        assert median(a) == float(np.median(a)), n
+        b = a.copy()
+        b[::3] = np.nan
+        assert np.isnan(median(b))
+        if (~np.isnan(b)).any():
+            assert nanmedian(b) == float(np.nanmedian(b)), n
+    assert np.isnan(median([])) and np.isnan(nanmedian(np.array([np.nan, np.nan])))
