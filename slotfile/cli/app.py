@@ -454,6 +454,14 @@ def main() -> None:
         code: object = 0
     except SystemExit as e:
         code = e.code
+    except Exception as e:
+        from slotfile.exitcodes import OPERATIONAL
+        from slotfile.slotdir.forked import WorkerLost
+
+        if not isinstance(e, WorkerLost):
+            raise
+        print(f"slotfile: {e}; the listing above is incomplete", file=sys.stderr)
+        code = OPERATIONAL
     if not isinstance(code, int):  # sys.exit("message") / sys.exit(None)
         if code is not None:
             print(code, file=sys.stderr)

@@ -29,6 +29,12 @@ CHUNK = 32  # files per chunk: small enough to stream, large enough to amortise 
 WINDOW = 6  # chunks in flight ahead of the one being taken (task messages stay far below a socket's buffer)
 
 
+class WorkerLost(RuntimeError):
+    """A worker process ended (killed, out of memory, a crash in native code) or failed while
+    reading some of the files: the command cannot finish its listing.  The CLI reports it as an
+    operational error (exit 8), naming the files the worker held."""
+
+
 def dir_jobs(jobs: int | None = None) -> int:
     """The processes a directory's files are read with: ``jobs`` when given (``verify --jobs``),
     else ``$SLOTFILE_DIR_JOBS``, else 2 (or 1 on a single CPU)."""
@@ -143,9 +149,9 @@ class _Forked:
                 parts.append(self._send(k))
             for k in range(len(self.chunks)):
                 got: dict[int, Any] = {}
-                for conn, idx in zip(self.conns, parts.popleft(), strict=True):
+                for w, idx in enumerate(parts.popleft()):
                     if idx:
-                        got.update(zip(idx, self._recv(conn), strict=True))
+                        got.update(zip(idx, self._recv(w, idx), strict=True))
                 if k + WINDOW < len(self.chunks):
                     parts.append(self._send(k + WINDOW))
                 for i in self.chunks[k]:
@@ -158,18 +164,42 @@ class _Forked:
         split = split_chunk(self.chunks[k], self.sizes, self.bounds, self.n)
         for conn, idx in zip(self.conns, split, strict=True):
             if idx:
-                conn.send([self.items[i] for i in idx])
+                try:
+                    conn.send([self.items[i] for i in idx])
+                except OSError:
+                    # the worker has ended (EPIPE): its earliest chunk not yet taken says so, with
+                    # its files, when it is taken (_recv); raised here, the OSError would reach
+                    # click, which ends the command with exit 1 and no word for a broken pipe
+                    pass
         return split
 
-    @staticmethod
-    def _recv(conn: Any) -> list[Any]:
+    def _recv(self, w: int, idx: list[int]) -> list[Any]:
+        """Worker ``w``'s results for the items ``idx``; :class:`WorkerLost` naming them when it
+        ended or failed instead."""
         try:
-            ok, got = conn.recv()
-        except EOFError:
-            raise RuntimeError("a directory worker process ended unexpectedly") from None
+            ok, got = self.conns[w].recv()
+        except (EOFError, OSError):
+            raise WorkerLost(f"a directory worker process ended ({self._end_of(w)}) {self._reading(idx)}") from None
         if not ok:
-            raise RuntimeError(f"a directory worker process failed:\n{got}")
+            raise WorkerLost(f"a directory worker process failed {self._reading(idx)}:\n{got}")
         return list(got)
+
+    def _end_of(self, w: int) -> str:
+        """How worker ``w`` ended (reaped here; :meth:`_stop` skips it then)."""
+        pid, self.pids[w] = self.pids[w], 0
+        status = os.waitpid(pid, 0)[1]
+        code = os.waitstatus_to_exitcode(status)
+        if code < 0:
+            import signal
+
+            return f"killed by {signal.Signals(-code).name}"
+        return f"exit status {code}"
+
+    def _reading(self, idx: list[int]) -> str:
+        first = self.items[idx[0]]
+        name = getattr(first, "path", first)
+        more = f" and {len(idx) - 1} more" if len(idx) > 1 else ""
+        return f"while it held {name}{more}"
 
     def _stop(self, done: bool) -> None:
         """Each worker told to end (all taken) or killed (the caller stopped early), and reaped."""
@@ -179,13 +209,14 @@ class _Forked:
             try:
                 if done:
                     conn.send(None)
-                else:
+                elif pid:
                     os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
             conn.close()
         for pid in self.pids:
-            os.waitpid(pid, 0)
+            if pid:  # 0: reaped already (_end_of)
+                os.waitpid(pid, 0)
 
 
 def _serve(fn: Callable[[list[Any]], list[Any]], conn: Any) -> None:

@@ -174,3 +174,35 @@ def test_ls_and_verify_write_each_row_before_reading_far_ahead(
     ver = json.loads(capsys.readouterr().out)
     assert ver["summary"]["files"] == len(ver["files"]) == 120 == len(verified)
     assert 0 < max(taken) <= forked.CHUNK
+
+
+# ls DIR with the reading workers' function replaced: the worker that gets b/s101.slot is
+# killed (as the kernel's out-of-memory killer would), or ends with an exception's exit
+_DYING = r"""
+import os, signal, sys
+import slotfile.slotdir.walk as W
+read, how = W._summarize_list, sys.argv[1]
+def dying(entries):
+    if any(e.rel.endswith("s101.slot") for e in entries):
+        os.kill(os.getpid(), signal.SIGKILL) if how == "kill" else os._exit(3)
+    return read(entries)
+W._summarize_list = dying
+from slotfile.cli.app import main
+sys.argv = ["slotfile", "ls", sys.argv[2], "--json", "--settle", "0"]
+main()
+"""
+
+
+@pytest.mark.parametrize(("how", "said"), [("kill", "killed by SIGKILL"), ("exit", "exit status 3")])
+def test_a_lost_directory_worker_is_an_operational_error_naming_its_files(tmp_path: Path, how: str, said: str) -> None:
+    """A reading worker that dies mid-listing (killed, out of memory) ends the command with
+    exit 8 and one line naming how it ended and the files it held, not a traceback and exit 1."""
+    d = _directory(tmp_path)
+    env = dict(os.environ, PYTHONPATH=str(ROOT), SLOTFILE_DIR_JOBS="2")
+    r = subprocess.run(
+        [sys.executable, "-c", _DYING, how, str(d)], env=env, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert r.returncode == 8, r.stderr[-2000:]
+    (line,) = [x for x in r.stderr.splitlines() if "directory worker" in x]
+    assert f"a directory worker process ended ({said}) while it held " in line, line
+    assert "more; the listing above is incomplete" in line and "Traceback" not in r.stderr
