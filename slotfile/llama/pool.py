@@ -232,7 +232,7 @@ class WorkerProcess:
         return json.loads(line), ""
 
     def request(
-        self, req: dict[str, Any], timeout: float, on_interim: Callable[[dict[str, Any]], None] | None = None
+        self, req: dict[str, Any], timeout: float, on_interim: Callable[[], None] | None = None
     ) -> tuple[dict[str, Any] | None, str, str]:
         """(response or None, why it died, the log written meanwhile).  A line the worker sends
         before its response (``{"interim": ...}``) goes to ``on_interim``, which runs while the
@@ -251,7 +251,7 @@ class WorkerProcess:
         resp, died = self.read(timeout)
         while resp is not None and "interim" in resp:
             if on_interim is not None:
-                on_interim(resp)
+                on_interim()
             resp, died = self.read(max(deadline - time.monotonic(), 0.001))
         return resp, died, self.log_since(off)
 
@@ -270,14 +270,6 @@ class WorkerProcess:
                 with contextlib.suppress(OSError):
                     f.close()
         self.log.close()
-
-
-def _ignoring_reply(fn: Callable[[], None] | None) -> Callable[[dict[str, Any]], None] | None:
-    """``fn`` as an interim-line handler (the line itself carries nothing it needs)."""
-    if fn is None:
-        return None
-    f = fn
-    return lambda _line: f()
 
 
 def _log_tail(log: str, n: int = 12) -> str:
@@ -389,7 +381,7 @@ class LoaderPool:
         w.close()
 
     def _call(
-        self, req: dict[str, Any], timeout: float, on_interim: Callable[[dict[str, Any]], None] | None = None
+        self, req: dict[str, Any], timeout: float, on_interim: Callable[[], None] | None = None
     ) -> tuple[dict[str, Any] | None, str, str]:
         w = self._acquire()
         try:
@@ -520,7 +512,7 @@ class LoaderPool:
             "cuts": [int(c) for c in cuts or []],
             "early": on_recomputed is not None,
         }
-        resp, died, log = self._call(req, timeout, _ignoring_reply(on_recomputed))
+        resp, died, log = self._call(req, timeout, on_recomputed)
         if resp is None:
             line = telling_line(log)
             return DeepResult(False, died + (f": {line}" if line else ""), crashed=True, log=log)

@@ -63,13 +63,11 @@ class EntryList(Sequence[DirEntry]):
 
     __slots__ = ("_mtime", "_rel", "_size", "root")
 
-    def __init__(self, root: str, entries: Iterable[DirEntry] = ()) -> None:
+    def __init__(self, root: str) -> None:
         self.root = root
         self._rel: list[str] = []
         self._size = array("q")
         self._mtime = array("d")
-        for e in entries:
-            self.append(e)
 
     def append(self, e: DirEntry) -> None:
         if e.root != self.root:
@@ -124,7 +122,7 @@ class DirScan:
     """What a walk of DIR found, by kind."""
 
     root: str
-    slots: EntryList = field(default_factory=lambda: EntryList(""))
+    slots: EntryList = field(init=False)  # under ``root``
     temps: list[DirEntry] = field(default_factory=list)  # temp names
     # modified within ``settle`` seconds, and still so once ``settle_wait`` ran out
     busy: list[DirEntry] = field(default_factory=list)
@@ -136,8 +134,7 @@ class DirScan:
     settled: int = 0  # files that were being written at the walk and settled while waited for
 
     def __post_init__(self) -> None:
-        if self.slots.root != self.root and not self.slots:
-            self.slots = EntryList(self.root)
+        self.slots = EntryList(self.root)
 
     def busy_lines(self) -> list[str]:
         """One line per file left out because it was still being written: the file, how long
@@ -214,7 +211,7 @@ def scan_dir(
     (:func:`wait_for_settle`; ``on_wait(files, bound)`` is told before the wait starts); those
     that settle join ``slots`` in that order, the rest stay in ``busy``."""
     top = os.fspath(root)
-    out = DirScan(top, EntryList(top), settle=settle, settle_wait=settle_wait)
+    out = DirScan(top, settle=settle, settle_wait=settle_wait)
     now = time.time() if now is None else now
     # depth first, one listing per open folder, each listed in reverse so pop() gives the next
     stack: list[tuple[str, str, list[tuple[str, bool]]]] = [(top, "", _listing(out, top))]

@@ -253,11 +253,10 @@ class Verifier:
         def some(chunk: list[Path]) -> list[Any]:
             return [self.verify(p) if digest is None else digest(self.verify(p)) for p in chunk]
 
-        walked = sizes if sizes is not None and len(sizes) == len(paths) else None
-        if walked is None or min(walked, default=0) < 0:  # asked of the files the walk did not see
-            w = walked
-            walked = array("q", (_size(p) if w is None or w[i] < 0 else w[i] for i, p in enumerate(paths)))
-        return ordered_map(some, paths, walked, self.opts.read_jobs)
+        known = sizes if sizes is not None and len(sizes) == len(paths) else array("q", [-1]) * len(paths)
+        if min(known, default=0) < 0:  # asked of the files the walk did not see
+            known = array("q", (n if n >= 0 else _size(p) for p, n in zip(paths, known, strict=True)))
+        return ordered_map(some, paths, known, self.opts.read_jobs)
 
 
 def _size(p: Path) -> int:

@@ -225,23 +225,13 @@ _Key = tuple[str, str, int]  # (block role, part, layer)
 class Precomputed:
     """Every layer's :class:`Compared` for one file body and one recomputed body, made while the
     loader decodes the noise floor's tokens (:meth:`slotfile.llama.pool.LoaderPool.deep`'s
-    ``on_recomputed``): the judgment then only has the floors left to apply.  Used only for the
-    bodies it was made from (a recompute with another schedule is compared afresh)."""
+    ``on_recomputed``): a :func:`judge_layers` without floors, kept for its comparisons; the
+    judgment then only has the floors left to apply.  Used only for the bodies it was made
+    from (a recompute with another schedule is compared afresh)."""
 
     def __init__(self, file_body: Body, rec_body: Body, caches: Caches) -> None:
         self.file_body, self.rec_body = file_body, rec_body
-        self.layers: dict[_Key, Compared] = {}
-        if rec_body.layout is None or file_body.layout is None or file_body.layout.kinds != rec_body.layout.kinds:
-            return
-        for fb, rb in zip(file_body.blocks, rec_body.blocks, strict=False):
-            if _cells_differ([], fb, rb):
-                continue
-            head_of = caches.get(fb.role)
-            for sec, fr, rr, pos in layer_pairs(fb, rb):
-                if fr is None or rr is None or not _comparable(fr, rr):
-                    continue
-                b_cells = align_cells(pos, _stream_positions(rb, sec))
-                self.layers[(fb.role, fr.part, fr.index)] = compare_layer(fr, rr, head_size(head_of, fr.part), b_cells)
+        self.layers = judge_layers(file_body, rec_body, DeepInputs(caches=caches)).compared
 
     def of(self, file_body: Body, rec_body: Body) -> dict[_Key, Compared]:
         """The comparisons made for these two bodies (empty for any other pair)."""
@@ -280,6 +270,7 @@ class Judgment:
     cells: list[RunCells] = field(default_factory=list)
     byte_damage: list[str] = field(default_factory=list)  # one line per run
     floors: dict[tuple[str, str, int], RowStats | None] = field(default_factory=dict)
+    compared: dict[_Key, Compared] = field(default_factory=dict)  # per layer, before any floor
 
     @property
     def margin(self) -> float:
@@ -410,9 +401,10 @@ def _compare_run(
     pos, rpos = positions
     head = head_size(inp.caches.get(role), fr.part)
     cmp = cmp or compare_layer(fr, rr, head, align_cells(pos, rpos))
+    key = (role, fr.part, fr.index)
+    out.compared[key] = cmp
     cs = cmp.stats
     s_st = cs.summary()
-    key = (role, fr.part, fr.index)
     f_st = inp.floors.get(key) if inp.floors is not None else _floor_stats(rr, floor, head, inp)
     out.floors[key] = f_st
     j = judge_run(s_st, f_st, tolerance_class(fr.type_id))
