@@ -258,7 +258,7 @@ def test_the_streamed_json_is_the_one_text_json_dumps_gives(capsys: pytest.Captu
         write_json(odd)
         assert capsys.readouterr().out == json.dumps(odd, indent=2) + "\n"
     rows = [{"i": i, "x": [i] * (i % 3)} for i in range(50)]
-    write_json({"n": 1, "files": LazyList(lambda: iter(rows), len(rows)), "empty": LazyList(list, 0), "z": 2})
+    write_json({"n": 1, "files": LazyList(lambda: iter(rows)), "empty": LazyList(list), "z": 2})
     assert capsys.readouterr().out == json.dumps({"n": 1, "files": rows, "empty": [], "z": 2}, indent=2) + "\n"
     # rows encoded elsewhere (a forked worker's), and values made once the rows are written
     seen: list[int] = []
@@ -268,7 +268,7 @@ def test_the_streamed_json_is_the_one_text_json_dumps_gives(capsys: pytest.Captu
             seen.append(r["i"])
             yield Encoded(encode(r, ITEM_INDENT)) if r["i"] % 2 else r
 
-    doc2 = {"files": LazyList(made, len(rows)), "n": Later(lambda: {"seen": len(seen)}), "rc": Later(lambda: 4)}
+    doc2 = {"files": LazyList(made), "n": Later(lambda: {"seen": len(seen)}), "rc": Later(lambda: 4)}
     write_json(doc2)
     assert capsys.readouterr().out == json.dumps({"files": rows, "n": {"seen": 50}, "rc": 4}, indent=2) + "\n"
     with pytest.raises(TypeError):
@@ -313,7 +313,7 @@ def _two_processes_read_as_one(tmp: str) -> None:
         (tmp_path / "empty.slot").write_bytes(b"")
         scan = scan_dir(tmp_path, settle=0)
         assert len(scan.slots) >= 80
-        pids = list(forked.ordered_map(_pids, scan.slots, [e.size for e in scan.slots]))
+        pids = list(forked.ordered_map(_pids, ((e, e.size) for e in scan.slots)))
         assert len(set(pids)) == 2 and os.getpid() not in pids  # the default: two workers
         one = [summarize(e) for e in scan.slots]
         two = walk.summarize_all(scan.slots, jobs=3)

@@ -6,7 +6,9 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -420,3 +422,78 @@ def test_a_walk_holds_its_entries_as_columns(tmp_path: Path):
     assert [x.rel for x in slots[:2]] == ["d0/slot-00000.bin", "d1/slot-00000.bin"]
     with pytest.raises(ValueError, match="not this walk's root"):
         slots.append(DirEntry("/elsewhere", "x.bin", 1, 0.0))
+
+
+def _tree(top: Path, folders: int, per: int) -> None:
+    for d in range(folders):
+        (top / f"d{d:03d}").mkdir(parents=True)
+        for i in range(per):
+            (top / f"d{d:03d}" / f"slot-{i:05d}.bin").write_bytes(b"")
+
+
+def _peak(walk: Any) -> int:
+    """The traced peak, in bytes above the start, of ``walk()``."""
+    import gc
+    import tracemalloc
+
+    gc.collect()
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        walk()
+        return tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+
+
+def test_a_walk_taken_as_it_goes_holds_no_file(tmp_path: Path):
+    """walk_dir yields a store's files as it reaches them, in scan_dir's order, holding none
+    (only the folder being walked's names): its peak memory is the same for 4,000 files as
+    for 400, where scan_dir's (every file held) grows with them.  A file still being written
+    holds the files after it until the wait; what settles takes its place in the order."""
+    from slotfile.slotdir.walk import walk_dir
+
+    small, big = tmp_path / "small", tmp_path / "big"
+    _tree(small, 4, 100)
+    _tree(big, 40, 100)
+
+    def taken(top: Path) -> int:
+        return sum(1 for _ in walk_dir(top, settle=0)[1])
+
+    assert taken(small) == 400 and taken(big) == 4000
+    flat = _peak(lambda: taken(big)) - _peak(lambda: taken(small))
+    held = _peak(lambda: scan_dir(big, settle=0)) - _peak(lambda: scan_dir(small, settle=0))
+    assert flat < 16 * 1024 < 200 * 1024 < held, (flat, held)
+    scan, found = walk_dir(big, settle=0)
+    assert [e.rel for e in found] == [e.rel for e in scan_dir(big, settle=0).slots]
+
+    now = time.time()
+    for rel, age in (("a.slot", DAY), ("b.slot", 0.0), ("c/x.slot", DAY), ("d.slot", DAY)):
+        _put(tmp_path / "w", rel, "llama_f16_fa.slot", age, now)
+    scan, found = walk_dir(tmp_path / "w", settle=0.3, settle_wait=10)
+    assert next(found).rel == "a.slot" and not scan.busy  # yielded before the walk goes on
+    assert [e.rel for e in found] == ["b.slot", "c/x.slot", "d.slot"] and scan.settled == 1 and scan.waited > 0
+
+
+def test_ordered_map_takes_the_items_as_it_needs_them():
+    """The items (each with its size) are taken a window ahead of the results: the first
+    result comes with at most the head (PARALLEL_MIN, the workers' fork) and a window of
+    chunks taken, on forked workers and in one process alike; every result in order."""
+    from slotfile.slotdir import forked
+
+    for jobs in (1, 2):
+        taken: list[int] = []
+        got = forked.ordered_map(_squares, _counted(2000, taken), jobs)
+        first = next(got)
+        assert first == 0 and len(taken) <= forked.PARALLEL_MIN + (forked.WINDOW + 1) * forked.CHUNK, (jobs, len(taken))
+        assert [first, *got] == [i * i for i in range(2000)] and len(taken) == 2000
+
+
+def _counted(n: int, taken: list[int]) -> Iterator[tuple[int, int]]:
+    for i in range(n):
+        taken.append(i)
+        yield i, i % 7
+
+
+def _squares(items: list[int]) -> list[int]:
+    return [i * i for i in items]

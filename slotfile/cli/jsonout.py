@@ -22,19 +22,17 @@ _CHUNK = 1 << 16  # characters written at once
 
 
 class LazyList:
-    """A JSON list whose items come from ``make()`` when it is written, once; ``len`` is known
-    ahead (the document's totals are computed from the rows, not from this)."""
+    """A JSON list whose items come from ``make()`` when it is written, once (a walk's rows
+    read as it goes: how many there are is known only once they are written; the document's
+    totals are counted from the rows)."""
 
-    __slots__ = ("_make", "_n")
+    __slots__ = ("_make",)
 
-    def __init__(self, make: Callable[[], Iterable[Any]], n: int) -> None:
-        self._make, self._n = make, n
+    def __init__(self, make: Callable[[], Iterable[Any]]) -> None:
+        self._make = make
 
     def __iter__(self) -> Iterator[Any]:
         return iter(self._make())
-
-    def __len__(self) -> int:
-        return self._n
 
 
 class Later:

@@ -47,6 +47,7 @@ from slotfile.slotdir.walk import (
     settle_problem,
     summarize_all,
     summarize_stream,
+    walk_dir,
 )
 
 SCHEMA = "slotfile.ls/1"
@@ -81,43 +82,57 @@ def run_ls(args: LsArgs) -> int:
         fail(f"{root}: not a directory", "ls")
         return OPERATIONAL
     t0 = time.monotonic()
+    if args.sort == "path" and server is None and not args.models and not _has_manifest(root):
+        # streamed: each file read as the walk reaches it (on forked processes for a large
+        # DIR), written and dropped; nothing held (memory flat in the files).  The walk's
+        # order is the paths' (part by part, as verify lists them): no sort, no copy
+        scan, found = walk_dir(root, settle=args.settle, settle_wait=args.settle_wait, on_wait=say_waiting("ls"))
+        rows = Rows(summarize_stream(found), scan, t0)
+        return _print(args, rows, {}, server, time.time(), (None, [], None), None)
     scan = scan_dir(root, settle=args.settle, settle_wait=args.settle_wait, on_wait=say_waiting("ls"))
     now = time.time()  # ages from after the wait
-    for e in scan.errors + scan.busy_lines():
-        fail(e, "ls")
-    if args.sort == "path" and server is None and not args.models and not _has_manifest(root):
-        # streamed: each file read (on forked processes for a large DIR), written and dropped
-        # the walk's order is the paths' (part by part, as verify lists them): no sort, no copy
-        rows = Rows(summarize_stream(scan.slots), len(scan.slots), scan, t0)
-        return _print(args, rows, {}, server, now, (None, [], None), None)
     listed = summarize_all(scan.slots)  # every row kept: the columns below need them all
     fates = _fates(listed, server, side)
     seal = _seal_states(root, listed)
     picked = _picked(args, listed)
     if isinstance(picked, int):
         return picked
-    rows = Rows(iter(_sorted(listed, args.sort, now)), len(listed), scan, t0)
+    rows = Rows(iter(_sorted(listed, args.sort, now)), scan, t0)
     return _print(args, rows, fates, server, now, seal, picked)
 
 
 class Rows:
     """A listing's rows, taken once (as they are written), their totals summed as they pass;
-    an unreadable file is named on stderr as it passes."""
+    an unreadable file is named on stderr as it passes, and so is each of the walk's error
+    lines (a walk taken as it goes meets them between rows); the files still being written
+    after the wait are named after the last row."""
 
-    def __init__(self, rows: Iterator[FileSummary], n: int, scan: DirScan, t0: float) -> None:
-        self._rows, self.n, self.scan, self.t0 = rows, n, scan, t0
+    def __init__(self, rows: Iterator[FileSummary], scan: DirScan, t0: float) -> None:
+        self._rows, self.scan, self.t0 = rows, scan, t0
         self.files = self.bytes = self.tokens = self.damaged = self.unreadable = 0
+        self._said = 0  # the walk's error lines said so far
 
     def __iter__(self) -> Iterator[FileSummary]:
+        self._say_errors()
         for s in self._rows:
             self.files += 1
             self.bytes += s.size
             self.tokens += s.n_tokens or 0
             self.damaged += s.damaged
+            self._say_errors()
             if s.error:
                 self.unreadable += 1
                 fail(s.error, "ls")
             yield s
+        self._say_errors()
+        for line in self.scan.busy_lines():
+            fail(line, "ls")
+
+    def _say_errors(self) -> None:
+        errors = self.scan.errors
+        for e in errors[self._said :]:
+            fail(e, "ls")
+        self._said = len(errors)
 
     def elapsed(self) -> float:
         """Seconds of work so far, the wait for files being written left out."""
@@ -282,7 +297,7 @@ def document(
         "schema": SCHEMA,
         "root": scan.root,
         "server": server_dict(server) if server is not None else None,
-        "files": LazyList(files, rows.n),
+        "files": LazyList(files),
         "totals": Later(
             lambda: {
                 "files": rows.files,
@@ -292,11 +307,12 @@ def document(
                 "unreadable": rows.unreadable,
             }
         ),
-        "temp": {"files": len(scan.temps), "bytes": sum(e.size for e in scan.temps)},
-        "busy": {"files": len(scan.busy), "bytes": sum(e.size for e in scan.busy)},
-        "symlinks_skipped": len(scan.symlinks),
+        # the walk's findings after its files (a walk taken as it goes has them once it is done)
+        "temp": Later(lambda: {"files": len(scan.temps), "bytes": sum(e.size for e in scan.temps)}),
+        "busy": Later(lambda: {"files": len(scan.busy), "bytes": sum(e.size for e in scan.busy)}),
+        "symlinks_skipped": Later(lambda: len(scan.symlinks)),
         "errors": scan.errors,
-        "still_being_written": [e.path for e in scan.busy],
+        "still_being_written": Later(lambda: [e.path for e in scan.busy]),
         "tally": Later(lambda: rows.tally().to_dict()),
         "files_per_second": Later(lambda: _rate(rows)),
         "exit_code": Later(rc),

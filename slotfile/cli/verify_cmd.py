@@ -173,6 +173,9 @@ def _run_verify(req: VerifyRequest, pool: LoaderPool | None) -> int:
         fail(usage)
         return USAGE
     t0 = time.monotonic()
+    mode = _stream_mode(req)
+    if mode is not None:
+        return _run_streamed(req, pool, t0, mode)
     col = collect(list(req.paths), settle=req.settle, settle_wait=req.settle_wait, on_wait=say_waiting("verify"))
     files, errors = col.files, col.errors
     for e in errors + col.busy + col.notes:
@@ -188,19 +191,12 @@ def _run_verify(req: VerifyRequest, pool: LoaderPool | None) -> int:
     except VerifyError as e:
         fail(str(e))
         return OPERATIONAL
-    paths = req.paths
     show = (
         not req.quiet
         and not plain_pipe(sys.stderr)  # no rich import for a bar that cannot show
         and err_console().is_terminal
-        and (any(p.is_dir() for p in paths) or req.model is not None or len(files) > 1)
+        and (any(p.is_dir() for p in req.paths) or req.model is not None or len(files) > 1)
     )
-    mode = _stream_mode(req, check)
-    if mode is not None:
-        try:
-            return _run_streamed(req, verifier, files, col, t0, mode, show)
-        finally:
-            verifier.close()
     reports: list[FileReport] = []
     try:
         reports = _run_with_progress(verifier, files) if show else verifier.run(files)
@@ -217,13 +213,13 @@ def _run_verify(req: VerifyRequest, pool: LoaderPool | None) -> int:
     return _emit(req, reports, col, loaders, elapsed, check)
 
 
-def _stream_mode(req: VerifyRequest, check: CheckResult | None) -> str | None:
+def _stream_mode(req: VerifyRequest) -> str | None:
     """How a structure-only run writes each file as it is read, keeping no report: "json",
     "pipe" (one line per file) or "quiet"; None when the output needs every report first (a
-    terminal's columns, --junit, a manifest check)."""
+    terminal's columns, --junit, --models, a manifest check)."""
     from slotfile.cli.listing import plain_pipe
 
-    if req.model is not None or req.junit is not None or check is not None:
+    if req.model is not None or req.junit is not None or req.models or _has_manifest(req):
         return None
     if req.json_out:
         return "json"
@@ -232,31 +228,85 @@ def _stream_mode(req: VerifyRequest, check: CheckResult | None) -> str | None:
     return "pipe" if plain_pipe() else None
 
 
-def _run_streamed(
-    req: VerifyRequest, verifier: Verifier, files: Sequence[Path], col: Collected, t0: float, mode: str, show: bool
-) -> int:
-    """Structure only: each file read (on forked processes for a directory's worth), its row
-    made where it was read and written here as it comes, in order; then the summary."""
+def _has_manifest(req: VerifyRequest) -> bool:
+    """Whether :func:`_manifest_check` has a manifest to check against."""
+    return _manifest_path(req) is not None
+
+
+def _manifest_path(req: VerifyRequest) -> Path | None:
+    """--manifest, or the directory's own slotfile-manifest.json; None without one."""
+    from slotfile.seal.manifest import find_manifest
+
+    one = req.paths[0] if len(req.paths) == 1 and req.paths[0].is_dir() else None
+    if req.manifest is None and (one is None or find_manifest(one) is None):
+        return None  # no manifest (seal.check.discover's rule): seal's modules are not imported
+    from slotfile.seal.verify_hook import manifest_for
+
+    return manifest_for(list(req.paths), req.manifest)
+
+
+def _run_streamed(req: VerifyRequest, pool: LoaderPool | None, t0: float, mode: str) -> int:
+    """Structure only: each file read as the walk reaches it (on forked processes for a
+    directory's worth), its row made where it was read and written here as it comes, in
+    order; then the summary.  No file list is held: memory stays flat in the number of files."""
+    from slotfile.cli.common import fail
+    from slotfile.verify import Verifier, VerifyError
+
+    try:
+        verifier = Verifier(req.options(), pool)
+    except VerifyError as e:
+        fail(str(e))
+        return OPERATIONAL
+    try:
+        return _write_streamed(req, verifier, t0, mode)
+    finally:
+        verifier.close()
+
+
+def _write_streamed(req: VerifyRequest, verifier: Verifier, t0: float, mode: str) -> int:
+    """:func:`_run_streamed`'s output.  Error lines are said as they come (a directory's once
+    its walk is done, with the files still being written and the notes)."""
     from functools import partial
 
-    from slotfile.cli.common import fail
+    from slotfile.cli.common import err_console, fail, say_waiting
     from slotfile.cli.jsonout import Encoded, LazyList
+    from slotfile.cli.listing import plain_pipe
     from slotfile.cli.verify_output import Counts, Digest, digest, summary_line
+    from slotfile.verify.collect import collect_stream
 
+    col, files = collect_stream(list(req.paths), req.settle, req.settle_wait, say_waiting("verify"))
     base = req.paths[0] if len(req.paths) == 1 and req.paths[0].is_dir() else None
-    got = verifier.stream(files, partial(digest, mode=mode, base=base), col.sizes)
-    if show:
-        got = _with_progress(got, len(files))
+    # the workers are forked here, once the walk's first files are in: before the document's
+    # head (its tolerances import the model side) and before a progress bar's thread
+    got = verifier.stream(files, partial(digest, mode=mode, base=base))
+    if (
+        not req.quiet
+        and not plain_pipe(sys.stderr)  # no rich import for a bar that cannot show
+        and err_console().is_terminal
+        and (any(p.is_dir() for p in req.paths) or len(req.paths) > 1)
+    ):
+        got = _with_progress(got, None)  # how many files: known once the walk is done
     c = Counts()
+    said = 0
+
+    def say_errors() -> None:  # the error lines, each once, as they come
+        nonlocal said
+        for e in col.errors[said:]:
+            fail(e)
+        said = len(col.errors)
 
     def rows() -> Iterator[str]:
         d: Digest
         for d in got:
             c.add(d)
+            say_errors()
             if d.error:
                 fail(d.error)
             if d.text:
                 yield d.text
+        say_errors()
+        for e in col.busy + col.notes:
+            fail(e)
 
     def rc() -> int:
         return _exit_code(col.errors, [], col.busy, c)
@@ -269,10 +319,9 @@ def _run_streamed(
         from slotfile.cli.common import write_json
         from slotfile.cli.verify_output import document
 
-        encoded = LazyList(lambda: (Encoded(x) for x in rows()), len(files))
-        write_json(
-            document(encoded, col.errors, req.options(), [], elapsed, rc, lambda: t().to_dict(), col.busy_paths, c)
-        )
+        encoded = LazyList(lambda: (Encoded(x) for x in rows()))
+        opts = req.options()
+        write_json(document(encoded, col.errors, opts, [], elapsed, rc, lambda: t().to_dict(), col.busy_paths, c))
         return rc()
     from slotfile.cli.common import out_console
     from slotfile.cli.listing import summary
@@ -286,7 +335,7 @@ def _run_streamed(
     return rc()
 
 
-def _with_progress(got: Iterator[Any], total: int) -> Iterator[Any]:
+def _with_progress(got: Iterator[Any], total: int | None) -> Iterator[Any]:
     """``got`` passed through, a progress bar on stderr (a terminal) advanced as it goes."""
     from slotfile.cli.common import progress_bar
 
@@ -298,16 +347,9 @@ def _with_progress(got: Iterator[Any], total: int) -> Iterator[Any]:
 
 
 def _manifest_check(req: VerifyRequest) -> CheckResult | int | None:
-    """The manifest check (--manifest, or the directory's own slotfile-manifest.json); an exit
-    code when the manifest or the model cannot be used (slotfile.seal.verify_hook)."""
-    from slotfile.seal.manifest import find_manifest
-
-    one = req.paths[0] if len(req.paths) == 1 and req.paths[0].is_dir() else None
-    if req.manifest is None and (one is None or find_manifest(one) is None):
-        return None  # no manifest (seal.check.discover's rule): seal's modules are not imported
-    from slotfile.seal.verify_hook import manifest_for
-
-    path = manifest_for(list(req.paths), req.manifest)
+    """The manifest check (:func:`_manifest_path`); an exit code when the manifest or the model
+    cannot be used (slotfile.seal.verify_hook)."""
+    path = _manifest_path(req)
     if path is None:
         return None
     from slotfile.cli.common import fail

@@ -97,7 +97,7 @@ def document(
     encoded as they were read, ``counts`` filled as they are written): what follows the rows
     is made when it is written (``elapsed``, ``rc``, ``tally`` callables)."""
     c = counts if counts is not None else Counts.of(reports)
-    files = reports if isinstance(reports, LazyList) else LazyList(lambda: (r.to_dict() for r in reports), len(reports))
+    files = reports if isinstance(reports, LazyList) else LazyList(lambda: (r.to_dict() for r in reports))
 
     def summary() -> dict[str, Any]:
         seconds = elapsed() if callable(elapsed) else elapsed
@@ -126,7 +126,7 @@ def document(
         "require": list(required_levels(opts.require)),
         "summary": Later(summary) if later else summary(),
         "tally": Later(tallied) if later else tallied(),
-        "still_being_written": busy or [],
+        "still_being_written": busy if busy is not None else [],  # filled as a walk goes
         "exit_code": Later(rc) if callable(rc) else rc,
     }
 

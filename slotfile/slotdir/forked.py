@@ -9,8 +9,8 @@ files in chunks of :data:`CHUNK`, at most :data:`WINDOW` chunks ahead of what th
 taken: results come back in the files' order as they are made, so the caller can write each
 row and drop it (memory flat in the number of files).
 
-Within a chunk each worker takes a band of file sizes (cut at the directory's size quantiles,
-each band held within a quarter of the chunk of an even share): a body size's layout is
+Within a chunk each worker takes a band of file sizes (cut at the size quantiles of a bounded
+sample of the files so far, each band held within a quarter of the chunk of an even share): a body size's layout is
 searched for once, in the worker that keeps that size, not in every worker.
 """
 
@@ -18,14 +18,17 @@ from __future__ import annotations
 
 import os
 import sys
+from array import array
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from itertools import chain, islice
 from typing import Any
 
 PARALLEL_MIN = 200  # files: below this a second process costs more than it saves
 JOBS_ENV = "SLOTFILE_DIR_JOBS"  # processes a directory's files are read with (default: DEFAULT_JOBS)
 DEFAULT_JOBS = 2  # at most, and no more than the CPUs this process may run on
 CHUNK = 32  # files per chunk: small enough to stream, large enough to amortise a message
+SAMPLE = 4096  # sizes the split's bounds are taken from (a reservoir: bounded, whatever the files)
 WINDOW = 6  # chunks in flight ahead of the one being taken (task messages stay far below a socket's buffer)
 
 
@@ -61,26 +64,32 @@ def can_fork() -> bool:
 
 
 def ordered_map(
-    fn: Callable[[list[Any]], list[Any]], items: Sequence[Any], sizes: Sequence[int], jobs: int | None = None
+    fn: Callable[[list[Any]], list[Any]], pairs: Iterable[tuple[Any, int]], jobs: int | None = None
 ) -> Iterator[Any]:
-    """``fn`` (a list of items to a list of results, one each, never raising) over ``items``,
-    the results yielded in the items' order.  Serial in this process for fewer than
-    :data:`PARALLEL_MIN` items, one job, or where forking is unsafe; else the workers are forked
-    now (before the caller starts a progress bar's thread) and fed as the results are taken."""
-    n = min(dir_jobs(jobs), len(items) // (PARALLEL_MIN // 2) or 1)
-    if n < 2 or len(items) < PARALLEL_MIN or not can_fork():
-        return _serial(fn, items)
-    return _Forked(fn, items, sizes, n).results()
+    """``fn`` (a list of items to a list of results, one each, never raising) over the items of
+    ``pairs`` (each item with its file size), the results yielded in the items' order.  The
+    pairs are taken as they are needed (a walk of DIR may make them as it goes): at most
+    :data:`WINDOW` chunks ahead of the result being taken are held.  Serial in this process for
+    fewer than :data:`PARALLEL_MIN` items, one job, or where forking is unsafe; else the
+    workers are forked once the first :data:`PARALLEL_MIN` items are in (before the caller
+    starts a progress bar's thread) and fed as the results are taken."""
+    jobs = dir_jobs(jobs)
+    it = iter(pairs)
+    head = list(islice(it, max(PARALLEL_MIN, jobs * (PARALLEL_MIN // 2))))
+    n = min(jobs, len(head) // (PARALLEL_MIN // 2) or 1)
+    if n < 2 or len(head) < PARALLEL_MIN or not can_fork():
+        return _serial(fn, chain(head, it))
+    return _Forked(fn, head, it, n).results()
 
 
-def _serial(fn: Callable[[list[Any]], list[Any]], items: Sequence[Any]) -> Iterator[Any]:
-    for i in range(0, len(items), CHUNK):
-        yield from fn(list(items[i : i + CHUNK]))
+def _serial(fn: Callable[[list[Any]], list[Any]], pairs: Iterator[tuple[Any, int]]) -> Iterator[Any]:
+    while chunk := [item for item, _ in islice(pairs, CHUNK)]:
+        yield from fn(chunk)
 
 
 def split_chunk(idx: Sequence[int], sizes: Sequence[int], bounds: Sequence[int], n: int) -> list[list[int]]:
     """The items ``idx`` of one chunk for ``n`` workers: sorted by size and cut where the sizes
-    cross ``bounds`` (the directory's size quantiles), each cut held within a quarter of the
+    cross ``bounds`` (the sizes' quantiles: :class:`SizeSample`), each cut held within a quarter of the
     chunk of an even split (so no worker waits long on another)."""
     order = sorted(idx, key=lambda i: sizes[i])
     m, slack = len(order), max(1, len(order) // 4)
@@ -95,15 +104,54 @@ def split_chunk(idx: Sequence[int], sizes: Sequence[int], bounds: Sequence[int],
     return [sorted(order[cuts[j] : cuts[j + 1]]) for j in range(n)]
 
 
+class SizeSample:
+    """The sizes' quantiles from a bounded sample of them (:data:`SAMPLE` sizes, a seeded
+    reservoir: the same directory is split the same way on every run), the bounds
+    :func:`split_chunk` cuts a chunk at.  A walk's sizes are not all known ahead, nor held."""
+
+    def __init__(self, n: int) -> None:
+        import random
+
+        self.n, self.seen, self.kept = n, 0, array("q")
+        self._rng = random.Random(0)
+
+    def add(self, size: int) -> None:
+        self.seen += 1
+        if len(self.kept) < SAMPLE:
+            self.kept.append(size)
+            return
+        j = self._rng.randrange(self.seen)
+        if j < SAMPLE:
+            self.kept[j] = size
+
+    def bounds(self) -> list[int]:
+        ranked = sorted(self.kept)
+        return [ranked[j * len(ranked) // self.n] for j in range(1, self.n)] if ranked else [0] * (self.n - 1)
+
+
+class _Chunk:
+    """Up to :data:`CHUNK` items with their sizes, and how they were split among the workers."""
+
+    __slots__ = ("items", "sizes", "split")
+
+    def __init__(self, pairs: list[tuple[Any, int]]) -> None:
+        self.items = [item for item, _ in pairs]
+        self.sizes = [size for _, size in pairs]
+        self.split: list[list[int]] = []
+
+
 class _Forked:
     """The workers of one :func:`ordered_map`: each a forked process on one end of a socket
     pair, taking lists of items and answering ``(True, results)`` or ``(False, traceback)``."""
 
-    def __init__(self, fn: Callable[[list[Any]], list[Any]], items: Sequence[Any], sizes: Sequence[int], n: int):
-        self.items, self.sizes, self.n = items, sizes, n
-        ranked = sorted(sizes)
-        self.bounds = [ranked[j * len(ranked) // n] for j in range(1, n)]
-        self.chunks = [range(i, min(i + CHUNK, len(items))) for i in range(0, len(items), CHUNK)]
+    def __init__(
+        self, fn: Callable[[list[Any]], list[Any]], head: list[tuple[Any, int]], rest: Iterator[tuple[Any, int]], n: int
+    ):
+        self.pairs, self.n = chain(head, rest), n
+        self.sample = SizeSample(n)
+        for _, size in head:
+            self.sample.add(size)
+        self.taken, self.n_head = 0, len(head)  # pairs taken into chunks; the first n_head are sampled
         self.conns: list[Any] = []
         self.pids: list[int] = []
         self._start(fn)
@@ -114,7 +162,7 @@ class _Forked:
 
         for f in (sys.stdout, sys.stderr):  # a child never writes what the parent had buffered
             f.flush()
-        # the objects made so far (modules, the grammar, the file list) set aside from the
+        # the objects made so far (modules, the grammar, the first files) set aside from the
         # cyclic collector: a worker's collections would walk them all, writing to every page
         # it shares with the parent (gc.freeze's purpose); 15-20 % of a worker's CPU otherwise
         gc.freeze()
@@ -142,46 +190,57 @@ class _Forked:
             self.pids.append(pid)
 
     def results(self) -> Iterator[Any]:
-        parts: deque[list[list[int]]] = deque()
+        sent: deque[_Chunk] = deque()
         done = False
         try:
-            for k in range(min(WINDOW, len(self.chunks))):
-                parts.append(self._send(k))
-            for k in range(len(self.chunks)):
+            for _ in range(WINDOW):
+                if not self._send_next(sent):
+                    break
+            while sent:
+                chunk = sent.popleft()
                 got: dict[int, Any] = {}
-                for w, idx in enumerate(parts.popleft()):
+                for w, idx in enumerate(chunk.split):
                     if idx:
-                        got.update(zip(idx, self._recv(w, idx), strict=True))
-                if k + WINDOW < len(self.chunks):
-                    parts.append(self._send(k + WINDOW))
-                for i in self.chunks[k]:
+                        got.update(zip(idx, self._recv(w, chunk, idx), strict=True))
+                self._send_next(sent)
+                for i in range(len(chunk.items)):
                     yield got[i]
             done = True
         finally:
             self._stop(done)
 
-    def _send(self, k: int) -> list[list[int]]:
-        split = split_chunk(self.chunks[k], self.sizes, self.bounds, self.n)
-        for conn, idx in zip(self.conns, split, strict=True):
+    def _send_next(self, sent: deque[_Chunk]) -> bool:
+        """The next chunk of the pairs split and sent (False: none left)."""
+        pairs = list(islice(self.pairs, CHUNK))
+        if not pairs:
+            return False
+        chunk = _Chunk(pairs)
+        for size in chunk.sizes:
+            self.taken += 1
+            if self.taken > self.n_head:  # the head's sizes were sampled when it was taken
+                self.sample.add(size)
+        chunk.split = split_chunk(range(len(pairs)), chunk.sizes, self.sample.bounds(), self.n)
+        for conn, idx in zip(self.conns, chunk.split, strict=True):
             if idx:
                 try:
-                    conn.send([self.items[i] for i in idx])
+                    conn.send([chunk.items[i] for i in idx])
                 except OSError:
                     # the worker has ended (EPIPE): its earliest chunk not yet taken says so, with
                     # its files, when it is taken (_recv); raised here, the OSError would reach
                     # click, which ends the command with exit 1 and no word for a broken pipe
                     pass
-        return split
+        sent.append(chunk)
+        return True
 
-    def _recv(self, w: int, idx: list[int]) -> list[Any]:
-        """Worker ``w``'s results for the items ``idx``; :class:`WorkerLost` naming them when it
-        ended or failed instead."""
+    def _recv(self, w: int, chunk: _Chunk, idx: list[int]) -> list[Any]:
+        """Worker ``w``'s results for the items ``idx`` of ``chunk``; :class:`WorkerLost`
+        naming them when it ended or failed instead."""
         try:
             ok, got = self.conns[w].recv()
         except (EOFError, OSError):
-            raise WorkerLost(f"a directory worker process ended ({self._end_of(w)}) {self._reading(idx)}") from None
+            raise WorkerLost(f"a directory worker process ended ({self._end_of(w)}) {_reading(chunk, idx)}") from None
         if not ok:
-            raise WorkerLost(f"a directory worker process failed {self._reading(idx)}:\n{got}")
+            raise WorkerLost(f"a directory worker process failed {_reading(chunk, idx)}:\n{got}")
         return list(got)
 
     def _end_of(self, w: int) -> str:
@@ -194,12 +253,6 @@ class _Forked:
 
             return f"killed by {signal.Signals(-code).name}"
         return f"exit status {code}"
-
-    def _reading(self, idx: list[int]) -> str:
-        first = self.items[idx[0]]
-        name = getattr(first, "path", first)
-        more = f" and {len(idx) - 1} more" if len(idx) > 1 else ""
-        return f"while it held {name}{more}"
 
     def _stop(self, done: bool) -> None:
         """Each worker told to end (all taken) or killed (the caller stopped early), and reaped."""
@@ -217,6 +270,13 @@ class _Forked:
         for pid in self.pids:
             if pid:  # 0: reaped already (_end_of)
                 os.waitpid(pid, 0)
+
+
+def _reading(chunk: _Chunk, idx: list[int]) -> str:
+    first = chunk.items[idx[0]]
+    name = getattr(first, "path", first)
+    more = f" and {len(idx) - 1} more" if len(idx) > 1 else ""
+    return f"while it held {name}{more}"
 
 
 def _serve(fn: Callable[[list[Any]], list[Any]], conn: Any) -> None:

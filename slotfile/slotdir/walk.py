@@ -76,6 +76,10 @@ class EntryList(Sequence[DirEntry]):
         self._size.append(e.size)
         self._mtime.append(e.mtime)
 
+    def extend(self, entries: Iterable[DirEntry]) -> None:
+        for e in entries:
+            self.append(e)
+
     def __len__(self) -> int:
         return len(self._rel)
 
@@ -209,29 +213,68 @@ def scan_dir(
     or cannot be listed mid-walk is an error line; the walk goes on.  Files modified within
     ``settle`` seconds of ``now`` are waited for, up to ``settle_wait`` seconds
     (:func:`wait_for_settle`; ``on_wait(files, bound)`` is told before the wait starts); those
-    that settle join ``slots`` in that order, the rest stay in ``busy``."""
-    top = os.fspath(root)
-    out = DirScan(top, settle=settle, settle_wait=settle_wait)
-    now = time.time() if now is None else now
-    # depth first, one listing per open folder, each listed in reverse so pop() gives the next
-    stack: list[tuple[str, str, list[tuple[str, bool]]]] = [(top, "", _listing(out, top))]
+    that settle join ``slots`` in that order, the rest stay in ``busy``.  Every slot file is
+    held (:class:`EntryList`); :func:`walk_dir` gives them one at a time instead."""
+    scan, found = walk_dir(root, settle, now, settle_wait, on_wait)
+    for e in found:
+        scan.slots.append(e)
+    return scan
+
+
+def walk_dir(
+    root: str | os.PathLike[str],
+    settle: float = SETTLE_SECONDS,
+    now: float | None = None,
+    settle_wait: float = 0.0,
+    on_wait: Callable[[list[DirEntry], float], None] | None = None,
+) -> tuple[DirScan, Iterator[DirEntry]]:
+    """:func:`scan_dir` taken as it goes: the scan, whose temps, symlinks, errors and busy files
+    fill in as the walk passes them (complete once the iterator is exhausted), and the slot
+    files in the same order, each yielded when the walk reaches it (nothing is held: a
+    directory command's memory stays flat in the number of files).  The files after the
+    first one still being written are held (an :class:`EntryList`) until the walk's end, the
+    wait, and the merge of what settled into their order: the order is :func:`scan_dir`'s."""
+    scan = DirScan(os.fspath(root), settle=settle, settle_wait=settle_wait)
+    return scan, _walk(scan, time.time() if now is None else now, on_wait)
+
+
+def _walk(scan: DirScan, now: float, on_wait: Callable[[list[DirEntry], float], None] | None) -> Iterator[DirEntry]:
+    wait = scan.settle_wait > 0
+    held = EntryList(scan.root)  # after the first file being written, until it is waited for
+    top = scan.root
+    # depth first, one listing per open folder (its names: sorting needs them all), each
+    # sorted in reverse so pop() gives the next
+    stack: list[tuple[str, str, list[str]]] = [(top, "", _listing(scan, top))]
     while stack:
         d, rel_dir, names = stack[-1]
         if not names:
             stack.pop()
             continue
-        name, is_dir = names.pop()
+        name = names.pop()
         rel = os.path.join(rel_dir, name) if rel_dir else name
-        if is_dir:
-            sub = os.path.join(d, name)
-            stack.append((sub, rel, _listing(out, sub)))
+        p = os.path.join(d, name)
+        try:
+            st = os.lstat(p)  # never followed: a symlink to a folder is a symlink here
+        except OSError as why:
+            scan.errors.append(f"{p}: {why.strerror or why}")
+            continue
+        if stat.S_ISDIR(st.st_mode):
+            stack.append((p, rel, _listing(scan, p)))
+            continue
+        e = _classify(scan, p, rel, name, st, now)
+        if e is None:
+            continue
+        if wait and scan.busy:
+            held.append(e)
         else:
-            _classify(out, d, rel, name, settle, now)
-    if out.busy and settle_wait > 0:
-        if on_wait is not None:
-            on_wait(list(out.busy), settle_wait)
-        wait_for_settle(out, settle_wait)
-    return out
+            yield e
+    if not (wait and scan.busy):
+        return
+    if on_wait is not None:
+        on_wait(list(scan.busy), scan.settle_wait)
+    held.extend(_settle(scan, scan.settle_wait))
+    held.sort_by_rel(path_order)
+    yield from held
 
 
 def wait_for_settle(
@@ -241,13 +284,27 @@ def wait_for_settle(
     sleep: Callable[[float], None] = time.sleep,
 ) -> None:
     """Wait, at most ``bound`` seconds, for the ``busy`` files of ``scan`` to go ``scan.settle``
-    seconds without a change.  Each is looked at again (lstat, no follow) when it would be
-    due: one that settled moves to ``slots`` with its new size and time; one that vanished or
-    turned into something else is an error line (the server may rename or remove it, and the
-    command must say so rather than count it); the rest stay in ``busy``."""
+    seconds without a change (:func:`_settle`); those that settled join ``scan.slots`` in the
+    walk's order."""
+    scan.slots.extend(_settle(scan, bound, clock, sleep))
+    scan.slots.sort_by_rel(path_order)
+
+
+def _settle(
+    scan: DirScan,
+    bound: float,
+    clock: Callable[[], float] = time.time,
+    sleep: Callable[[float], None] = time.sleep,
+) -> list[DirEntry]:
+    """The ``busy`` files of ``scan`` that went ``scan.settle`` seconds without a change within
+    ``bound`` seconds, with their new sizes and times.  Each is looked at again (lstat, no
+    follow) when it would be due; one that vanished or turned into something else is an error
+    line (the server may rename or remove it, and the command must say so rather than count
+    it); the rest stay in ``busy``."""
     t0 = clock()
     deadline = t0 + bound
     pending = scan.busy
+    settled: list[DirEntry] = []
     while pending:
         t = clock()
         still: list[DirEntry] = []
@@ -256,8 +313,7 @@ def wait_for_settle(
             if fresh is None:
                 continue
             if t - fresh.mtime >= scan.settle:
-                scan.slots.append(fresh)
-                scan.settled += 1
+                settled.append(fresh)
             else:
                 still.append(fresh)
         pending = still
@@ -267,7 +323,8 @@ def wait_for_settle(
         sleep(min(max(due - t, 0.05), deadline - t))
     scan.busy = pending
     scan.waited = clock() - t0
-    scan.slots.sort_by_rel(path_order)
+    scan.settled += len(settled)
+    return settled
 
 
 def _restat(scan: DirScan, e: DirEntry) -> DirEntry | None:
@@ -285,25 +342,17 @@ def _restat(scan: DirScan, e: DirEntry) -> DirEntry | None:
     return DirEntry(e.root, e.rel, st.st_size, st.st_mtime)
 
 
-def _listing(out: DirScan, d: str) -> list[tuple[str, bool]]:
-    """Folder ``d``'s entries as (name, a folder to walk), sorted by name, last first; a
-    folder that cannot be listed is an error line.  A symlink, to a folder or not, is not a
-    folder here: :func:`_classify` names it (its lstat) and it is never followed."""
+def _listing(out: DirScan, d: str) -> list[str]:
+    """Folder ``d``'s names, sorted, last first (names only: a flat store of 100,000 files
+    holds 100,000 of them while it is walked); a folder that cannot be listed is an error
+    line."""
     try:
-        with os.scandir(d) as it:
-            got = [(e.name, _is_real_dir(e)) for e in it]
+        names = os.listdir(d)
     except OSError as e:
         out.errors.append(f"{e.filename}: {e.strerror or e}")
         return []
-    got.sort(reverse=True)
-    return got
-
-
-def _is_real_dir(e: os.DirEntry[str]) -> bool:
-    try:
-        return e.is_dir(follow_symlinks=False)
-    except OSError:  # _classify's lstat says what it is
-        return False
+    names.sort(reverse=True)
+    return names
 
 
 def path_order(path: str) -> str:
@@ -320,33 +369,30 @@ def _suffix(name: str) -> str:
     return name[i:] if 0 < i < len(name) - 1 else ""
 
 
-def _classify(out: DirScan, d: str, rel: str, name: str, settle: float, now: float) -> None:
-    p = os.path.join(d, name)
-    try:
-        st = os.lstat(p)
-    except OSError as e:
-        out.errors.append(f"{p}: {e.strerror or e}")
-        return
+def _classify(out: DirScan, p: str, rel: str, name: str, st: os.stat_result, now: float) -> DirEntry | None:
+    """The entry of a slot file (``p``, its lstat ``st``) settled at ``now``; anything else is
+    counted in ``out`` (a temp name, a symlink, a file being written, an error line) or passed
+    over (None)."""
     if stat.S_ISLNK(st.st_mode):
         out.symlinks.append(p)
-        return
+        return None
     if not stat.S_ISREG(st.st_mode):
-        return
+        return None
     entry = DirEntry(out.root, rel, st.st_size, st.st_mtime)  # its path is p: os.path.join(root, rel)
     if is_temp_name(name):
         out.temps.append(entry)
-        return
+        return None
     if _suffix(name).lower() not in SLOT_SUFFIXES:
         magic = has_slot_magic(p)
         if magic is None:
             out.errors.append(f"{p}: cannot be read")
-            return
+            return None
         if not magic:
-            return
-    if now - st.st_mtime < settle:
+            return None
+    if now - st.st_mtime < out.settle:
         out.busy.append(entry)
-        return
-    out.slots.append(entry)
+        return None
+    return entry
 
 
 # ---------------------------------------------------------------------------------------
@@ -425,18 +471,18 @@ def summarize(entry: DirEntry) -> FileSummary:
     return s
 
 
-def summarize_all(entries: Sequence[DirEntry], jobs: int | None = None) -> list[FileSummary]:
+def summarize_all(entries: Iterable[DirEntry], jobs: int | None = None) -> list[FileSummary]:
     """:func:`summarize` of every entry, in their order (:func:`summarize_stream`, kept)."""
     return list(summarize_stream(entries, jobs))
 
 
-def summarize_stream(entries: Sequence[DirEntry], jobs: int | None = None) -> Iterator[FileSummary]:
+def summarize_stream(entries: Iterable[DirEntry], jobs: int | None = None) -> Iterator[FileSummary]:
     """:func:`summarize` of every entry, yielded in their order as they are read: on forked
-    processes for a large directory (:func:`slotfile.slotdir.forked.ordered_map`)."""
+    processes for a large directory (:func:`slotfile.slotdir.forked.ordered_map`).  The
+    entries are taken as they are needed (a :func:`walk_dir` as it goes)."""
     from slotfile.slotdir.forked import ordered_map
 
-    sizes = entries.sizes() if isinstance(entries, EntryList) else [e.size for e in entries]
-    return ordered_map(_summarize_list, entries, sizes, jobs)
+    return ordered_map(_summarize_list, ((e, e.size) for e in entries), jobs)
 
 
 def _summarize_list(entries: list[DirEntry]) -> list[FileSummary]:

@@ -1,6 +1,6 @@
 """Which files ``slotfile verify ARGS`` checks.
 
-A file argument is taken as it is.  A directory is walked by :func:`slotfile.slotdir.walk.scan_dir`,
+A file argument is taken as it is.  A directory is walked by :func:`slotfile.slotdir.walk.walk_dir`,
 the walker of ``ls``, ``prune`` and ``re-save DIR``: every regular file under it (recursively,
 symlinks not followed) named ``*.slot`` or ``*.bin`` or starting with a GGSQ or GGSN magic (the
 server saves slots under any name).  Temp files and symlinks are skipped, as ``ls`` skips them.
@@ -27,8 +27,7 @@ from slotfile.slotdir.walk import (
     SETTLE_WAIT_SECONDS,
     DirEntry,
     DirScan,
-    EntryList,
-    scan_dir,
+    walk_dir,
 )
 from slotfile.text import count
 
@@ -85,6 +84,13 @@ class PathList(Sequence[Path]):
     def extend(self, paths: Iterable[str | os.PathLike[str]]) -> None:
         self.extend_under("", (os.fspath(p) for p in paths))
 
+    def add(self, root: str, rel: str) -> None:
+        """A path ``rel`` relative to the directory ``root`` ("": a whole path)."""
+        if not self._roots or self._roots[-1] != root:
+            self._starts.append(len(self._s))
+            self._roots.append(root)
+        self._s.append(rel)
+
     def extend_under(self, root: str, rels: Iterable[str]) -> None:
         """Paths ``rels`` relative to the directory ``root`` ("": whole paths)."""
         start = len(self._s)
@@ -118,38 +124,76 @@ def collect(
     settle_wait: float = SETTLE_WAIT_SECONDS,
     on_wait: Callable[[list[DirEntry], float], None] | None = None,
 ) -> Collected:
-    """What ``args`` name, directories walked (see the module docstring).  ``settle_wait`` 0:
-    files being written are not waited for (they are named in ``busy`` at once)."""
-    out = Collected()
-    for a in args:
-        if a.is_dir():
-            out.dirs += 1
-            scan = scan_dir(a, settle=settle, settle_wait=settle_wait, on_wait=on_wait)
-            out.errors += scan.errors
-            out.busy += scan.busy_lines()
-            out.busy_paths += [e.path for e in scan.busy]
-            out.skipped += len(scan.temps) + len(scan.symlinks)
-            aside = _skipped(scan)
-            if not scan.slots and not scan.errors and not scan.busy:
-                out.errors.append(f"no slot files found under {a}{f' ({aside})' if aside else _what_is_there(a)}")
-            elif aside:
-                out.notes.append(f"{a}: {aside}")
-            _take(out, scan.root, scan.slots)
-            del scan  # its entries: a large store's files are held once, as strings
-        elif a.exists():
-            out.files.append(a)
-            out.sizes.append(-1)
-        else:
-            out.errors.append(f"{a}: no such file or directory")
+    """What ``args`` name, directories walked (see the module docstring), every file held in
+    ``files``.  ``settle_wait`` 0: files being written are not waited for (they are named in
+    ``busy`` at once)."""
+    out, found = _collect_stream(args, settle, settle_wait, on_wait)
+    for root, rel, size in found:
+        out.files.add(root, rel)  # a walk's file held as its relative path (the walk's string)
+        out.sizes.append(size)
     return out
 
 
-def _take(out: Collected, root: str, slots: EntryList) -> None:
-    """A walk of ``root``'s files into ``out``, in the walk's order (their paths' order, part by
-    part: :func:`~slotfile.slotdir.walk.scan_dir`), each held as its relative path (the
-    entry's own string): a file costs its name and a list slot, its size 8 bytes."""
-    out.files.extend_under(root, (e.rel for e in slots))
-    out.sizes.extend(slots.sizes())
+def collect_stream(
+    args: list[Path],
+    settle: float = SETTLE_SECONDS,
+    settle_wait: float = SETTLE_WAIT_SECONDS,
+    on_wait: Callable[[list[DirEntry], float], None] | None = None,
+) -> tuple[Collected, Iterator[tuple[str, int]]]:
+    """:func:`collect` taken as it goes: the files, each as (path, size as walked or -1), in
+    the same order, a directory's yielded as its walk reaches them
+    (:func:`~slotfile.slotdir.walk.walk_dir`: none held); the :class:`Collected`, its
+    ``files`` left empty, fills in its errors, notes, busy files and skipped count as they are
+    passed (complete once the iterator is exhausted)."""
+    out, found = _collect_stream(args, settle, settle_wait, on_wait)
+    return out, ((os.path.join(root, rel) if root else rel, size) for root, rel, size in found)
+
+
+def _collect_stream(
+    args: list[Path],
+    settle: float,
+    settle_wait: float,
+    on_wait: Callable[[list[DirEntry], float], None] | None,
+) -> tuple[Collected, Iterator[tuple[str, str, int]]]:
+    """:func:`collect_stream`'s files as (root, path relative to it, size): root "" for a file
+    argument (its path whole, size -1)."""
+    out = Collected()
+    return out, _stream(out, args, settle, settle_wait, on_wait)
+
+
+def _stream(
+    out: Collected,
+    args: list[Path],
+    settle: float,
+    settle_wait: float,
+    on_wait: Callable[[list[DirEntry], float], None] | None,
+) -> Iterator[tuple[str, str, int]]:
+    for a in args:
+        if a.is_dir():
+            out.dirs += 1
+            scan, found = walk_dir(a, settle=settle, settle_wait=settle_wait, on_wait=on_wait)
+            n = 0
+            for e in found:
+                n += 1
+                yield e.root, e.rel, e.size
+            _walked(out, a, scan, n)
+        elif a.exists():
+            yield "", os.fspath(a), -1
+        else:
+            out.errors.append(f"{a}: no such file or directory")
+
+
+def _walked(out: Collected, a: Path, scan: DirScan, n: int) -> None:
+    """What the walk of ``a`` (``n`` slot files) left out or could not read, into ``out``."""
+    out.errors += scan.errors
+    out.busy += scan.busy_lines()
+    out.busy_paths += [e.path for e in scan.busy]
+    out.skipped += len(scan.temps) + len(scan.symlinks)
+    aside = _skipped(scan)
+    if not n and not scan.errors and not scan.busy:
+        out.errors.append(f"no slot files found under {a}{f' ({aside})' if aside else _what_is_there(a)}")
+    elif aside:
+        out.notes.append(f"{a}: {aside}")
 
 
 def _skipped(scan: DirScan) -> str:

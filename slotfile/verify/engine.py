@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from array import array
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -211,7 +210,7 @@ class Verifier:
     def _run(self, paths: Sequence[Path], on_done: Callable[[FileReport], None] | None) -> list[FileReport]:
         if self.pool is None and self.opts.model is None:  # structure only: on forked processes for many files
             out = []
-            for r in self.stream(paths):
+            for r in self.stream((p, -1) for p in paths):
                 out.append(r)
                 if on_done:
                     on_done(r)
@@ -238,25 +237,21 @@ class Verifier:
         return [r for r in results if r is not None]
 
     def stream(
-        self,
-        paths: Sequence[Path],
-        digest: Callable[[FileReport], Any] | None = None,
-        sizes: Sequence[int] | None = None,
+        self, files: Iterable[tuple[str | Path, int]], digest: Callable[[FileReport], Any] | None = None
     ) -> Iterator[Any]:
         """Structure only (no model, no loader): each file's report, or ``digest(report)`` made
-        where the file was read, yielded in the order of ``paths`` as they are made; for a
-        directory's worth on forked processes (slotfile.slotdir.forked, ``opts.read_jobs``),
-        each reading its files with this Verifier.  ``sizes``: the files' as walked (-1, or
-        None for all: asked).  The workers are forked now."""
+        where the file was read, yielded in the order of ``files`` (path, size as walked or -1:
+        asked) as they are made; for a directory's worth on forked processes
+        (slotfile.slotdir.forked, ``opts.read_jobs``), each reading its files with this
+        Verifier.  ``files`` is taken as it is needed (a walk as it goes); the workers are
+        forked once the first files are in, before this returns."""
         assert self.pool is None and self.opts.model is None
 
-        def some(chunk: list[Path]) -> list[Any]:
-            return [self.verify(p) if digest is None else digest(self.verify(p)) for p in chunk]
+        def some(chunk: list[str | Path]) -> list[Any]:
+            return [self.verify(Path(p)) if digest is None else digest(self.verify(Path(p))) for p in chunk]
 
-        known = sizes if sizes is not None and len(sizes) == len(paths) else array("q", [-1]) * len(paths)
-        if min(known, default=0) < 0:  # asked of the files the walk did not see
-            known = array("q", (n if n >= 0 else _size(p) for p, n in zip(paths, known, strict=True)))
-        return ordered_map(some, paths, known, self.opts.read_jobs)
+        sized = ((p, n if n >= 0 else _size(Path(p))) for p, n in files)  # asked of files no walk saw
+        return ordered_map(some, sized, self.opts.read_jobs)
 
 
 def _size(p: Path) -> int:
