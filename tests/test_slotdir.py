@@ -466,6 +466,14 @@ def test_a_walk_taken_as_it_goes_holds_no_file(tmp_path: Path):
     assert flat < 16 * 1024 < 200 * 1024 < held, (flat, held)
     scan, found = walk_dir(big, settle=0)
     assert [e.rel for e in found] == [e.rel for e in scan_dir(big, settle=0).slots]
+    # one flat folder (a server's store): its names are held while it is walked, as their
+    # characters (batches sorted and merged), not as ~70-byte string objects in a list
+    _tree(tmp_path / "flat-small", 1, 800)
+    _tree(tmp_path / "flat-big", 1, 8000)
+    names = _peak(lambda: taken(tmp_path / "flat-big")) - _peak(lambda: taken(tmp_path / "flat-small"))
+    assert names / 7200 < 32, f"{names / 7200:.0f} B a name"
+    got = [e.rel for e in walk_dir(tmp_path / "flat-big", settle=0)[1]]
+    assert got == sorted(got) and len(got) == 8000
 
     now = time.time()
     for rel, age in (("a.slot", DAY), ("b.slot", 0.0), ("c/x.slot", DAY), ("d.slot", DAY)):
