@@ -15,7 +15,7 @@ workers' included) of any run: on a loaded machine the files per CPU second say 
 cores give, the wall-clock rate what this run got.
 
 The last figures, with the before/after measured interleaved (one pass moves 20-30 % with the
-load): README "Directory speed" (2026-12-04).
+load): README "Directory speed" (2026-12-04; memory: 2026-12-05).
 
     python bench/ls_dir.py                       # 100, 2000 and 20000 files, both sources
     python bench/ls_dir.py --files 2000 --runs 5 --source real
