@@ -233,3 +233,35 @@ def test_a_structure_only_run_forks_before_the_model_side(tmp_path: Path):
     lines = sorted(x for x in got.stderr.splitlines() if x.startswith(("AT FORK", "WORKER")))
     assert lines == ["AT FORK []", "WORKER []", "WORKER []"], got.stderr[-3000:]
     assert '"files": 240' in got.stdout
+
+
+def test_a_model_run_imports_the_report_printer_while_it_waits_on_the_loader():
+    """With a model, the parent waits on the loader worker (load, prefill, decodes) and then
+    prints its report with rich: rich is imported on a thread during the wait (~45 ms that
+    followed the last reply), and not at all for --json.  Checked in a fresh interpreter
+    through the CLI, on a fixture file and its model (the real loader)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "import slotfile.verify.engine as E\n"
+        "orun = E.Verifier.run\n"
+        "def run(self, *a, **k):\n"
+        "    r = orun(self, *a, **k)\n"
+        "    sys.stderr.write(f\"RICH {'rich.console' in sys.modules}\\n\")\n"
+        "    return r\n"
+        "E.Verifier.run = run\n"
+        "from slotfile.cli.app import main\n"
+        "sys.argv = ['slotfile', 'verify', *sys.argv[1:]]\n"
+        "main()\n"
+    )
+    slot, model = (
+        PKG.parent / "fixtures" / "slots" / "llama_f16_fa.slot",
+        PKG.parent / "fixtures" / "models" / "llama.gguf",
+    )
+    for extra, want in (((), "RICH True"), (("--json",), "RICH False")):  # when the last reply is in
+        args = [sys.executable, "-c", code, str(slot), "--model", str(model), *extra]
+        env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "TTY_COMPATIBLE", "FORCE_COLOR")}
+        got = subprocess.run(args, capture_output=True, text=True, check=False, env=env)  # stderr: a plain pipe
+        assert got.returncode == 0 and want in got.stderr.splitlines(), (extra, got.stderr[-2000:])

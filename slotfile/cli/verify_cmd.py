@@ -199,6 +199,7 @@ def _run_verify(req: VerifyRequest, pool: LoaderPool | None) -> int:
     )
     reports: list[FileReport] = []
     try:
+        _import_output_beside(req)
         reports = _run_with_progress(verifier, files) if show else verifier.run(files)
         loaders = verifier.loaders()
     except VerifyError as e:
@@ -211,6 +212,25 @@ def _run_verify(req: VerifyRequest, pool: LoaderPool | None) -> int:
         if r.error:
             fail(r.error)
     return _emit(req, reports, col, loaders, elapsed, check)
+
+
+def _import_output_beside(req: VerifyRequest) -> None:
+    """With a model this process mostly waits on the loader worker (its load, prefill and
+    decodes) before the report is printed with rich, whose import (~45 ms) then came after
+    the last reply: it is imported on a thread meanwhile.  Whoever imports it next waits for
+    that import to finish (the import lock)."""
+    if req.model is None or req.json_out or "rich.console" in sys.modules:
+        return
+    import threading
+
+    threading.Thread(target=_import_rich, daemon=True).start()
+
+
+def _import_rich() -> None:
+    import contextlib
+
+    with contextlib.suppress(Exception):  # said, if it matters, by the import that needs it
+        import rich.console  # noqa: F401
 
 
 def _stream_mode(req: VerifyRequest) -> str | None:
