@@ -164,8 +164,7 @@ def _start_pool(req: VerifyRequest) -> LoaderPool | None:
 
 
 def _run_verify(req: VerifyRequest, pool: LoaderPool | None) -> int:
-    from slotfile.cli.common import err_console, fail, say_waiting
-    from slotfile.cli.listing import plain_pipe
+    from slotfile.cli.common import fail, say_waiting
     from slotfile.verify import Verifier, VerifyError, collect
 
     usage = req.usage_error()
@@ -191,12 +190,7 @@ def _run_verify(req: VerifyRequest, pool: LoaderPool | None) -> int:
     except VerifyError as e:
         fail(str(e))
         return OPERATIONAL
-    show = (
-        not req.quiet
-        and not plain_pipe(sys.stderr)  # no rich import for a bar that cannot show
-        and err_console().is_terminal
-        and (any(p.is_dir() for p in req.paths) or req.model is not None or len(files) > 1)
-    )
+    show = _progress_shown(req, req.model is not None or len(files) > 1)
     reports: list[FileReport] = []
     try:
         _import_output_beside(req)
@@ -233,24 +227,33 @@ def _import_rich() -> None:
         import rich.console  # noqa: F401
 
 
+def _progress_shown(req: VerifyRequest, many: bool) -> bool:
+    """Whether a progress bar goes to stderr: a terminal, no ``-q``, and a directory or
+    ``many`` (several files, or a model's slow levels)."""
+    from slotfile.cli.common import err_console
+    from slotfile.cli.listing import plain_pipe
+
+    return (
+        not req.quiet
+        and not plain_pipe(sys.stderr)  # no rich import for a bar that cannot show
+        and err_console().is_terminal
+        and (many or any(p.is_dir() for p in req.paths))
+    )
+
+
 def _stream_mode(req: VerifyRequest) -> str | None:
     """How a structure-only run writes each file as it is read, keeping no report: "json",
     "pipe" (one line per file) or "quiet"; None when the output needs every report first (a
     terminal's columns, --junit, --models, a manifest check)."""
     from slotfile.cli.listing import plain_pipe
 
-    if req.model is not None or req.junit is not None or req.models or _has_manifest(req):
+    if req.model is not None or req.junit is not None or req.models or _manifest_path(req) is not None:
         return None
     if req.json_out:
         return "json"
     if req.quiet:
         return "quiet"
     return "pipe" if plain_pipe() else None
-
-
-def _has_manifest(req: VerifyRequest) -> bool:
-    """Whether :func:`_manifest_check` has a manifest to check against."""
-    return _manifest_path(req) is not None
 
 
 def _manifest_path(req: VerifyRequest) -> Path | None:
@@ -288,9 +291,8 @@ def _write_streamed(req: VerifyRequest, verifier: Verifier, t0: float, mode: str
     its walk is done, with the files still being written and the notes)."""
     from functools import partial
 
-    from slotfile.cli.common import err_console, fail, say_waiting
+    from slotfile.cli.common import fail, say_waiting
     from slotfile.cli.jsonout import Encoded, LazyList
-    from slotfile.cli.listing import plain_pipe
     from slotfile.cli.verify_output import Counts, Digest, digest, summary_line
     from slotfile.verify.collect import collect_stream
 
@@ -299,12 +301,7 @@ def _write_streamed(req: VerifyRequest, verifier: Verifier, t0: float, mode: str
     # the workers are forked here, once the walk's first files are in: before the document's
     # head (its tolerances import the model side) and before a progress bar's thread
     got = verifier.stream(files, partial(digest, mode=mode, base=base))
-    if (
-        not req.quiet
-        and not plain_pipe(sys.stderr)  # no rich import for a bar that cannot show
-        and err_console().is_terminal
-        and (any(p.is_dir() for p in req.paths) or len(req.paths) > 1)
-    ):
+    if _progress_shown(req, len(req.paths) > 1):
         got = _with_progress(got, None)  # how many files: known once the walk is done
     c = Counts()
     said = 0
@@ -340,8 +337,8 @@ def _write_streamed(req: VerifyRequest, verifier: Verifier, t0: float, mode: str
         from slotfile.cli.verify_output import document
 
         encoded = LazyList(lambda: (Encoded(x) for x in rows()))
-        opts = req.options()
-        write_json(document(encoded, col.errors, opts, [], elapsed, rc, lambda: t().to_dict(), col.busy_paths, c))
+        doc = document(encoded, col.errors, verifier.opts, [], elapsed, rc, lambda: t().to_dict(), col.busy_paths, c)
+        write_json(doc)
         return rc()
     from slotfile.cli.common import out_console
     from slotfile.cli.listing import summary

@@ -7,7 +7,7 @@ file being written has no telling name: it is recognised by a modification time 
 last ``settle`` seconds.  Temp files of slotfile's own safe writes (``.NAME.slotfile-PID-HEX.*``)
 and the usual partial-download names (``*.tmp``, ``*.part``, ``*.partial``) are temp files.
 Temp files are counted apart and never listed, checked, converted or removed.  A file being
-written is waited for, up to ``settle_wait`` seconds (:func:`wait_for_settle`), and then handled
+written is waited for, up to ``settle_wait`` seconds (:func:`walk_dir`), and then handled
 like any other; one still changing after that bound is named by the commands, which exit 4:
 a run never reports success over a file it left out.
 

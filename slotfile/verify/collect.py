@@ -6,7 +6,7 @@ symlinks not followed) named ``*.slot`` or ``*.bin`` or starting with a GGSQ or 
 server saves slots under any name).  Temp files and symlinks are skipped, as ``ls`` skips them.
 A file modified within the last ``settle`` seconds may still be being written (llama-server
 writes in place): the walker waits for it, up to ``settle_wait`` seconds
-(:func:`slotfile.slotdir.walk.wait_for_settle`), and verifies it once it has settled; one still
+(:func:`slotfile.slotdir.walk.walk_dir`), and verifies it once it has settled; one still
 changing after that is named in ``busy`` and fails the run (exit 4): a run never passes over a
 file it left out.  A path that does not exist and a directory with no slot file under it are
 operational errors: a run that checks nothing must not pass.
@@ -82,7 +82,8 @@ class PathList(Sequence[Path]):
         self.extend((p,))
 
     def extend(self, paths: Iterable[str | os.PathLike[str]]) -> None:
-        self.extend_under("", (os.fspath(p) for p in paths))
+        for p in paths:
+            self.add("", os.fspath(p))
 
     def add(self, root: str, rel: str) -> None:
         """A path ``rel`` relative to the directory ``root`` ("": a whole path)."""
@@ -90,14 +91,6 @@ class PathList(Sequence[Path]):
             self._starts.append(len(self._s))
             self._roots.append(root)
         self._s.append(rel)
-
-    def extend_under(self, root: str, rels: Iterable[str]) -> None:
-        """Paths ``rels`` relative to the directory ``root`` ("": whole paths)."""
-        start = len(self._s)
-        self._s.extend(rels)
-        if len(self._s) > start and (not self._roots or self._roots[-1] != root):
-            self._starts.append(start)
-            self._roots.append(root)
 
 
 @dataclass
@@ -127,8 +120,8 @@ def collect(
     """What ``args`` name, directories walked (see the module docstring), every file held in
     ``files``.  ``settle_wait`` 0: files being written are not waited for (they are named in
     ``busy`` at once)."""
-    out, found = _collect_stream(args, settle, settle_wait, on_wait)
-    for root, rel, size in found:
+    out = Collected()
+    for root, rel, size in _walked_files(out, args, settle, settle_wait, on_wait):
         out.files.add(root, rel)  # a walk's file held as its relative path (the walk's string)
         out.sizes.append(size)
     return out
@@ -145,29 +138,20 @@ def collect_stream(
     (:func:`~slotfile.slotdir.walk.walk_dir`: none held); the :class:`Collected`, its
     ``files`` left empty, fills in its errors, notes, busy files and skipped count as they are
     passed (complete once the iterator is exhausted)."""
-    out, found = _collect_stream(args, settle, settle_wait, on_wait)
+    out = Collected()
+    found = _walked_files(out, args, settle, settle_wait, on_wait)
     return out, ((os.path.join(root, rel) if root else rel, size) for root, rel, size in found)
 
 
-def _collect_stream(
-    args: list[Path],
-    settle: float,
-    settle_wait: float,
-    on_wait: Callable[[list[DirEntry], float], None] | None,
-) -> tuple[Collected, Iterator[tuple[str, str, int]]]:
-    """:func:`collect_stream`'s files as (root, path relative to it, size): root "" for a file
-    argument (its path whole, size -1)."""
-    out = Collected()
-    return out, _stream(out, args, settle, settle_wait, on_wait)
-
-
-def _stream(
+def _walked_files(
     out: Collected,
     args: list[Path],
     settle: float,
     settle_wait: float,
     on_wait: Callable[[list[DirEntry], float], None] | None,
 ) -> Iterator[tuple[str, str, int]]:
+    """The files of ``args`` as (root, path relative to it, size): root "" for a file argument
+    (its path whole, size -1); what each walk left out goes into ``out`` once it is done."""
     for a in args:
         if a.is_dir():
             out.dirs += 1
