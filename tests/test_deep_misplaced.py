@@ -17,7 +17,7 @@ import pytest
 from slotfile.format.reader import parse_buffer
 from slotfile.problems import ProblemCode
 from slotfile.verify.judge import DeepInputs, judge_layers
-from slotfile.verify.misplaced import MATCH, find_misplaced
+from slotfile.verify.misplaced import MATCH, find_misplaced, sample
 from slotfile.verify.shape import Schedule, judge_with_schedules
 
 from .conftest import MODELS, SLOTS
@@ -98,6 +98,34 @@ def _judge(damaged: bytes, clean: bytes):
 
 
 # ------------------------------------------------------------------ without llama.cpp
+
+
+@pytest.mark.parametrize(
+    ("name", "kinds"),
+    [
+        ("gemma3_iswa_nofa.slot", {("f16", False), ("f16", True)}),
+        ("v4/gemma3_iswa_fa.slot", {("f16", False)}),
+        ("llama_q8_0_fa.slot", {("q8_0", False)}),
+    ],
+)
+def test_a_whole_layer_is_sampled_as_the_spaced_sample_gathers_it(name, kinds):
+    """A layer of at most SAMPLE values is read as its rows lie (no gather); it must give the
+    values the gathering path gives, in the file's byte order, for V transposed and as rows,
+    f16 and q8_0, with the recompute's cells in another order."""
+    sf = parse_buffer((SLOTS / name).read_bytes())
+    rng = np.random.default_rng(25)
+    seen = set()
+    for blk in sf.body.blocks:
+        st = blk.active_streams()[0]
+        for run in (*st.k, *st.v):
+            size = run.n_cells * int(run.elements)
+            align = rng.permutation(run.n_cells)
+            for al in (None, align):
+                whole = sample(run, np.arange(size), al)
+                gathered = sample(run, np.arange(size - 1), al)  # one short: the gathering path
+                assert whole.shape == (size,) and np.array_equal(whole[:-1], gathered), (run.part, run.index)
+            seen.add((run.type_name, run.transposed))
+    assert seen == kinds  # (type, V transposed) of the layers read
 
 
 def test_layer_swap_matches_the_other_layer(gemma_bytes):
