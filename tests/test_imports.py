@@ -265,3 +265,38 @@ def test_a_model_run_imports_the_report_printer_while_it_waits_on_the_loader():
         env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "TTY_COMPATIBLE", "FORCE_COLOR")}
         got = subprocess.run(args, capture_output=True, text=True, check=False, env=env)  # stderr: a plain pipe
         assert got.returncode == 0 and want in got.stderr.splitlines(), (extra, got.stderr[-2000:])
+
+
+def test_a_model_run_judges_with_one_blas_thread_unless_told_otherwise():
+    """``verify --model --deep`` does its matrix work (the judgment, beside the loader's
+    threads) with one OpenBLAS thread: a second one waited on the loader's threads on 2 cores
+    (slotfile.cli.root.one_blas_thread).  An OPENBLAS_NUM_THREADS the user set is kept.
+    Checked in a fresh interpreter through the CLI on a fixture file, its model and the real
+    loader: OpenBLAS's own thread count, read from the loaded library after the run."""
+    import subprocess
+    import sys
+
+    code = (
+        "import atexit, ctypes, sys\n"
+        "assert 'numpy' not in sys.modules\n"
+        "def blas():  # main() ends with os._exit after the atexit handlers\n"
+        "    path = next(ln.split()[-1] for ln in open('/proc/self/maps') if 'openblas' in ln)\n"
+        "    lib = ctypes.CDLL(path)\n"
+        "    names = ('scipy_openblas_get_num_threads64_', 'openblas_get_num_threads64_', 'openblas_get_num_threads')\n"
+        "    get = next(getattr(lib, n) for n in names if hasattr(lib, n))\n"
+        "    sys.stderr.write(f'BLAS {get()}\\n')\n"
+        "atexit.register(blas)\n"
+        "from slotfile.cli.app import main\n"
+        "sys.argv = ['slotfile', 'verify', *sys.argv[1:]]\n"
+        "main()\n"
+    )
+    slot, model = (
+        PKG.parent / "fixtures" / "slots" / "llama_f16_fa.slot",
+        PKG.parent / "fixtures" / "models" / "llama.gguf",
+    )
+    base = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    for extra, want in (({}, "BLAS 1"), ({"OPENBLAS_NUM_THREADS": "2"}, "BLAS 2")):
+        args = [sys.executable, "-c", code, str(slot), "--model", str(model), "--deep", "--json"]
+        got = subprocess.run(args, capture_output=True, text=True, check=False, env={**base, **extra})
+        lines = got.stderr.splitlines()
+        assert got.returncode == 0 and want in lines, (extra, got.stderr[-2000:])

@@ -36,7 +36,7 @@ from slotfile.cli.options import (
     json_option,
     model_option,
 )
-from slotfile.cli.root import app, structure_only
+from slotfile.cli.root import app, one_blas_thread
 
 
 @app.command(
@@ -141,13 +141,12 @@ def verify(
     models: list[Path] | None = VERIFY_MODELS,
 ) -> None:
     """Structure, model metadata, a real test-load and (--deep) a recompute, each reported per file."""
+    one_blas_thread()
     if server_args is not None:
         # what --server-args does not combine with, in the order the error names them
         others = {"deep": deep, "junit": junit, "scan": scan, "draft_model": draft_model, "require": bool(require)}
         rc = _verify_for_server(paths, server_args, model, json_out, jobs, n_gpu_layers, timeout, quiet, **others)
         raise typer.Exit(rc)
-    if model is None and not models:
-        structure_only()
     from slotfile.cli.verify_cmd import VerifyRequest, run_verify
 
     request = VerifyRequest(

@@ -17,7 +17,7 @@ from slotfile.cli.options import (
     json_option,
     model_option,
 )
-from slotfile.cli.root import app, structure_only
+from slotfile.cli.root import app, one_blas_thread
 
 
 @app.command(
@@ -50,12 +50,11 @@ def ls(
     """One row per slot file (size, tokens, version, memory, streams, K/V types, flash attention, checkpoints,
     draft, age) and totals.  With --llama-lib: per file, whether that llama.cpp loads it as is, after
     migrate, or not at all."""
+    one_blas_thread()
     if llama_lib is not None:
         from slotfile.cli.migrate_cmd import LsLibraryArgs, run_ls_library
 
         raise typer.Exit(run_ls_library(LsLibraryArgs(directory, llama_lib, model, json_out, settle, server_args)))
-    if server_args is None and model is None and not models:
-        structure_only()
     from slotfile.cli.ls_cmd import LsArgs, run_ls
 
     raise typer.Exit(

@@ -20,11 +20,16 @@ app = typer.Typer(
 )
 
 
-def structure_only() -> None:
-    """Before a command that only reads structure (``ls DIR``, ``verify`` without a model)
-    imports numpy: one OpenBLAS thread, unless the environment says otherwise.  OpenBLAS
-    starts a thread per core at import (~0.05 s of CPU, a tenth of a small run's start); a
-    structure read does no matrix work."""
+def one_blas_thread() -> None:
+    """Before ``ls``/``verify`` imports numpy: one OpenBLAS thread, unless the environment says
+    otherwise.  OpenBLAS starts a thread per core at import (~0.05 s of CPU, a tenth of a small
+    run's start) and a structure read does no matrix work.  A deep check's matrix work in this
+    process is small (a layer's worst cells against its recomputed rows: 64 x a few hundred x
+    256) and runs beside the loader's threads: on 2 cores a second BLAS thread waits on them, and
+    the judgment after the loader's reply took 84-90 ms with one thread against 131-193 ms with
+    two (a GPU-written 125-token Gemma file, 2026-12-05).  The loader (a child process) inherits
+    it; a llama.cpp built with its BLAS backend sets the count itself before each product
+    (``ggml_backend_blas_mul_mat``, ggml-blas.cpp)."""
     import os
     import sys
 
