@@ -16,10 +16,13 @@ from slotfile.problems import ProblemCode
 from slotfile.verify.judge import ZERO_RUN, DeepInputs, Judgment, RunCells, align_cells, judge_layers
 from slotfile.verify.shape import (
     MAX_RETRIES,
+    MAX_STEPWISE,
     Schedule,
     candidate_schedules,
     drift_shape,
+    first_difference,
     judge_with_schedules,
+    reply_schedules,
 )
 from slotfile.verify.stats import _zero_run
 
@@ -152,6 +155,34 @@ def test_candidate_schedules_are_bounded_and_ordered():
     assert [s.n_ubatch for s in candidate_schedules(first, 38, 34, checkpoints=False)] == [32]
 
 
+def test_reply_schedules_start_where_the_computations_parted():
+    first = Schedule(2048, 512)
+    # a 2,006-token prompt and a 199-token reply on a memory with checkpoints: the first difference is
+    # the server's break n_prompt - 4 - 512 = 1490, so the reply began at 1490 + 4 + 512 = 2006
+    c = reply_schedules(first, 2205, 2083, True, 1490)
+    assert c == [Schedule(2048, 512, (1490, 2002), 2006), Schedule(2048, 512, (), 1490)]
+    assert c[0].as_dict()["stepwise_from"] == 2006 and "one token per call from position 2006" in c[0].label()
+    # without checkpoints the first difference is the reply's first token
+    assert reply_schedules(first, 2205, 2083, False, 2006) == [Schedule(2048, 512, (), 2006)]
+    # a difference from the first tokens (another build), none at all, or after the onset: nothing to replay
+    assert reply_schedules(first, 2205, 3, False, 2) == []
+    assert reply_schedules(first, 2205, 2083, False, None) == []
+    assert reply_schedules(first, 2205, 2083, False, 2100) == []
+    # at most MAX_STEPWISE tokens one per call
+    assert reply_schedules(first, MAX_STEPWISE + 1000, 900, False, 500) == []
+    # replies come before the splits, which stay bounded
+    c = candidate_schedules(first, 2205, 2083, True, 1490)
+    assert c[:2] == reply_schedules(first, 2205, 2083, True, 1490) and len(c) <= 2 + MAX_RETRIES
+    assert not Schedule(2048, 512).as_dict().get("stepwise_from")
+
+
+def test_first_difference_is_the_earliest_differing_position(gemma_bytes):
+    clean = parse_buffer(gemma_bytes).body
+    assert first_difference(judge_layers(clean, clean)) is None
+    j = judge_layers(parse_buffer(drift_from(gemma_bytes, 46)).body, clean)
+    assert first_difference(j) == 46
+
+
 @pytest.fixture(scope="module")
 def gemma_bytes() -> bytes:
     return GEMMA.read_bytes()
@@ -182,9 +213,10 @@ def test_drift_is_replayed_then_accepted(gemma_bytes):
 
     out = judge_with_schedules(file_body, inputs, (Schedule(2048, 512), drifted), replay)
     assert out.decided_by == "schedule" and out.schedule == Schedule(2048, 32) and not out.judgment.problems
-    # -ub 256/128/64 put their first boundary after the onset at 46: only -ub 32 can explain it
-    assert asked == [Schedule(2048, 32)]
-    assert [t["n_ubatch"] for t in out.tried] == [512, 32]
+    # first a reply from the first difference (46) decoded one token per call; then the splits:
+    # -ub 256/128/64 put their first boundary after the onset at 46, only -ub 32 can explain it
+    assert asked == [Schedule(2048, 512, (), 46), Schedule(2048, 32)]
+    assert [t["n_ubatch"] for t in out.tried] == [512, 512, 32] and out.tried[1]["stepwise_from"] == 46
     # a split that halves it without replaying it: the state depends on the split, drift (a pass)
     less = parse_buffer(drift_from(gemma_bytes, 46, 1.15)).body
     drifted_more = parse_buffer(drift_from(gemma_bytes, 46, 1.6)).body

@@ -486,6 +486,7 @@ class LoaderPool:
         n_stepwise: int = 0,
         out_floor: str | None = None,
         cuts: list[int] | None = None,
+        stepwise_from: int = 0,
         on_recomputed: Callable[[], None] | None = None,
     ) -> DeepResult:
         """Restore ``path`` and recompute ``tokens`` from scratch with the same settings; the
@@ -494,7 +495,8 @@ class LoaderPool:
         server's defaults, 2048 and 512).  With ``n_stepwise`` and ``out_floor``: the last
         ``n_stepwise`` tokens decoded again one per call, that state written to ``out_floor`` (the
         noise floor).  ``cuts``: where the prefill starts a new llama_decode call (a server's
-        checkpoint breaks, a reused prefix).  ``on_recomputed``: called once ``out`` is written,
+        checkpoint breaks, a reused prefix).  ``stepwise_from``: from that position on, one token
+        per call (a reply the server generated; 0: none).  ``on_recomputed``: called once ``out`` is written,
         while the worker decodes the noise floor's tokens (the two run side by side)."""
         if settings is None:
             settings = self._settings_of(path)
@@ -510,6 +512,7 @@ class LoaderPool:
             "n_stepwise": int(n_stepwise),
             "out_floor": str(out_floor) if out_floor else None,
             "cuts": [int(c) for c in cuts or []],
+            "stepwise_from": int(stepwise_from),
             "early": on_recomputed is not None,
         }
         resp, died, log = self._call(req, timeout, on_recomputed)

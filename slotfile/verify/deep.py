@@ -257,7 +257,7 @@ def _retrier(
         with _scratch_files(1) as (out,):
             r = pool.deep(
                 path, tokens, tokens[-1], out, settings, timeout=opts.timeout,
-                batch=s.n_batch, n_ubatch=s.n_ubatch, cuts=list(s.cuts),
+                batch=s.n_batch, n_ubatch=s.n_ubatch, cuts=list(s.cuts), stepwise_from=s.stepwise_from,
             )  # fmt: skip
             if not r.ok:
                 return None, r.message

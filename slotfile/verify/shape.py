@@ -28,11 +28,15 @@ import numpy as np
 from slotfile.format.records import Body
 from slotfile.problems import ProblemCode
 from slotfile.verify.judge import MARGIN_LIMIT, Caches, DeepInputs, Judgment, RunCells, judge_layers
+from slotfile.verify.lone import EXACT
 from slotfile.verify.misplaced import find_misplaced
 from slotfile.verify.records import Level
 from slotfile.verify.stats import median, nanmedian
 
 MAX_RETRIES = 4  # extra recomputes, each only while the difference has the drift shape
+# the most tokens a reply replay (reply_schedules) decodes one per call: ~15 ms each on Gemma 3 270M
+# and 2 cores, ~0.1-0.2 s on a 7B model
+MAX_STEPWISE = 2048
 # a layer at a position "differs too" (corroborates a failing cell of another layer) above this
 # many floors: clean layers stay below 1.2 on the real-server corpus (bench/corpus.md)
 CORROBORATE = 2.0
@@ -60,12 +64,20 @@ class Schedule:
     n_batch: int
     n_ubatch: int
     cuts: tuple[int, ...] = ()
+    stepwise_from: int = 0  # from this position on one token per call (generated tokens; 0: none)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"n_batch": self.n_batch, "n_ubatch": self.n_ubatch, "cuts": list(self.cuts)}
+        d: dict[str, Any] = {"n_batch": self.n_batch, "n_ubatch": self.n_ubatch, "cuts": list(self.cuts)}
+        if self.stepwise_from:
+            d["stepwise_from"] = self.stepwise_from
+        return d
 
     def label(self) -> str:
-        return f"-b {self.n_batch} -ub {self.n_ubatch}" + (f", breaks at {list(self.cuts)}" if self.cuts else "")
+        return (
+            f"-b {self.n_batch} -ub {self.n_ubatch}"
+            + (f", breaks at {list(self.cuts)}" if self.cuts else "")
+            + (f", one token per call from position {self.stepwise_from}" if self.stepwise_from else "")
+        )
 
 
 @dataclass
@@ -210,13 +222,17 @@ def _first_layer(m: np.ndarray, runs: list[RunCells], p: int, limit: float, firs
     return ""
 
 
-def candidate_schedules(first: Schedule, n_tokens: int, onset: int | None, checkpoints: bool) -> list[Schedule]:
+def candidate_schedules(
+    first: Schedule, n_tokens: int, onset: int | None, checkpoints: bool, first_diff: int | None = None
+) -> list[Schedule]:
     """Up to :data:`MAX_RETRIES` other splits a server may have used, likeliest first: the usual
     ``-ub`` values below the first recompute's, those whose boundaries the divergence onset lies
     on first, each with the checkpoint breaks ``n - 4 - n_ubatch`` and ``n - 4`` when the memory
     takes checkpoints (``checkpoint_offsets`` in ``server_context_impl::update_slots``).  A split
     changes nothing before its first boundary: one that starts after the onset (NEAR allowed)
-    cannot explain it (another build's kernels differ from the first token on) and is left out."""
+    cannot explain it (another build's kernels differ from the first token on) and is left out.
+    Before them, when the recompute agrees exactly up to ``first_diff`` and drifts from a later
+    onset, up to two replays of an earlier turn's reply (:func:`reply_schedules`)."""
     us = [u for u in USUAL_UBATCH if u < first.n_ubatch and u < n_tokens]
     us.sort(key=lambda u: (onset is not None and onset % u != 0, -u))
     out = [Schedule(first.n_batch, u, _breaks(n_tokens, u) if checkpoints else ()) for u in us]
@@ -224,7 +240,44 @@ def candidate_schedules(first: Schedule, n_tokens: int, onset: int | None, check
         out.append(Schedule(first.n_batch, first.n_ubatch, _breaks(n_tokens, first.n_ubatch)))
     if onset is not None:
         out = [s for s in out if min((s.n_ubatch, *s.cuts)) <= onset + NEAR]
-    return [s for s in out if s != first][:MAX_RETRIES]
+    replies = reply_schedules(first, n_tokens, onset, checkpoints, first_diff)
+    return [*replies, *[s for s in out if s != first][:MAX_RETRIES]]
+
+
+def reply_schedules(
+    first: Schedule, n_tokens: int, onset: int | None, checkpoints: bool, first_diff: int | None
+) -> list[Schedule]:
+    """Where a multi-turn chat's earlier reply was generated: llama-server decodes a reply one
+    token per call, and the next turn reuses those cells as its prompt's prefix
+    (``server_context_impl::update_slots``: ``n_past`` from ``get_common_prefix``), so the state
+    from the reply's first token on is what one-per-call decoding gives, which a prefill of the
+    stored tokens does not replay (a 200-token reply on a 2,006-token prompt: 32.6 floors, from
+    the reply's 77th token; replayed from its first token, 1.6).  The file does not say where the
+    reply began, but the recompute does: up to the first difference the two computations were the
+    same.  Without checkpoints that first difference is the reply's first token; with them it is
+    the server's break ``n_prompt - 4 - n_ubatch`` (``checkpoint_offsets``), so the reply began
+    ``4 + n_ubatch`` later, the prompt's tail cut at ``n_prompt - 4``.  Only for an onset well
+    after the first tokens (another build differs from the first token on) and at most
+    :data:`MAX_STEPWISE` tokens one per call."""
+    if onset is None or first_diff is None or onset <= 2 * NEAR or not 0 < first_diff <= onset:
+        return []
+    out: list[Schedule] = []
+    start = first_diff + 4 + first.n_ubatch
+    if checkpoints and start < n_tokens:
+        out.append(Schedule(first.n_batch, first.n_ubatch, (first_diff, start - 4), start))
+    out.append(Schedule(first.n_batch, first.n_ubatch, (), first_diff))
+    return [s for s in out if n_tokens - s.stepwise_from <= MAX_STEPWISE]
+
+
+def first_difference(j: Judgment) -> int | None:
+    """The first position where any layer's cell differs from the recompute (over
+    :data:`~slotfile.verify.lone.EXACT` floors); None without positions or differences."""
+    firsts = [
+        int(c.positions[np.flatnonzero(c.ratio > EXACT)].min())
+        for c in j.cells
+        if c.positions is not None and bool((c.ratio > EXACT).any())
+    ]
+    return min(firsts) if firsts else None
 
 
 def _breaks(n: int, n_ubatch: int) -> tuple[int, ...]:
@@ -258,7 +311,8 @@ def judge_with_schedules(
         return Outcome(j, sched, "bytes" if j.byte_damage else "shape", shape.evidence, tried)
     best, best_s, seen = j, sched, [j]
     again = DeepInputs(inputs.floor_body, inputs.caches, inputs.n_tokens, inputs.n_stepwise, j.floors)
-    for s in candidate_schedules(sched, inputs.n_tokens, shape.onset, checkpoints) if recompute else []:
+    todo = candidate_schedules(sched, inputs.n_tokens, shape.onset, checkpoints, first_difference(j))
+    for s in todo if recompute else []:
         assert recompute is not None
         rec, why = recompute(s)
         if rec is None:

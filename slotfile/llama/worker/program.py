@@ -231,7 +231,8 @@ class Worker:
         context, cleared, with the server's batch sizes (``n_batch``/``n_ubatch``, default
         2048/512 as common/common.h), write that state to ``out`` and decode the probe (logits
         B); ``cuts``: positions where the prefill starts a new llama_decode call (the server's
-        checkpoint breaks, a reused prefix).  With ``n_stepwise`` > 0 and ``out_floor``: drop
+        checkpoint breaks, a reused prefix); ``stepwise_from``: the tokens from there on one per
+        call (generated tokens).  With ``n_stepwise`` > 0 and ``out_floor``: drop
         the last ``n_stepwise`` cells, decode those tokens again one per llama_decode call (the
         path the server's generated tokens take), write that state to ``out_floor`` and decode
         the probe (logits C): the parent's noise floor, at the cost of ``n_stepwise``
@@ -263,9 +264,14 @@ class Worker:
             after_restore = self._logits(ctx)
             # recompute from the tokens in the same context, cleared
             rt.L.llama_memory_clear(mem, True)
-            # the server's checkpoint breaks and reused prefix: each piece in its own calls
-            for a, b in segments(n, [int(c) for c in req.get("cuts") or []]):
+            # the server's checkpoint breaks and reused prefix: each piece in its own calls; from
+            # ``stepwise_from`` on, one token per call (a reply the server generated, reused as
+            # the prefix of the next turn's prompt), on the context's threads as a server's -t
+            step_at = int(req.get("stepwise_from") or n)
+            step_at = step_at if 0 < step_at < n else n
+            for a, b in segments(step_at, [int(c) for c in req.get("cuts") or []]):
                 decode(ctx, tokens[a:b], a, seq, False, n_batch)
+            decode(ctx, tokens[step_at:], step_at, seq, False, 1)
             self._write_state(ctx, seq, req["out"])
             decode_one_thread(ctx, [probe], n, seq, True)
             recomputed = self._logits(ctx)
@@ -289,6 +295,7 @@ class Worker:
         n_stepwise = n_stepwise if floor is not None else 0
         out.update(ok=True, message="recomputed", logits=lg, n_batch=n_batch, n_ubatch=n_ubatch, n_stepwise=n_stepwise)
         out["cuts"] = [b for _a, b in segments(n, [int(c) for c in req.get("cuts") or []])][:-1]
+        out["stepwise_from"] = int(req.get("stepwise_from") or 0)
         return out
 
     def _write_state(self, ctx: Any, seq: int, path: str) -> None:
