@@ -117,3 +117,36 @@ def test_unrotated_quantized_file_is_named(real, verifier):
     rot = deep["details"]["rotation"]
     assert not rot["matches"] and rot["stored"].startswith("disabled")
     assert rot["median_angle_other_setting"] < rot["median_angle_as_recomputed"] / 3
+
+
+def test_worker_replays_a_reply_one_token_per_call(real):
+    """``stepwise_from`` (a reply the server generated): the prefill stops there and the rest is
+    decoded one token per call, the path the noise floor's last tokens take; on one thread the
+    replay holds the floor's state bit for bit, and on real weights a plain prefill differs from
+    it inside that tail only."""
+    import tempfile
+
+    from slotfile.format.reader import open_slot_file
+    from slotfile.llama.loader import LoaderPool
+    from slotfile.verify.judge import judge_layers
+    from slotfile.verify.shape import first_difference
+
+    path = str(real["files"][_name("f16", False, 512)])
+    sf = open_slot_file(path)
+    toks = [int(t) for t in sf.tokens.tokens]
+    n, k = len(toks), 12
+    with LoaderPool(real["model"], threads=1) as pool, tempfile.TemporaryDirectory() as d:
+        plain = pool.deep(path, toks, toks[-1], f"{d}/p.slot", n_stepwise=k, out_floor=f"{d}/f.slot")
+        reply = pool.deep(path, toks, toks[-1], f"{d}/r.slot", stepwise_from=n - k)
+        assert plain.ok and reply.ok and reply.stepwise_from == n - k and plain.stepwise_from == 0
+        floor, rec, pre = (open_slot_file(f"{d}/{x}.slot") for x in ("f", "r", "p"))
+        assert first_difference(judge_layers(floor.body, rec.body)) is None
+        # a plain prefill agrees before the replayed tail and differs inside it (its first rows can
+        # still come out equal: 3 of 12 here)
+        first = first_difference(judge_layers(rec.body, pre.body))
+        assert first is not None and n - k <= first < n
+        outside = pool.deep(path, toks, toks[-1], f"{d}/o.slot", stepwise_from=n + 5)
+        assert outside.ok and outside.stepwise_from == 0
+        for f in (floor, rec, pre):
+            f.close()
+    sf.close()

@@ -67,6 +67,7 @@ class DeepResult:
     n_ubatch: int = 0
     n_stepwise: int = 0  # the last tokens decoded again one per call for the noise floor (0: none)
     cuts: list[int] = field(default_factory=list)  # positions where the prefill started a new call
+    stepwise_from: int = 0  # from this position on the recompute decoded one token per call (0: none)
 
 
 def _signal_name(rc: int) -> str:
@@ -536,6 +537,7 @@ class LoaderPool:
             n_ubatch=int(resp.get("n_ubatch") or 0),
             n_stepwise=int(resp.get("n_stepwise") or 0),
             cuts=[int(c) for c in resp.get("cuts") or []],
+            stepwise_from=int(resp.get("stepwise_from") or 0),
         )
 
     def _settings_of(self, path: str) -> LoadSettings:

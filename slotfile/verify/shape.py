@@ -254,7 +254,8 @@ def reply_schedules(
     stored tokens does not replay (a 200-token reply on a 2,006-token prompt: 32.6 floors, from
     the reply's 77th token; replayed from its first token, 1.6).  The file does not say where the
     reply began, but the recompute does: up to the first difference the two computations were the
-    same.  Without checkpoints that first difference is the reply's first token; with them it is
+    same (a reply's first rows can still come out equal, so it may lie a few tokens into the reply:
+    those rows match either way).  Without checkpoints that first difference is the reply's first token; with them it is
     the server's break ``n_prompt - 4 - n_ubatch`` (``checkpoint_offsets``), so the reply began
     ``4 + n_ubatch`` later, the prompt's tail cut at ``n_prompt - 4``.  Only for an onset well
     after the first tokens (another build differs from the first token on) and at most

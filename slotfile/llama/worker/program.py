@@ -295,7 +295,8 @@ class Worker:
         n_stepwise = n_stepwise if floor is not None else 0
         out.update(ok=True, message="recomputed", logits=lg, n_batch=n_batch, n_ubatch=n_ubatch, n_stepwise=n_stepwise)
         out["cuts"] = [b for _a, b in segments(n, [int(c) for c in req.get("cuts") or []])][:-1]
-        out["stepwise_from"] = int(req.get("stepwise_from") or 0)
+        step = int(req.get("stepwise_from") or 0)
+        out["stepwise_from"] = step if 0 < step < n else 0  # what was replayed one per call (0: nothing)
         return out
 
     def _write_state(self, ctx: Any, seq: int, path: str) -> None:
