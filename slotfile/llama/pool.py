@@ -497,8 +497,8 @@ class LoaderPool:
         ``n_stepwise`` tokens decoded again one per call, that state written to ``out_floor`` (the
         noise floor).  ``cuts``: where the prefill starts a new llama_decode call (a server's
         checkpoint breaks, a reused prefix).  ``stepwise_from``: from that position on, one token
-        per call (a reply the server generated; 0: none).  ``on_recomputed``: called once ``out`` is written,
-        while the worker decodes the noise floor's tokens (the two run side by side)."""
+        per call (a reply the server generated; 0: none).  ``on_recomputed``: called once ``out``
+        is written, while the worker decodes the noise floor's tokens (the two run side by side)."""
         if settings is None:
             settings = self._settings_of(path)
         req = {

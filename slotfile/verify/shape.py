@@ -255,11 +255,11 @@ def reply_schedules(
     the reply's 77th token; replayed from its first token, 1.6).  The file does not say where the
     reply began, but the recompute does: up to the first difference the two computations were the
     same (a reply's first rows can still come out equal, so it may lie a few tokens into the reply:
-    those rows match either way).  Without checkpoints that first difference is the reply's first token; with them it is
-    the server's break ``n_prompt - 4 - n_ubatch`` (``checkpoint_offsets``), so the reply began
-    ``4 + n_ubatch`` later, the prompt's tail cut at ``n_prompt - 4``.  Only for an onset well
-    after the first tokens (another build differs from the first token on) and at most
-    :data:`MAX_STEPWISE` tokens one per call."""
+    those rows match either way).  Without checkpoints that first difference is the reply's first
+    token; with them it is the server's break ``n_prompt - 4 - n_ubatch`` (``checkpoint_offsets``),
+    so the reply began ``4 + n_ubatch`` later, the prompt's tail cut at ``n_prompt - 4``.  Only for
+    an onset well after the first tokens (another build differs from the first token on) and at
+    most :data:`MAX_STEPWISE` tokens one per call."""
     if onset is None or first_diff is None or onset <= 2 * NEAR or not 0 < first_diff <= onset:
         return []
     out: list[Schedule] = []

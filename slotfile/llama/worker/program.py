@@ -245,6 +245,8 @@ class Worker:
         n_ubatch = int(req.get("n_ubatch") or DEEP_N_UBATCH)
         n = len(tokens)
         n_stepwise = min(int(req.get("n_stepwise") or 0), n // 2) if req.get("out_floor") else 0
+        step_at = int(req.get("stepwise_from") or 0)  # a generated reply from here on (n: none)
+        step_at = step_at if 0 < step_at < n else n
         seq = s.seq_id
         out: dict[str, Any] = {"ok": False, "message": ""}
         try:
@@ -267,8 +269,6 @@ class Worker:
             # the server's checkpoint breaks and reused prefix: each piece in its own calls; from
             # ``stepwise_from`` on, one token per call (a reply the server generated, reused as
             # the prefix of the next turn's prompt), on the context's threads as a server's -t
-            step_at = int(req.get("stepwise_from") or n)
-            step_at = step_at if 0 < step_at < n else n
             for a, b in segments(step_at, [int(c) for c in req.get("cuts") or []]):
                 decode(ctx, tokens[a:b], a, seq, False, n_batch)
             decode(ctx, tokens[step_at:], step_at, seq, False, 1)
@@ -295,8 +295,7 @@ class Worker:
         n_stepwise = n_stepwise if floor is not None else 0
         out.update(ok=True, message="recomputed", logits=lg, n_batch=n_batch, n_ubatch=n_ubatch, n_stepwise=n_stepwise)
         out["cuts"] = [b for _a, b in segments(n, [int(c) for c in req.get("cuts") or []])][:-1]
-        step = int(req.get("stepwise_from") or 0)
-        out["stepwise_from"] = step if 0 < step < n else 0  # what was replayed one per call (0: nothing)
+        out["stepwise_from"] = step_at if step_at < n else 0  # what was replayed one per call (0: nothing)
         return out
 
     def _write_state(self, ctx: Any, seq: int, path: str) -> None:
