@@ -15,6 +15,9 @@
 #   sse42   SSE4.2 only (AVX, AVX2, FMA, F16C, BMI2, AVX-512 off): other dot-product kernels and no fused
 #           multiply-add, so its K/V differ from the default build's in the last bits; `verify --deep`
 #           must take that for drift (issue 25). Cached under .../llama-v4/<sha256>/sse42/bin.
+#   native  -DGGML_NATIVE=ON (-march=native: AVX-512 where the CPU has it), the kernels of a llama-server
+#           built on this machine by scripts/build-llama-server.sh: to tell a file's drift from another
+#           instruction set apart from drift of another schedule. Cached under .../native/bin.
 #
 # Environment: PYTHON (python with pip; default python3), JOBS (default 2), SLOTFILE_CACHE_DIR,
 # SLOTFILE_LLAMA_V4_SDIST (a local copy of the sdist, checked against the pinned hash; skips the download).
@@ -32,7 +35,8 @@ sse42)
         -DGGML_AVX_VNNI=OFF -DGGML_AVX512=OFF -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF
         -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF)
     ;;
-*) echo "usage: $0 [sse42]" >&2; exit 2 ;;
+native) ISA_FLAGS=(-DGGML_NATIVE=ON) ;;
+*) echo "usage: $0 [sse42|native]" >&2; exit 2 ;;
 esac
 
 PYTHON="${PYTHON:-python3}"
