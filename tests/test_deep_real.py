@@ -120,7 +120,7 @@ def test_unrotated_quantized_file_is_named(real, verifier):
 
 
 def test_worker_replays_a_reply_one_token_per_call(real):
-    """``stepwise_from`` (a reply the server generated): the prefill stops there and the rest is
+    """``stepwise`` (a reply the server generated): the prefill stops there and the range is
     decoded one token per call, the path the noise floor's last tokens take; on one thread the
     replay holds the floor's state bit for bit, and on real weights a plain prefill differs from
     it inside that tail only."""
@@ -137,16 +137,24 @@ def test_worker_replays_a_reply_one_token_per_call(real):
     n, k = len(toks), 12
     with LoaderPool(real["model"], threads=1) as pool, tempfile.TemporaryDirectory() as d:
         plain = pool.deep(path, toks, toks[-1], f"{d}/p.slot", n_stepwise=k, out_floor=f"{d}/f.slot")
-        reply = pool.deep(path, toks, toks[-1], f"{d}/r.slot", stepwise_from=n - k)
-        assert plain.ok and reply.ok and reply.stepwise_from == n - k and plain.stepwise_from == 0
+        reply = pool.deep(path, toks, toks[-1], f"{d}/r.slot", stepwise=[(n - k, n + 7)])
+        assert plain.ok and reply.ok and reply.stepwise == [(n - k, n)] and plain.stepwise == []
         floor, rec, pre = (open_slot_file(f"{d}/{x}.slot") for x in ("f", "r", "p"))
         assert first_difference(judge_layers(floor.body, rec.body)) is None
         # a plain prefill agrees before the replayed tail and differs inside it (its first rows can
         # still come out equal: 3 of 12 here)
         first = first_difference(judge_layers(rec.body, pre.body))
         assert first is not None and n - k <= first < n
-        outside = pool.deep(path, toks, toks[-1], f"{d}/o.slot", stepwise_from=n + 5)
-        assert outside.ok and outside.stepwise_from == 0
+        outside = pool.deep(path, toks, toks[-1], f"{d}/o.slot", stepwise=[(n + 5, n + 9)])
+        assert outside.ok and outside.stepwise == []
+        # two replies, each one token per call, a prompt prefilled between them: the first reply's
+        # rows differ from the plain prefill's, the prompt after it follows from them
+        two = pool.deep(path, toks, toks[-1], f"{d}/t.slot", stepwise=[(n - k, n), (n - 3 * k, n - 2 * k)])
+        assert two.ok and two.stepwise == [(n - 3 * k, n - 2 * k), (n - k, n)]
+        tw = open_slot_file(f"{d}/t.slot")
+        first = first_difference(judge_layers(tw.body, pre.body))
+        assert first is not None and n - 3 * k <= first < n - 2 * k
+        tw.close()
         for f in (floor, rec, pre):
             f.close()
     sf.close()

@@ -160,10 +160,10 @@ def test_reply_schedules_start_where_the_computations_parted():
     # a 2,006-token prompt and a 199-token reply on a memory with checkpoints: the first difference is
     # the server's break n_prompt - 4 - 512 = 1490, so the reply began at 1490 + 4 + 512 = 2006
     c = reply_schedules(first, 2205, 2083, True, 1490)
-    assert c == [Schedule(2048, 512, (1490, 2002), 2006), Schedule(2048, 512, (), 1490)]
-    assert c[0].as_dict()["stepwise_from"] == 2006 and "one token per call from position 2006" in c[0].label()
+    assert c == [Schedule(2048, 512, (1490, 2002), ((2006, 2205),)), Schedule(2048, 512, (), ((1490, 2205),))]
+    assert c[0].as_dict()["stepwise"] == [[2006, 2205]] and "one token per call at positions 2006-2204" in c[0].label()
     # without checkpoints the first difference is the reply's first token
-    assert reply_schedules(first, 2205, 2083, False, 2006) == [Schedule(2048, 512, (), 2006)]
+    assert reply_schedules(first, 2205, 2083, False, 2006) == [Schedule(2048, 512, (), ((2006, 2205),))]
     # a difference from the first tokens (another build), none at all, or after the onset: nothing to replay
     assert reply_schedules(first, 2205, 3, False, 2) == []
     assert reply_schedules(first, 2205, 2083, False, None) == []
@@ -173,7 +173,7 @@ def test_reply_schedules_start_where_the_computations_parted():
     # replies come before the splits, which stay bounded
     c = candidate_schedules(first, 2205, 2083, True, 1490)
     assert c[:2] == reply_schedules(first, 2205, 2083, True, 1490) and len(c) <= 2 + MAX_RETRIES
-    assert not Schedule(2048, 512).as_dict().get("stepwise_from")
+    assert not Schedule(2048, 512).as_dict().get("stepwise")
 
 
 def test_first_difference_is_the_earliest_differing_position(gemma_bytes):
@@ -215,8 +215,8 @@ def test_drift_is_replayed_then_accepted(gemma_bytes):
     assert out.decided_by == "schedule" and out.schedule == Schedule(2048, 32) and not out.judgment.problems
     # first a reply from the first difference (46) decoded one token per call; then the splits:
     # -ub 256/128/64 put their first boundary after the onset at 46, only -ub 32 can explain it
-    assert asked == [Schedule(2048, 512, (), 46), Schedule(2048, 32)]
-    assert [t["n_ubatch"] for t in out.tried] == [512, 512, 32] and out.tried[1]["stepwise_from"] == 46
+    assert asked == [Schedule(2048, 512, (), ((46, 54),)), Schedule(2048, 32)]
+    assert [t["n_ubatch"] for t in out.tried] == [512, 512, 32] and out.tried[1]["stepwise"] == [[46, 54]]
     # a split that halves it without replaying it: the state depends on the split, drift (a pass)
     less = parse_buffer(drift_from(gemma_bytes, 46, 1.15)).body
     drifted_more = parse_buffer(drift_from(gemma_bytes, 46, 1.6)).body
@@ -406,3 +406,47 @@ def test_median_and_nanmedian_are_numpys():
         if (~np.isnan(b)).any():
             assert nanmedian(b) == float(np.nanmedian(b)), n
     assert np.isnan(median([])) and np.isnan(nanmedian(np.array([np.nan, np.nan])))
+
+
+def _spiked(peaking_layers: tuple[int, ...], p: int = 70, n: int = 100) -> Judgment:
+    """Six K layers of one block, every cell at 0.3 floors but ``p`` in ``peaking_layers`` (15
+    floors) and an isolated spike in layer 3 at ``p`` (its byte-damage line)."""
+    rng = np.random.default_rng(5)
+    j = Judgment()
+    for layer in range(6):
+        ratio = 0.3 + 0.05 * rng.random(n)
+        if layer in peaking_layers or layer == 3:
+            ratio[p] = 15.0
+        j.cells.append(RunCells("kv-swa", "k", layer, np.arange(n), ratio))
+        if layer == 3:
+            j.problems.append((ProblemCode.DEEP_MISMATCH, "body.kv-swa.stream[0]", 0, "isolated spike"))
+            j.byte_damage.append("body.kv-swa.stream[0] K layer 3 (f16): isolated spike at cell 70")
+            j.spikes.append((layer, p))
+    return j
+
+
+def test_a_spike_where_many_layers_peak_is_the_position_diverging_not_the_bytes():
+    # one element far off in layer 3 alone: a flipped bit
+    assert drift_shape(_spiked(())).evidence.startswith("bytes: ")
+    assert drift_shape(_spiked((4, 5))).evidence.startswith("bytes: ")  # two other layers: not enough
+    # the same position far off in 3 other layers from depth 2 on, the first layer exact: that
+    # token's residual stream parted (an ill-conditioned position), model space
+    s = drift_shape(_spiked((2, 4, 5)))
+    assert not s.evidence.startswith("bytes: ")
+    # ... unless the first layer differs there too (a changed token)
+    assert drift_shape(_spiked((0, 2, 4, 5))).evidence.startswith("bytes: ")
+    # zeros or non-finite values are damage on any recompute, whatever the other layers show
+    j = _spiked((2, 4, 5))
+    j.byte_damage.append("body.kv-swa.stream[0] V layer 1 (f16): 300 stored values exactly zero")
+    assert drift_shape(j).evidence.startswith("bytes: ")
+
+
+def test_the_logits_of_the_closest_recompute_decide():
+    from slotfile.verify.deep import _closest_logits
+
+    first = {"rel": 0.175, "floor_rel": 0.034, "all_finite": True}
+    s1, s2 = Schedule(2048, 512, (2237,), ((2241, 2440),)), Schedule(2048, 32)
+    out = _closest_logits(first, [(s1, {"rel": 0.05, "all_finite": True}), (s2, {"rel": 0.3, "all_finite": True})])
+    assert out["rel"] == 0.05 and out["floor_rel"] == 0.034 and out["schedule"] == s1.as_dict()
+    assert _closest_logits(first, [(s2, {"rel": 0.3})]) is first
+    assert _closest_logits(first, [(s1, {"rel": 0.01, "all_finite": False})]) is first

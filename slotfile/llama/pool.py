@@ -16,7 +16,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -67,7 +67,7 @@ class DeepResult:
     n_ubatch: int = 0
     n_stepwise: int = 0  # the last tokens decoded again one per call for the noise floor (0: none)
     cuts: list[int] = field(default_factory=list)  # positions where the prefill started a new call
-    stepwise_from: int = 0  # from this position on the recompute decoded one token per call (0: none)
+    stepwise: list[tuple[int, int]] = field(default_factory=list)  # ranges [a, b) decoded one token per call
 
 
 def _signal_name(rc: int) -> str:
@@ -487,7 +487,7 @@ class LoaderPool:
         n_stepwise: int = 0,
         out_floor: str | None = None,
         cuts: list[int] | None = None,
-        stepwise_from: int = 0,
+        stepwise: Sequence[tuple[int, int]] = (),
         on_recomputed: Callable[[], None] | None = None,
     ) -> DeepResult:
         """Restore ``path`` and recompute ``tokens`` from scratch with the same settings; the
@@ -496,8 +496,8 @@ class LoaderPool:
         server's defaults, 2048 and 512).  With ``n_stepwise`` and ``out_floor``: the last
         ``n_stepwise`` tokens decoded again one per call, that state written to ``out_floor`` (the
         noise floor).  ``cuts``: where the prefill starts a new llama_decode call (a server's
-        checkpoint breaks, a reused prefix).  ``stepwise_from``: from that position on, one token
-        per call (a reply the server generated; 0: none).  ``on_recomputed``: called once ``out``
+        checkpoint breaks, a reused prefix).  ``stepwise``: ranges ``(a, b)`` of positions decoded
+        one token per call (replies the server generated).  ``on_recomputed``: called once ``out``
         is written, while the worker decodes the noise floor's tokens (the two run side by side)."""
         if settings is None:
             settings = self._settings_of(path)
@@ -513,7 +513,7 @@ class LoaderPool:
             "n_stepwise": int(n_stepwise),
             "out_floor": str(out_floor) if out_floor else None,
             "cuts": [int(c) for c in cuts or []],
-            "stepwise_from": int(stepwise_from),
+            "stepwise": [[int(a), int(b)] for a, b in stepwise],
             "early": on_recomputed is not None,
         }
         resp, died, log = self._call(req, timeout, on_recomputed)
@@ -537,7 +537,7 @@ class LoaderPool:
             n_ubatch=int(resp.get("n_ubatch") or 0),
             n_stepwise=int(resp.get("n_stepwise") or 0),
             cuts=[int(c) for c in resp.get("cuts") or []],
-            stepwise_from=int(resp.get("stepwise_from") or 0),
+            stepwise=[(int(a), int(b)) for a, b in resp.get("stepwise") or []],
         )
 
     def _settings_of(self, path: str) -> LoadSettings:

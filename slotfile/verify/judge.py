@@ -269,6 +269,8 @@ class Judgment:
     problems: list[Problem] = field(default_factory=list)
     cells: list[RunCells] = field(default_factory=list)
     byte_damage: list[str] = field(default_factory=list)  # one line per run
+    # the isolated spikes among byte_damage: (index of the spike's run in ``cells``, its position)
+    spikes: list[tuple[int, int | None]] = field(default_factory=list)
     floors: dict[tuple[str, str, int], RowStats | None] = field(default_factory=dict)
     compared: dict[_Key, Compared] = field(default_factory=dict)  # per layer, before any floor
 
@@ -458,6 +460,7 @@ def _add_spike(out: Judgment, sec: str, fr: LayerRun, sp: Spike, pos: np.ndarray
     msg = spike_message(fr, sp, p)
     out.problems.append((ProblemCode.DEEP_MISMATCH, sec, off, msg))
     out.byte_damage.append(f"{sec} {msg}")
+    out.spikes.append((len(out.cells) - 1, p))
 
 
 def _element_offset(fr: LayerRun, cell: int, el: int) -> int:

@@ -19,7 +19,7 @@ earlier request).  The benchmark (bench/detect.py) calls it with its own ``recom
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,6 +47,8 @@ SCHEDULE_DEPENDENT = 2.0  # a cell's ratio moving this many times between recomp
 # least this many floors (a clean region of an agreeing recompute: about 0); a cell there is
 # drift up to 2 * limit times that background (g-swa-full: 3.8 floors on a background of 1.26)
 DRIFTING = 0.75
+COHERENT_LAYERS = 3  # other layers peaking at a spike's position: the position diverged, not the bytes
+PEAK = 4.0  # a layer peaks at a position: this many times the median of its neighbourhood
 # the first layer's cell at a position must stand this many times above the median of that
 # layer's cells to be a changed token: layer 0's K/V of a cell is a function of its token alone,
 # so a changed token moves that cell's K and V far above the typical cell, while a rounding that
@@ -64,19 +66,24 @@ class Schedule:
     n_batch: int
     n_ubatch: int
     cuts: tuple[int, ...] = ()
-    stepwise_from: int = 0  # from this position on one token per call (generated tokens; 0: none)
+    stepwise: tuple[tuple[int, int], ...] = ()  # ranges [a, b) decoded one token per call (replies)
+
+    @property
+    def n_one_per_call(self) -> int:
+        return sum(b - a for a, b in self.stepwise)
 
     def as_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"n_batch": self.n_batch, "n_ubatch": self.n_ubatch, "cuts": list(self.cuts)}
-        if self.stepwise_from:
-            d["stepwise_from"] = self.stepwise_from
+        if self.stepwise:
+            d["stepwise"] = [list(r) for r in self.stepwise]
         return d
 
     def label(self) -> str:
+        spans = ", ".join(f"{a}-{b - 1}" for a, b in self.stepwise)
         return (
             f"-b {self.n_batch} -ub {self.n_ubatch}"
             + (f", breaks at {list(self.cuts)}" if self.cuts else "")
-            + (f", one token per call from position {self.stepwise_from}" if self.stepwise_from else "")
+            + (f", one token per call at positions {spans}" if self.stepwise else "")
         )
 
 
@@ -138,7 +145,7 @@ def drift_shape(
     names the first cell that is not drift (or the byte damage, or a problem not a value's).
     ``first_block``: the block whose layer 0 is the model's layer 0 (:func:`first_layer_block`;
     None: every block's layer 0 is taken as a first layer)."""
-    if j.byte_damage:
+    if j.byte_damage and not _spikes_in_model_space(j, limit, first_block):
         return Shape(False, "bytes: " + j.byte_damage[0])
     other = [p for p in j.problems if p[0] != ProblemCode.DEEP_MISMATCH]
     if other:
@@ -168,6 +175,37 @@ def drift_shape(
             if why:
                 return Shape(False, why, onset)
     return Shape(True, f"drift: from position {onset} on, the layers differ together (model space)", onset)
+
+
+def _spikes_in_model_space(j: Judgment, limit: float, first_block: str | None) -> bool:
+    """Whether every byte-damage line of ``j`` is an isolated spike at a position where the
+    model's computation itself parted: at least :data:`COHERENT_LAYERS` other layers peak at that
+    same position (:data:`PEAK` times their own neighbourhood, above :data:`CORROBORATE` floors)
+    while the first layer agrees.  Damage in the bytes sits in one layer's tensor; one position
+    that differs in many layers at once, from some depth on, is that token's residual stream
+    diverging: an ill-conditioned position amplifying the drift of another build or schedule (a
+    713-token chat: the K of a cell at position 704 45 degrees off in every layer from 5 on, one
+    element of it 5.4 times its noise, on every recompute)."""
+    if len(j.spikes) != len(j.byte_damage):
+        return False  # zeros or non-finite values: damage on any recompute
+    m, runs = _position_matrix(j.cells)
+    r = np.nan_to_num(m)
+    for idx, p in j.spikes:
+        c = j.cells[idx]
+        i = next((k for k, x in enumerate(runs) if x is c), None)
+        if p is None or i is None or p >= m.shape[1] or _first_layer(m, runs, p, limit, first_block):
+            return False
+        peaks = set()
+        for k in range(len(runs)):
+            if (runs[k].block, runs[k].layer) == (c.block, c.layer) or np.isnan(m[k, p]):
+                continue
+            near = np.delete(m[k, max(0, p - NEAR) : p + NEAR + 1], min(p, NEAR))
+            bg = float(np.nanmedian(near)) if bool(np.any(~np.isnan(near))) else 0.0
+            if r[k, p] >= max(CORROBORATE, PEAK * bg):
+                peaks.add((runs[k].block, runs[k].layer))
+        if len(peaks) < COHERENT_LAYERS:
+            return False
+    return True
 
 
 def _background(r: np.ndarray, runs: list[RunCells], i: int, p: int, held: np.ndarray) -> float:
@@ -223,7 +261,12 @@ def _first_layer(m: np.ndarray, runs: list[RunCells], p: int, limit: float, firs
 
 
 def candidate_schedules(
-    first: Schedule, n_tokens: int, onset: int | None, checkpoints: bool, first_diff: int | None = None
+    first: Schedule,
+    n_tokens: int,
+    onset: int | None,
+    checkpoints: bool,
+    first_diff: int | None = None,
+    replies: Sequence[tuple[int, int]] = (),
 ) -> list[Schedule]:
     """Up to :data:`MAX_RETRIES` other splits a server may have used, likeliest first: the usual
     ``-ub`` values below the first recompute's, those whose boundaries the divergence onset lies
@@ -232,7 +275,8 @@ def candidate_schedules(
     changes nothing before its first boundary: one that starts after the onset (NEAR allowed)
     cannot explain it (another build's kernels differ from the first token on) and is left out.
     Before them, when the recompute agrees exactly up to ``first_diff`` and drifts from a later
-    onset, up to two replays of an earlier turn's reply (:func:`reply_schedules`)."""
+    onset, up to two replays of an earlier turn's reply (:func:`reply_schedules`); before those, the
+    replies the chat template's text shows (``replies``, :func:`turn_schedules`)."""
     us = [u for u in USUAL_UBATCH if u < first.n_ubatch and u < n_tokens]
     us.sort(key=lambda u: (onset is not None and onset % u != 0, -u))
     out = [Schedule(first.n_batch, u, _breaks(n_tokens, u) if checkpoints else ()) for u in us]
@@ -240,8 +284,38 @@ def candidate_schedules(
         out.append(Schedule(first.n_batch, first.n_ubatch, _breaks(n_tokens, first.n_ubatch)))
     if onset is not None:
         out = [s for s in out if min((s.n_ubatch, *s.cuts)) <= onset + NEAR]
-    replies = reply_schedules(first, n_tokens, onset, checkpoints, first_diff)
-    return [*replies, *[s for s in out if s != first][:MAX_RETRIES]]
+    turns = turn_schedules(first, n_tokens, replies, checkpoints)
+    found = [s for s in reply_schedules(first, n_tokens, onset, checkpoints, first_diff) if s not in turns]
+    return [*turns, *found, *[s for s in out if s != first][:MAX_RETRIES]]
+
+
+def turn_schedules(
+    first: Schedule, n_tokens: int, replies: Sequence[tuple[int, int]], checkpoints: bool
+) -> list[Schedule]:
+    """Replays of the replies a chat's text shows (:func:`slotfile.verify.turns.reply_spans`),
+    each one token per call as the server generated it: the last reply alone (the next turn's
+    prompt may have re-tokenized the earlier ones and prefilled them again: 34 and 272 of 238 and
+    476 cached tokens reused in a three-turn chatml chat), then every reply.  With checkpoints,
+    each prompt ends with the server's breaks ``n_prompt - 4 - n_ubatch`` and ``n_prompt - 4``
+    (``checkpoint_offsets`` in ``update_slots``; the first only where that prompt's prefill
+    reaches back to it, after the reply before).  Measured on a two-reply 2,440-token file of a
+    ``-fa on`` v4 server: with a library of the server's instruction set, this replay is exact
+    up to the second prompt and passes at 3.7 floors (a prefill: 76.8)."""
+    spans = [(a, b) for a, b in replies if 0 < a < b <= n_tokens]
+    if not spans:
+        return []
+    # the last reply runs to the end of the file even where its text holds a template's markers
+    # (a small model repeating them): the slot was saved after it was generated
+    spans[-1] = (spans[-1][0], n_tokens)
+    cuts: tuple[int, ...] = ()
+    if checkpoints:
+        ends = [0, *(b for _a, b in spans[:-1])]
+        cuts = tuple(c for (a, _b), e in zip(spans, ends, strict=True) for c in _breaks(a, first.n_ubatch) if c > e)
+    last = tuple(c for c in cuts if c > (spans[-2][1] if len(spans) > 1 else 0))
+    out = [Schedule(first.n_batch, first.n_ubatch, last, (spans[-1],))]
+    if len(spans) > 1:
+        out.append(Schedule(first.n_batch, first.n_ubatch, cuts, tuple(spans)))
+    return [s for s in out if s.n_one_per_call <= MAX_STEPWISE]
 
 
 def reply_schedules(
@@ -265,9 +339,9 @@ def reply_schedules(
     out: list[Schedule] = []
     start = first_diff + 4 + first.n_ubatch
     if checkpoints and start < n_tokens:
-        out.append(Schedule(first.n_batch, first.n_ubatch, (first_diff, start - 4), start))
-    out.append(Schedule(first.n_batch, first.n_ubatch, (), first_diff))
-    return [s for s in out if n_tokens - s.stepwise_from <= MAX_STEPWISE]
+        out.append(Schedule(first.n_batch, first.n_ubatch, (first_diff, start - 4), ((start, n_tokens),)))
+    out.append(Schedule(first.n_batch, first.n_ubatch, (), ((first_diff, n_tokens),)))
+    return [s for s in out if s.n_one_per_call <= MAX_STEPWISE]
 
 
 def first_difference(j: Judgment) -> int | None:
@@ -291,10 +365,12 @@ def judge_with_schedules(
     first: tuple[Schedule, Body],
     recompute: Recompute | None,
     checkpoints: bool = False,
+    replies: Callable[[], Sequence[tuple[int, int]]] | None = None,
 ) -> Outcome:
     """Judge ``file_body`` against the first recompute (``first``: its schedule and body, the
     floor in ``inputs``); when layers fail with the drift shape, against up to
-    :data:`MAX_RETRIES` more from ``recompute`` (None: no retries), keeping the closest."""
+    :data:`MAX_RETRIES` more from ``recompute`` (None: no retries), keeping the closest.
+    ``replies``: the reply spans the tokens' text shows, asked for only when retrying."""
     sched, body = first
     j = judge_layers(file_body, body, inputs)
     tried = [{**sched.as_dict(), "margin": j.margin, "problems": len(j.problems)}]
@@ -308,11 +384,31 @@ def judge_with_schedules(
         return Outcome(j, sched, "statistics", "every layer within its noise floors", tried)
     first_block = first_layer_block(inputs.caches)
     shape = drift_shape(j, first_block=first_block)
+    again = DeepInputs(inputs.floor_body, inputs.caches, inputs.n_tokens, inputs.n_stepwise, j.floors)
+    spans = replies() if replies is not None and recompute is not None else ()
     if not shape.drift:
+        # one cell of a generated reply can sit far from a prefill's (a 713-token chat: 45 degrees,
+        # one element 5.5 times its noise, like a flipped bit); replaying the replies is the one
+        # retry a damage-shaped difference gets, and it passes only if every layer then agrees
+        for s in turn_schedules(sched, inputs.n_tokens, spans, checkpoints) if recompute else []:
+            assert recompute is not None
+            rec, why = recompute(s)
+            if rec is None:
+                tried.append({**s.as_dict(), "error": why})
+                continue
+            jr = judge_layers(file_body, rec, again)
+            tried.append({**s.as_dict(), "margin": jr.margin, "problems": len(jr.problems)})
+            if not jr.problems and not find_misplaced(file_body, rec, jr):
+                return Outcome(
+                    jr,
+                    s,
+                    "schedule",
+                    f"replaying the replies ({s.label()}) leaves every layer within its floors",
+                    tried,
+                )
         return Outcome(j, sched, "bytes" if j.byte_damage else "shape", shape.evidence, tried)
     best, best_s, seen = j, sched, [j]
-    again = DeepInputs(inputs.floor_body, inputs.caches, inputs.n_tokens, inputs.n_stepwise, j.floors)
-    todo = candidate_schedules(sched, inputs.n_tokens, shape.onset, checkpoints, first_difference(j))
+    todo = candidate_schedules(sched, inputs.n_tokens, shape.onset, checkpoints, first_difference(j), spans)
     for s in todo if recompute else []:
         assert recompute is not None
         rec, why = recompute(s)

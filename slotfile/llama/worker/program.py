@@ -75,6 +75,7 @@ from slotfile.llama.worker.calls import (
     save_seq_file,
     segments,
     set_blob,
+    stepwise_ranges,
 )
 from slotfile.llama.worker.runtime import (
     BATCH,
@@ -231,8 +232,8 @@ class Worker:
         context, cleared, with the server's batch sizes (``n_batch``/``n_ubatch``, default
         2048/512 as common/common.h), write that state to ``out`` and decode the probe (logits
         B); ``cuts``: positions where the prefill starts a new llama_decode call (the server's
-        checkpoint breaks, a reused prefix); ``stepwise_from``: the tokens from there on one per
-        call (generated tokens).  With ``n_stepwise`` > 0 and ``out_floor``: drop
+        checkpoint breaks, a reused prefix); ``stepwise``: ranges ``[a, b)`` of positions decoded one
+        token per call (replies the server generated).  With ``n_stepwise`` > 0 and ``out_floor``: drop
         the last ``n_stepwise`` cells, decode those tokens again one per llama_decode call (the
         path the server's generated tokens take), write that state to ``out_floor`` and decode
         the probe (logits C): the parent's noise floor, at the cost of ``n_stepwise``
@@ -245,8 +246,8 @@ class Worker:
         n_ubatch = int(req.get("n_ubatch") or DEEP_N_UBATCH)
         n = len(tokens)
         n_stepwise = min(int(req.get("n_stepwise") or 0), n // 2) if req.get("out_floor") else 0
-        step_at = int(req.get("stepwise_from") or 0)  # a generated reply from here on (n: none)
-        step_at = step_at if 0 < step_at < n else n
+        replies = stepwise_ranges(req.get("stepwise"), n)  # generated replies: one token per call
+        cuts = [int(c) for c in req.get("cuts") or []] + [p for r in replies for p in r]
         seq = s.seq_id
         out: dict[str, Any] = {"ok": False, "message": ""}
         try:
@@ -266,12 +267,12 @@ class Worker:
             after_restore = self._logits(ctx)
             # recompute from the tokens in the same context, cleared
             rt.L.llama_memory_clear(mem, True)
-            # the server's checkpoint breaks and reused prefix: each piece in its own calls; from
-            # ``stepwise_from`` on, one token per call (a reply the server generated, reused as
-            # the prefix of the next turn's prompt), on the context's threads as a server's -t
-            for a, b in segments(step_at, [int(c) for c in req.get("cuts") or []]):
-                decode(ctx, tokens[a:b], a, seq, False, n_batch)
-            decode(ctx, tokens[step_at:], step_at, seq, False, 1)
+            # the server's checkpoint breaks and reused prefix: each piece in its own calls; a
+            # reply the server generated (reused as the prefix of the next turn's prompt), one
+            # token per call, on the context's threads as a server's -t
+            for a, b in segments(n, cuts):
+                one = any(ra <= a and b <= rb for ra, rb in replies)
+                decode(ctx, tokens[a:b], a, seq, False, 1 if one else n_batch)
             self._write_state(ctx, seq, req["out"])
             decode_one_thread(ctx, [probe], n, seq, True)
             recomputed = self._logits(ctx)
@@ -295,7 +296,7 @@ class Worker:
         n_stepwise = n_stepwise if floor is not None else 0
         out.update(ok=True, message="recomputed", logits=lg, n_batch=n_batch, n_ubatch=n_ubatch, n_stepwise=n_stepwise)
         out["cuts"] = [b for _a, b in segments(n, [int(c) for c in req.get("cuts") or []])][:-1]
-        out["stepwise_from"] = step_at if step_at < n else 0  # what was replayed one per call (0: nothing)
+        out["stepwise"] = [list(r) for r in replies]  # what was replayed one token per call
         return out
 
     def _write_state(self, ctx: Any, seq: int, path: str) -> None:
