@@ -304,7 +304,10 @@ def _judge_deep(
             lv.error(ProblemCode.DEEP_ROTATION, "body", body.offset, _rotation_message(rot))
         else:
             replies = (lambda: model_reply_spans(model, tokens)) if model else None
-            outcome = judge_with_schedules(body, inputs, (first, rec.body), recompute, checkpoints, replies)  # type: ignore[arg-type]
+            lg0 = res.logits or {}
+            logits_ok = bool(lg0.get("all_finite", True)) and _logits_ratio(body, lg0)[1] <= MARGIN_LIMIT
+            assert rec.body is not None  # a recomputed state parses
+            outcome = judge_with_schedules(body, inputs, (first, rec.body), recompute, checkpoints, replies, logits_ok)
             commit_outcome(lv, body, outcome)
     finally:
         for f in (rec, flo, *opened):
@@ -369,18 +372,24 @@ def _rotation_message(rot: dict[str, Any]) -> str:
     )
 
 
-def _check_logits(lv: Level, body: Body, lg: dict[str, Any], drift: float | None = None) -> tuple[float, float]:
-    """Next-token logits after restoring the file against those after recomputing, judged
-    against their floor (at least LOGITS_MIN_FLOOR of the body's coarsest type): (floor, ratio).
-    ``drift``: the layers' margin when they passed as drift (the message then says what that
-    means for the file: another build's drift leaves the logits within their floor)."""
+def _logits_ratio(body: Body, lg: dict[str, Any]) -> tuple[float, float]:
+    """The logits comparison's floor (at least LOGITS_MIN_FLOOR of the body's coarsest type)
+    and its difference in floors."""
     tol_class = max(
         (tolerance_class(r.type_id) for b in body.blocks for r in b.runs()),
         key=lambda c: LOGITS_MIN_FLOOR[c],
         default="float",
     )
     lfloor = max(float(lg.get("floor_rel", 0.0)), LOGITS_MIN_FLOOR[tol_class])
-    lratio = float(lg.get("rel", 0.0)) / lfloor
+    return lfloor, float(lg.get("rel", 0.0)) / lfloor
+
+
+def _check_logits(lv: Level, body: Body, lg: dict[str, Any], drift: float | None = None) -> tuple[float, float]:
+    """Next-token logits after restoring the file against those after recomputing, judged
+    against their floor (at least LOGITS_MIN_FLOOR of the body's coarsest type): (floor, ratio).
+    ``drift``: the layers' margin when they passed as drift (the message then says what that
+    means for the file: another build's drift leaves the logits within their floor)."""
+    lfloor, lratio = _logits_ratio(body, lg)
     if not lg.get("all_finite", True):
         lv.error(ProblemCode.DEEP_LOGITS, "body", body.offset, "non-finite next-token logits after restoring the file")
     elif lratio > MARGIN_LIMIT and not lv.has(ProblemCode.DEEP_ROTATION):

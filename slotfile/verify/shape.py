@@ -366,11 +366,15 @@ def judge_with_schedules(
     recompute: Recompute | None,
     checkpoints: bool = False,
     replies: Callable[[], Sequence[tuple[int, int]]] | None = None,
+    logits_ok: bool = False,
 ) -> Outcome:
     """Judge ``file_body`` against the first recompute (``first``: its schedule and body, the
     floor in ``inputs``); when layers fail with the drift shape, against up to
     :data:`MAX_RETRIES` more from ``recompute`` (None: no retries), keeping the closest.
-    ``replies``: the reply spans the tokens' text shows, asked for only when retrying."""
+    ``replies``: the reply spans the tokens' text shows, asked for only when retrying; they are
+    not replayed for a drift from the first tokens (another build's, passed as drift anyway)
+    while the first recompute's next-token logits agree (``logits_ok``): that costs a GPU-written
+    file two recomputes and changes no verdict."""
     sched, body = first
     j = judge_layers(file_body, body, inputs)
     tried = [{**sched.as_dict(), "margin": j.margin, "problems": len(j.problems)}]
@@ -408,7 +412,10 @@ def judge_with_schedules(
                 )
         return Outcome(j, sched, "bytes" if j.byte_damage else "shape", shape.evidence, tried)
     best, best_s, seen = j, sched, [j]
-    todo = candidate_schedules(sched, inputs.n_tokens, shape.onset, checkpoints, first_difference(j), spans)
+    build = shape.onset is not None and shape.onset <= 2 * NEAR and logits_ok
+    todo = candidate_schedules(
+        sched, inputs.n_tokens, shape.onset, checkpoints, first_difference(j), () if build else spans
+    )
     for s in todo if recompute else []:
         assert recompute is not None
         rec, why = recompute(s)
