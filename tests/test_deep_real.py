@@ -158,3 +158,41 @@ def test_worker_replays_a_reply_one_token_per_call(real):
         for f in (floor, rec, pre):
             f.close()
     sf.close()
+
+
+def test_a_chat_whose_last_reply_was_generated_passes_by_replaying_it(tmp_path):
+    """A real server's three-turn chat (fixtures/real/v3-gemma-chat-713-tokens.json: its tokens
+    and schedule): its last turn rebuilt the way llama-server computed it, the prompt prefilled
+    with the checkpoint break ``n_prompt - 4`` and the 199-token reply one token per
+    ``llama_decode`` call.  A prefill of the stored tokens puts one cell of the reply (position
+    704) 45 degrees off; deep finds the reply in the chatml text and replays it."""
+    import json
+
+    from bench import deep_noise as dn
+    from slotfile.verify import Verifier, VerifyOptions
+
+    spec = json.loads((Path(__file__).parent.parent / "fixtures/real/v3-gemma-chat-713-tokens.json").read_text())
+    toks = spec["tokens"]
+    (_p0, p1), (r0, r1) = spec["last_prompt"], spec["last_reply"]
+    assert p1 == r0 and r1 == len(toks)
+    model_path = str(gemma.assemble())
+    L = dn.lib()
+    model = L.llama_model_load_from_file(model_path.encode(), L.llama_model_default_params())
+    path = tmp_path / "chat.slot"
+    try:
+        ctx = dn.Ctx(model, dn.TYPES["f16"], False, 2048, 512, dn.THREADS, n_ctx=8192)
+        ctx.decode(toks[: p1 - 4])  # the prompt up to the server's checkpoint break
+        ctx.decode(toks[p1 - 4 : p1])
+        ctx.decode(toks[r0:r1], 1)  # the generated reply
+        words = [-1, 1, len(toks), *toks, 0]  # server_tokens::serialize, text only
+        arr = (L.llama_token * len(words))(*words)
+        assert L.llama_state_seq_save_file(ctx.ptr, str(path).encode(), 0, arr, len(words))
+        ctx.free()
+    finally:
+        L.llama_model_free(model)
+    with Verifier(VerifyOptions(model=model_path, deep=True)) as v:
+        deep = v.verify(path).to_dict()["levels"]["deep"]
+    tried = deep["details"]["schedules"]
+    assert tried[0]["problems"] and tried[0]["margin"] > 4  # the prefill alone: a false alarm
+    assert deep["status"] == "pass" and deep["details"]["decided_by"] == "schedule", deep["details"]["evidence"]
+    assert tried[1]["stepwise"] == [[r0, r1]] and tried[1]["cuts"] == [p1 - 4] and tried[1]["problems"] == 0
