@@ -450,3 +450,20 @@ def test_the_logits_of_the_closest_recompute_decide():
     assert out["rel"] == 0.05 and out["floor_rel"] == 0.034 and out["schedule"] == s1.as_dict()
     assert _closest_logits(first, [(s2, {"rel": 0.3})]) is first
     assert _closest_logits(first, [(s1, {"rel": 0.01, "all_finite": False})]) is first
+
+
+def test_drift_that_starts_at_the_first_tokens_small_is_another_builds(gemma_bytes):
+    """Another build's kernels part from this one's at the first tokens, though the drift may
+    reach 2 floors only much later (an AVX-512 server's long file against an AVX2 library: exact
+    up to position 3, over the floors from 1,371): no split moves it, and it passes as drift."""
+    file_body = parse_buffer(gemma_bytes).body
+    rec = parse_buffer(drift_from(drift_from(gemma_bytes, 3, 1.004), 40, 1.6)).body
+    inputs = DeepInputs(n_tokens=54)
+    j = judge_layers(file_body, rec, inputs)
+    assert first_difference(j) == 3 and drift_shape(j).onset == 40
+    out = judge_with_schedules(file_body, inputs, (Schedule(2048, 512), rec), lambda s: (rec, ""))
+    assert out.drift and out.decided_by == "drift", out.evidence
+    # the same drift from position 40 alone, exact before it: no split moves it, damage
+    rec = parse_buffer(drift_from(gemma_bytes, 40, 1.6)).body
+    out = judge_with_schedules(file_body, inputs, (Schedule(2048, 512), rec), lambda s: (rec, ""))
+    assert not out.drift and out.unmoved and "agrees exactly up to position 40" in out.evidence

@@ -70,8 +70,15 @@ def test_turn_schedules_break_each_prompt_where_the_server_took_checkpoints():
     # at most MAX_STEPWISE tokens one per call
     assert turn_schedules(first, MAX_STEPWISE + 600, [(500, 510)], False) == []
     # the text's replies are tried first, before the replays found from the first difference
-    c = candidate_schedules(first, 2440, 2100, True, 1491, [(2007, 2206), (2241, 2430)])
-    assert c[:2] == turn_schedules(first, 2440, [(2007, 2206), (2241, 2430)], True)
+    spans = [(2007, 2206), (2241, 2430)]
+    c = candidate_schedules(first, 2440, 2300, True, 1491, spans)
+    assert c[:2] == turn_schedules(first, 2440, spans, True)
+    # a replay changes nothing before its first break: with the drift from 2,100 on, only the
+    # replay of both replies (its first break at 1,491) can explain it
+    c = candidate_schedules(first, 2440, 2100, True, 1491, spans)
+    assert c[0] == turn_schedules(first, 2440, spans, True)[1] and turn_schedules(first, 2440, spans, True)[0] not in c
+    # another build's drift from the first tokens: every replay stays a candidate
+    assert candidate_schedules(first, 2440, 3, True, 3, spans)[:2] == turn_schedules(first, 2440, spans, True)
 
 
 def test_worker_stepwise_ranges_are_clipped_merged_and_ordered():

@@ -285,6 +285,8 @@ def candidate_schedules(
     if onset is not None:
         out = [s for s in out if min((s.n_ubatch, *s.cuts)) <= onset + NEAR]
     turns = turn_schedules(first, n_tokens, replies, checkpoints)
+    if onset is not None and onset > 2 * NEAR:  # a replay changes nothing before its first break
+        turns = [s for s in turns if min((s.stepwise[0][0], *s.cuts)) <= onset + NEAR]
     found = [s for s in reply_schedules(first, n_tokens, onset, checkpoints, first_diff) if s not in turns]
     return [*turns, *found, *[s for s in out if s != first][:MAX_RETRIES]]
 
@@ -412,9 +414,13 @@ def judge_with_schedules(
                 )
         return Outcome(j, sched, "bytes" if j.byte_damage else "shape", shape.evidence, tried)
     best, best_s, seen = j, sched, [j]
-    build = shape.onset is not None and shape.onset <= 2 * NEAR and logits_ok
+    fd = first_difference(j)
+    # another build's kernels part from this one's at the first tokens (positions 2-3 where
+    # attention first sums four or more terms: an AVX-512 server's files against an AVX2
+    # library), though its drift may reach CORROBORATE floors only much later (position 1,371)
+    build = (shape.onset is not None and shape.onset <= 2 * NEAR) or (fd is not None and fd <= 2 * NEAR)
     todo = candidate_schedules(
-        sched, inputs.n_tokens, shape.onset, checkpoints, first_difference(j), () if build else spans
+        sched, inputs.n_tokens, shape.onset, checkpoints, fd, () if build and logits_ok else spans
     )
     for s in todo if recompute else []:
         assert recompute is not None
@@ -436,13 +442,13 @@ def judge_with_schedules(
         return Outcome(best, best_s, "shape", final.evidence, tried)
     # drift that is left must show it: a split that moved it (the state depends on how the
     # prompt was cut), or an onset at the first tokens (another build's kernels differ there)
-    if best.margin * SCHEDULE_DEPENDENT <= j.margin or (shape.onset is not None and shape.onset <= 2 * NEAR):
+    if best.margin * SCHEDULE_DEPENDENT <= j.margin or build:
         ev = f"{final.evidence}; closest split {best_s.label()} at {best.margin:.3g} floors"
         return Outcome(best, best_s, "drift", ev, tried, drift=True)
     ev = (
         f"spread like drift from position {shape.onset}, but no split tried moves it ({j.margin:.3g} floors "
-        f"first, {best.margin:.3g} at best with {len(tried)} recomputes) and another build's drift starts at "
-        "the first tokens: damage"
+        f"first, {best.margin:.3g} at best with {len(tried)} recomputes) and the state agrees exactly up to "
+        f"position {fd}, where another build's drift starts at the first tokens: damage"
     )
     return Outcome(best, best_s, "shape", ev, tried, unmoved=True)
 
