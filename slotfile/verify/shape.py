@@ -398,20 +398,10 @@ def judge_with_schedules(
         # retry a damage-shaped difference gets, and it passes only if every layer then agrees
         for s in turn_schedules(sched, inputs.n_tokens, spans, checkpoints) if recompute else []:
             assert recompute is not None
-            rec, why = recompute(s)
-            if rec is None:
-                tried.append({**s.as_dict(), "error": why})
-                continue
-            jr = judge_layers(file_body, rec, again)
-            tried.append({**s.as_dict(), "margin": jr.margin, "problems": len(jr.problems)})
-            if not jr.problems and not find_misplaced(file_body, rec, jr):
-                return Outcome(
-                    jr,
-                    s,
-                    "schedule",
-                    f"replaying the replies ({s.label()}) leaves every layer within its floors",
-                    tried,
-                )
+            got = _judge_schedule(file_body, recompute, s, again, tried)
+            if got is not None and not got[0].problems and not find_misplaced(file_body, got[1], got[0]):
+                ev = f"replaying the replies ({s.label()}) leaves every layer within its floors"
+                return Outcome(got[0], s, "schedule", ev, tried)
         return Outcome(j, sched, "bytes" if j.byte_damage else "shape", shape.evidence, tried)
     best, best_s, seen = j, sched, [j]
     fd = first_difference(j)
@@ -424,13 +414,11 @@ def judge_with_schedules(
     )
     for s in todo if recompute else []:
         assert recompute is not None
-        rec, why = recompute(s)
-        if rec is None:
-            tried.append({**s.as_dict(), "error": why})
+        got = _judge_schedule(file_body, recompute, s, again, tried)
+        if got is None:
             continue
-        jr = judge_layers(file_body, rec, again)
+        jr = got[0]
         seen.append(jr)
-        tried.append({**s.as_dict(), "margin": jr.margin, "problems": len(jr.problems)})
         if (len(jr.problems), jr.margin) < (len(best.problems), best.margin):
             best, best_s = jr, s
         if not jr.problems:
@@ -451,6 +439,20 @@ def judge_with_schedules(
         f"position {fd}, where another build's drift starts at the first tokens: damage"
     )
     return Outcome(best, best_s, "shape", ev, tried, unmoved=True)
+
+
+def _judge_schedule(
+    file_body: Body, recompute: Recompute, s: Schedule, inputs: DeepInputs, tried: list[dict[str, Any]]
+) -> tuple[Judgment, Body] | None:
+    """Recompute with schedule ``s`` and judge the file against it, noting the try in ``tried``
+    (None: the recompute failed, its error noted)."""
+    rec, why = recompute(s)
+    if rec is None:
+        tried.append({**s.as_dict(), "error": why})
+        return None
+    j = judge_layers(file_body, rec, inputs)
+    tried.append({**s.as_dict(), "margin": j.margin, "problems": len(j.problems)})
+    return j, rec
 
 
 def commit_outcome(lv: Level, body: Body, outcome: Outcome) -> None:
