@@ -467,3 +467,26 @@ def test_drift_that_starts_at_the_first_tokens_small_is_another_builds(gemma_byt
     rec = parse_buffer(drift_from(gemma_bytes, 40, 1.6)).body
     out = judge_with_schedules(file_body, inputs, (Schedule(2048, 512), rec), lambda s: (rec, ""))
     assert not out.drift and out.unmoved and "agrees exactly up to position 40" in out.evidence
+
+
+def test_a_swa_full_server_is_replayed_with_a_whole_context_window(gemma_bytes):
+    """A sliding-window cache of n_swa + n_ubatch cells reuses cells past that many positions and
+    sums them in another order; a ``--swa-full`` server's never does, and the file does not say
+    which (both save the window's cells): where the state agrees exactly past the first
+    n_ubatch positions, the first retry is the same schedule with a whole-context window."""
+    file_body = parse_buffer(gemma_bytes).body
+    assert any(b.role == "kv-swa" for b in file_body.blocks)
+    drifted = parse_buffer(drift_from(gemma_bytes, 46)).body
+    asked: list[Schedule] = []
+
+    def replay(s: Schedule):
+        asked.append(s)
+        return (file_body if s.swa_full else drifted), ""
+
+    out = judge_with_schedules(file_body, DeepInputs(n_tokens=54), (Schedule(2048, 32), drifted), replay)
+    assert asked[0] == Schedule(2048, 32, swa_full=True) and out.decided_by == "schedule"
+    assert out.tried[1]["swa_full"] is True and "--swa-full" in out.evidence
+    # a first difference inside the first n_ubatch positions: no cell was reused yet, no such retry
+    asked.clear()
+    judge_with_schedules(file_body, DeepInputs(n_tokens=54), (Schedule(2048, 512), drifted), replay)
+    assert asked and not any(s.swa_full for s in asked)

@@ -488,6 +488,7 @@ class LoaderPool:
         out_floor: str | None = None,
         cuts: list[int] | None = None,
         stepwise: Sequence[tuple[int, int]] = (),
+        swa_full: bool = False,
         on_recomputed: Callable[[], None] | None = None,
     ) -> DeepResult:
         """Restore ``path`` and recompute ``tokens`` from scratch with the same settings; the
@@ -497,8 +498,10 @@ class LoaderPool:
         ``n_stepwise`` tokens decoded again one per call, that state written to ``out_floor`` (the
         noise floor).  ``cuts``: where the prefill starts a new llama_decode call (a server's
         checkpoint breaks, a reused prefix).  ``stepwise``: ranges ``(a, b)`` of positions decoded
-        one token per call (replies the server generated).  ``on_recomputed``: called once ``out``
-        is written, while the worker decodes the noise floor's tokens (the two run side by side)."""
+        one token per call (replies the server generated).  ``swa_full``: the recompute's context
+        with a whole-context sliding-window cache (llama-server's ``--swa-full``).
+        ``on_recomputed``: called once ``out`` is written, while the worker decodes the noise
+        floor's tokens (the two run side by side)."""
         if settings is None:
             settings = self._settings_of(path)
         req = {
@@ -514,6 +517,7 @@ class LoaderPool:
             "out_floor": str(out_floor) if out_floor else None,
             "cuts": [int(c) for c in cuts or []],
             "stepwise": [[int(a), int(b)] for a, b in stepwise],
+            "swa_full": bool(swa_full),
             "early": on_recomputed is not None,
         }
         resp, died, log = self._call(req, timeout, on_recomputed)

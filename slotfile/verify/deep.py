@@ -259,7 +259,7 @@ def _retrier(
         with _scratch_files(1) as (out,):
             r = pool.deep(
                 path, tokens, tokens[-1], out, settings, timeout=opts.timeout,
-                batch=s.n_batch, n_ubatch=s.n_ubatch, cuts=list(s.cuts), stepwise=s.stepwise,
+                batch=s.n_batch, n_ubatch=s.n_ubatch, cuts=list(s.cuts), stepwise=s.stepwise, swa_full=s.swa_full,
             )  # fmt: skip
             if not r.ok:
                 return None, r.message

@@ -67,6 +67,7 @@ class Schedule:
     n_ubatch: int
     cuts: tuple[int, ...] = ()
     stepwise: tuple[tuple[int, int], ...] = ()  # ranges [a, b) decoded one token per call (replies)
+    swa_full: bool = False  # a whole-context sliding-window cache (llama-server --swa-full)
 
     @property
     def n_one_per_call(self) -> int:
@@ -76,6 +77,8 @@ class Schedule:
         d: dict[str, Any] = {"n_batch": self.n_batch, "n_ubatch": self.n_ubatch, "cuts": list(self.cuts)}
         if self.stepwise:
             d["stepwise"] = [list(r) for r in self.stepwise]
+        if self.swa_full:
+            d["swa_full"] = True
         return d
 
     def label(self) -> str:
@@ -84,6 +87,7 @@ class Schedule:
             f"-b {self.n_batch} -ub {self.n_ubatch}"
             + (f", breaks at {list(self.cuts)}" if self.cuts else "")
             + (f", one token per call at positions {spans}" if self.stepwise else "")
+            + (", --swa-full" if self.swa_full else "")
         )
 
 
@@ -405,6 +409,7 @@ def judge_with_schedules(
         return Outcome(j, sched, "bytes" if j.byte_damage else "shape", shape.evidence, tried)
     best, best_s, seen = j, sched, [j]
     fd = first_difference(j)
+    swa = any(b.role == "kv-swa" for b in file_body.blocks)
     # another build's kernels part from this one's at the first tokens (positions 2-3 where
     # attention first sums four or more terms: an AVX-512 server's files against an AVX2
     # library), though its drift may reach CORROBORATE floors only much later (position 1,371)
@@ -412,6 +417,12 @@ def judge_with_schedules(
     todo = candidate_schedules(
         sched, inputs.n_tokens, shape.onset, checkpoints, fd, () if build and logits_ok else spans
     )
+    if swa and not sched.swa_full and fd is not None and fd >= sched.n_ubatch:
+        # a sliding-window cache of n_swa + n_ubatch cells reuses cells from there on and sums
+        # them in another order; a --swa-full server's never does (the file does not say which:
+        # it saves the window's cells either way): a --swa-full long document agrees exactly up
+        # to position 1,027 with the default cache and in 2,045 of 2,048 cells with a full one
+        todo.insert(0, Schedule(sched.n_batch, sched.n_ubatch, sched.cuts, sched.stepwise, True))
     for s in todo if recompute else []:
         assert recompute is not None
         got = _judge_schedule(file_body, recompute, s, again, tried)

@@ -251,7 +251,9 @@ class Worker:
         seq = s.seq_id
         out: dict[str, Any] = {"ok": False, "message": ""}
         try:
-            ctx = self.model.context(s, n_batch, n_ubatch)
+            # swa_full: a --swa-full server's cache never reuses a cell, and the cells of a
+            # sliding-window cache that does are summed in another order past n_swa + n_ubatch
+            ctx = self.model.context(s, n_batch, n_ubatch, bool(req.get("swa_full")))
         except ContextError as e:
             out["message"] = str(e)
             return out
@@ -297,6 +299,7 @@ class Worker:
         out.update(ok=True, message="recomputed", logits=lg, n_batch=n_batch, n_ubatch=n_ubatch, n_stepwise=n_stepwise)
         out["cuts"] = [b for _a, b in segments(n, [int(c) for c in req.get("cuts") or []])][:-1]
         out["stepwise"] = [list(r) for r in replies]  # what was replayed one token per call
+        out["swa_full"] = bool(req.get("swa_full"))
         return out
 
     def _write_state(self, ctx: Any, seq: int, path: str) -> None:

@@ -112,8 +112,9 @@ def model_params(n_gpu_layers: int) -> Any:
     return p
 
 
-def context_params(s: LoadSettings, threads: int, n_batch: int, n_ubatch: int = 0) -> Any:
-    """The one place settings become a llama_context_params (``n_ubatch`` 0: ``n_batch``)."""
+def context_params(s: LoadSettings, threads: int, n_batch: int, n_ubatch: int = 0, swa_full: bool = False) -> Any:
+    """The one place settings become a llama_context_params (``n_ubatch`` 0: ``n_batch``;
+    ``swa_full``: a sliding-window cache of the whole context, llama-server's ``--swa-full``)."""
     p = L.llama_context_default_params()
     p.n_ctx = pad_ctx(s.n_ctx) if s.n_ctx > 0 else 0
     p.n_batch = n_batch
@@ -125,7 +126,7 @@ def context_params(s: LoadSettings, threads: int, n_batch: int, n_ubatch: int = 
     p.type_v = s.type_v
     p.n_threads = threads
     p.n_threads_batch = threads
-    p.swa_full = False  # llama-server's default
+    p.swa_full = swa_full  # llama-server's default: off
     p.no_perf = True
     return p
 
@@ -170,15 +171,15 @@ class Model:
             "needs_checkpoints": self.needs_checkpoints,
         }
 
-    def context(self, s: LoadSettings, n_batch: int = BATCH, n_ubatch: int = 0) -> Any:
+    def context(self, s: LoadSettings, n_batch: int = BATCH, n_ubatch: int = 0, swa_full: bool = False) -> Any:
         """A context with these settings, memory cleared (cached: creating one is not free)."""
-        key = (s.n_ctx, s.n_seq_max, s.kv_unified, s.flash_attn, s.type_k, s.type_v, n_batch, n_ubatch)
+        key = (s.n_ctx, s.n_seq_max, s.kv_unified, s.flash_attn, s.type_k, s.type_v, n_batch, n_ubatch, swa_full)
         ctx = self.contexts.get(key)
         if ctx is None:
             while len(self.contexts) >= 2:
                 _, old = self.contexts.popitem()
                 L.llama_free(old)
-            ctx = L.llama_init_from_model(self.ptr, context_params(s, self.threads, n_batch, n_ubatch))
+            ctx = L.llama_init_from_model(self.ptr, context_params(s, self.threads, n_batch, n_ubatch, swa_full))
             if not ctx:
                 raise ContextError(
                     f"llama.cpp could not create a context with n_ctx {s.n_ctx}, n_seq_max {s.n_seq_max}, "
