@@ -490,3 +490,21 @@ def test_a_swa_full_server_is_replayed_with_a_whole_context_window(gemma_bytes):
     asked.clear()
     judge_with_schedules(file_body, DeepInputs(n_tokens=54), (Schedule(2048, 512), drifted), replay)
     assert asked and not any(s.swa_full for s in asked)
+
+
+def test_the_whole_context_window_is_kept_for_the_later_retries(gemma_bytes):
+    """A --swa-full server's chat with a generated reply: the whole-context window alone brings the
+    state closer, and the reply's replay passes only with it (a v3 long document: 74.98 floors,
+    20.3 with --swa-full, 1.16 with --swa-full and both replies replayed)."""
+    file_body = parse_buffer(gemma_bytes).body
+    drifted = parse_buffer(drift_from(gemma_bytes, 46)).body
+    closer = parse_buffer(drift_from(gemma_bytes, 46, 1.1)).body
+    asked: list[Schedule] = []
+
+    def replay(s: Schedule):
+        asked.append(s)
+        return (file_body if s.swa_full and s.stepwise else closer if s.swa_full else drifted), ""
+
+    out = judge_with_schedules(file_body, DeepInputs(n_tokens=54), (Schedule(2048, 32), drifted), replay)
+    assert [s.swa_full for s in asked] == [True, True] and asked[1].stepwise == ((46, 54),)
+    assert out.decided_by == "schedule" and out.schedule == asked[1]

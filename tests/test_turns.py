@@ -73,10 +73,9 @@ def test_turn_schedules_break_each_prompt_where_the_server_took_checkpoints():
     spans = [(2007, 2206), (2241, 2430)]
     c = candidate_schedules(first, 2440, 2300, True, 1491, spans)
     assert c[:2] == turn_schedules(first, 2440, spans, True)
-    # a replay changes nothing before its first break: with the drift from 2,100 on, only the
-    # replay of both replies (its first break at 1,491) can explain it
-    c = candidate_schedules(first, 2440, 2100, True, 1491, spans)
-    assert c[0] == turn_schedules(first, 2440, spans, True)[1] and turn_schedules(first, 2440, spans, True)[0] not in c
+    # whatever the onset: a difference before the replies may have another cause (a --swa-full
+    # server's long document: exact up to 1,027, its replies from 2,007 on)
+    assert candidate_schedules(first, 2440, 1078, True, 1027, spans)[:2] == turn_schedules(first, 2440, spans, True)
     # another build's drift from the first tokens: every replay stays a candidate
     assert candidate_schedules(first, 2440, 3, True, 3, spans)[:2] == turn_schedules(first, 2440, spans, True)
 

@@ -19,6 +19,7 @@ earlier request).  The benchmark (bench/detect.py) calls it with its own ``recom
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -289,8 +290,6 @@ def candidate_schedules(
     if onset is not None:
         out = [s for s in out if min((s.n_ubatch, *s.cuts)) <= onset + NEAR]
     turns = turn_schedules(first, n_tokens, replies, checkpoints)
-    if onset is not None and onset > 2 * NEAR:  # a replay changes nothing before its first break
-        turns = [s for s in turns if min((s.stepwise[0][0], *s.cuts)) <= onset + NEAR]
     found = [s for s in reply_schedules(first, n_tokens, onset, checkpoints, first_diff) if s not in turns]
     return [*turns, *found, *[s for s in out if s != first][:MAX_RETRIES]]
 
@@ -423,13 +422,16 @@ def judge_with_schedules(
         # it saves the window's cells either way): a --swa-full long document agrees exactly up
         # to position 1,027 with the default cache and in 2,045 of 2,048 cells with a full one
         todo.insert(0, Schedule(sched.n_batch, sched.n_ubatch, sched.cuts, sched.stepwise, True))
+    full = False  # the whole-context window brought the state closer: every later retry keeps it
     for s in todo if recompute else []:
         assert recompute is not None
+        s = dataclasses.replace(s, swa_full=s.swa_full or full)
         got = _judge_schedule(file_body, recompute, s, again, tried)
         if got is None:
             continue
         jr = got[0]
         seen.append(jr)
+        full = full or (s.swa_full and (len(jr.problems), jr.margin) < (len(j.problems), j.margin))
         if (len(jr.problems), jr.margin) < (len(best.problems), best.margin):
             best, best_s = jr, s
         if not jr.problems:
