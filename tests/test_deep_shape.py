@@ -22,6 +22,7 @@ from slotfile.verify.shape import (
     drift_shape,
     first_difference,
     judge_with_schedules,
+    out_of_order_from,
     reply_schedules,
 )
 from slotfile.verify.stats import _zero_run
@@ -254,6 +255,49 @@ def test_cells_in_another_order_are_the_same_cells(gemma_bytes):
     assert mst.positions.tolist() == st.positions[rot].tolist()
     j = judge_layers(moved.body, sf.body)
     assert not j.problems and j.margin == 0.0
+
+
+def _reorder_cells(data: bytes, role: str, order: np.ndarray) -> bytes:
+    """The block's cells (rows and cell entries) in the order ``order`` gives."""
+    sf = parse_buffer(data)
+    st = next(b for b in sf.body.blocks if b.role == role).active_streams()[0]
+    out = bytearray(data)
+    for run in (*st.k, *st.v):
+        n_el = run.row_size // 2
+        a = np.frombuffer(out, np.float16, run.n_cells * n_el, run.data.offset)
+        a = a.reshape((n_el, run.n_cells) if run.transposed else (run.n_cells, n_el)).copy()
+        b = a[:, order] if run.transposed else a[order]
+        out[run.data.offset : run.data.offset + b.nbytes] = b.tobytes()
+    _rotate_cell_table(out, st, order)
+    return bytes(out)
+
+
+def test_cells_out_of_position_order_explain_drift_from_there(gemma_bytes):
+    """A unified cache shared by concurrent slots gives a slot's later positions whatever cells
+    are free, and the file keeps the cells in cell order (a v3 server's slot 0 of 4: positions
+    0..49, 76..78, 50..75, 79..124; exact up to 51, then 4.2 floors in every recompute): the
+    server's attention summed those cells in another order, so drift from there passes.  Such a
+    file is checked (it was skipped as not holding its positions), and drift that starts before
+    the first cell out of order is still damage."""
+    from slotfile.verify.deep import _deep_preconditions
+
+    order = np.r_[0:40, 50:54, 40:50]
+    shuffled = _reorder_cells(gemma_bytes, "kv-base", order)
+    sf = parse_buffer(shuffled)
+    assert _deep_preconditions(sf, 0) is None
+    assert out_of_order_from(sf.body) == 40 and out_of_order_from(parse_buffer(gemma_bytes).body) is None
+    inputs = DeepInputs(n_tokens=54)
+    rec = parse_buffer(drift_from(gemma_bytes, 40, 1.6)).body
+    out = judge_with_schedules(sf.body, inputs, (Schedule(2048, 512), rec), lambda s: (rec, ""))
+    assert out.drift and out.decided_by == "drift" and "out of position order from position 40" in out.evidence
+    # the same drift in a file whose cells are in order: no split moves it, damage
+    plain = parse_buffer(gemma_bytes).body
+    out = judge_with_schedules(plain, inputs, (Schedule(2048, 512), rec), lambda s: (rec, ""))
+    assert not out.drift and out.unmoved
+    # drift from position 38, before the first cell out of order: damage
+    rec = parse_buffer(drift_from(gemma_bytes, 38, 1.6)).body
+    out = judge_with_schedules(sf.body, inputs, (Schedule(2048, 512), rec), lambda s: (rec, ""))
+    assert not out.drift and out.unmoved and "agrees exactly up to position 38" in out.evidence
 
 
 def _rotate_cell_table(out: bytearray, st, rot: np.ndarray) -> None:

@@ -449,12 +449,40 @@ def judge_with_schedules(
     if best.margin * SCHEDULE_DEPENDENT <= j.margin or build:
         ev = f"{final.evidence}; closest split {best_s.label()} at {best.margin:.3g} floors"
         return Outcome(best, best_s, "drift", ev, tried, drift=True)
+    # or the file's own cells: out of position order from where the state first differs, they
+    # were summed in another order than any recompute's (which places them in position order)
+    shuffled = out_of_order_from(file_body)
+    if shuffled is not None and fd is not None and fd >= shuffled:
+        ev = (
+            f"{final.evidence}; the file's cells are out of position order from position {shuffled} (a cache "
+            "shared with concurrent slots), so the server's attention summed them in another order"
+        )
+        return Outcome(best, best_s, "drift", ev, tried, drift=True)
     ev = (
         f"spread like drift from position {shape.onset}, but no split tried moves it ({j.margin:.3g} floors "
         f"first, {best.margin:.3g} at best with {len(tried)} recomputes) and the state agrees exactly up to "
         f"position {fd}, where another build's drift starts at the first tokens: damage"
     )
     return Outcome(best, best_s, "shape", ev, tried, unmoved=True)
+
+
+def out_of_order_from(body: Body) -> int | None:
+    """The first position whose cell is out of position order, in a KV stream holding every
+    position from 0 (None: all in order).  A unified cache shared by concurrent slots gives a
+    slot's later positions whatever cells are free (``llama_kv_cache::find_slot``), and
+    ``llama_state_seq_save_file`` writes the cells in cell order: a v3 server's slot 0 of 4 holds
+    positions 0..49, 76..78, 50..75, 79..124, and its state agrees exactly with a recompute up to
+    position 51.  (A sliding-window ring that wrapped no longer holds position 0.)"""
+    first: int | None = None
+    for b in body.blocks:
+        for st in b.active_streams():
+            pos = st.positions
+            at = np.arange(pos.size)
+            if pos.size and np.array_equal(np.sort(pos), at):
+                bad = np.flatnonzero(pos != at)
+                if bad.size:
+                    first = int(bad[0]) if first is None else min(first, int(bad[0]))
+    return first
 
 
 def _judge_schedule(
