@@ -257,6 +257,50 @@ def test_cells_in_another_order_are_the_same_cells(gemma_bytes):
     assert not j.problems and j.margin == 0.0
 
 
+def _noisy(data: bytes, rel: float = 0.01, seed: int = 3) -> bytes:
+    """Every layer but the first of each block with small random noise on every element (about
+    ``rel`` of the layer's spread): a recompute that differs from the file as drift does, in
+    direction and length alike, in every cell."""
+    rng = np.random.default_rng(seed)
+    sf = parse_buffer(data)
+    out = np.frombuffer(bytearray(data), np.uint8)
+    for blk in sf.body.blocks:
+        st = blk.active_streams()[0]
+        for run in (*st.k[1:], *st.v[1:]):
+            a = out[run.data.offset : run.data.offset + run.n_cells * run.row_size].view(np.float16)
+            noise = rng.normal(0, rel * float(np.std(a.astype(np.float32))), a.size)
+            a[:] = (a.astype(np.float32) + noise).astype(np.float16)
+    return out.tobytes()
+
+
+def _scale_row(data: bytes, role: str, layer: int, cell: int, factor: float) -> bytes:
+    sf = parse_buffer(data)
+    run = next(b for b in sf.body.blocks if b.role == role).active_streams()[0].k[layer]
+    out = bytearray(data)
+    o = run.data.offset + cell * run.row_size
+    row = np.frombuffer(out, np.float16, run.row_size // 2, o).astype(np.float32) * factor
+    out[o : o + run.row_size] = row.astype(np.float16).tobytes()
+    return bytes(out)
+
+
+def test_a_row_scaled_among_drifting_cells_is_damage(gemma_bytes):
+    """A K row scaled by 2 in a file whose every cell drifts (another build's: an AVX-512 server's
+    file against an AVX2 library) keeps its direction and doubles its length; drift turns and
+    stretches every cell alike.  The cell's norm stands out of its layer's: damage in its bytes,
+    where it passed as drift before."""
+    rec = parse_buffer(_noisy(gemma_bytes)).body
+    clean = parse_buffer(gemma_bytes).body
+    j = judge_layers(clean, rec)
+    assert not any("scaled row" in p[3] for p in j.problems)
+    damaged = parse_buffer(_scale_row(gemma_bytes, "kv-base", 1, 20, 2.0))
+    j = judge_layers(damaged.body, rec)
+    (p,) = [p for p in j.problems if "scaled row" in p[3]]
+    assert "cell 20 (position 20)" in p[3] and "factor 1.99" in p[3] and j.byte_damage
+    run = next(b for b in damaged.body.blocks if b.role == "kv-base").active_streams()[0].k[1]
+    assert p[2] == run.data.offset + 20 * run.row_size
+    assert drift_shape(j).evidence.startswith("bytes: ")
+
+
 def _reorder_cells(data: bytes, role: str, order: np.ndarray) -> bytes:
     """The block's cells (rows and cell entries) in the order ``order`` gives."""
     sf = parse_buffer(data)

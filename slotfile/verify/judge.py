@@ -66,6 +66,14 @@ MIN_FLOOR = {
 # are not is damage whatever the floors say (a zeroed 512-byte sector holds 256 f16 values).
 ZERO_RUN = 32
 MARGIN_LIMIT = 4.0  # a layer fails when a statistic is more than this many noise floors
+# A cell whose head norm is off the recompute's this many times more (in |ln(norm ratio)|) than
+# any other cell's of its layer, beyond MARGIN_LIMIT floors, while its direction is no outlier:
+# a scaled row, damage in that cell's bytes.  Drift turns a vector as much as it stretches it and
+# moves every cell after its onset (an AVX-512 server's file against an AVX2 library: one K row
+# scaled by 2 gives ln 2 = 0.69 in its cell, every other cell of the layer at most 0.011, its
+# angle 2.1 degrees like the drifting cells around it; it passed as drift).
+SCALED_STANDOUT = 8.0
+SCALED_MIN_LNORM = 0.2  # and its length off by at least 22 % (a factor e^0.2): no rounding does that
 LOGITS_MIN_FLOOR = {"float": 0.01, "8-bit": 0.03, "low-bit": 0.15}
 # The last tokens the recompute decodes again one per llama_decode call, as the server decodes
 # generated tokens: that state's difference from the prefill is the noise floor.
@@ -447,8 +455,42 @@ def _compare_run(
         out.byte_damage.append(f"{sec} {msg}")
     elif cmp.spike is not None:
         _add_spike(out, sec, fr, cmp.spike, pos)
+    elif (scaled := scaled_cell(cs, j["floor"])) is not None:
+        sp = f" (position {int(pos[scaled])})" if pos is not None and scaled < len(pos) else ""
+        msg = (
+            f"{fr.part} layer {fr.index} ({fr.type_name}): cell {scaled}{sp} points where the recompute's does but "
+            f"its length is off by a factor {np.exp(cs.lnorm[scaled]):.3g}, "
+            f"{cs.lnorm[scaled] / max(_second(cs.lnorm), 1e-12):.3g} times (in log) any other cell's of the layer: "
+            "a scaled row (damage in that cell's bytes)"
+        )
+        at = fr.data.offset + (scaled * fr.row_size if not fr.transposed else 0)
+        out.problems.append((ProblemCode.DEEP_MISMATCH, sec, at, msg))
+        out.byte_damage.append(f"{sec} {msg}")
     elif j["ratio"] > MARGIN_LIMIT:
         out.problems.append((ProblemCode.DEEP_MISMATCH, sec, off, _mismatch_message(fr, j, cell, p, s_st.rel)))
+
+
+def _second(a: np.ndarray) -> float:
+    """The second largest value of ``a`` (0 with fewer than two)."""
+    return float(np.partition(a, -2)[-2]) if a.size >= 2 else 0.0
+
+
+def scaled_cell(cs: CellStats, floor: dict[str, float]) -> int | None:
+    """The cell whose head norm alone stands out (:data:`SCALED_STANDOUT`): over MARGIN_LIMIT norm
+    floors and :data:`SCALED_MIN_LNORM`, that many times any other cell's norm difference, and its
+    head angle within the largest of the other cells' (or within MARGIN_LIMIT angle floors).
+    None: no such cell."""
+    if cs.lnorm.size < 2:
+        return None
+    c = int(np.argmax(cs.lnorm))
+    top = float(cs.lnorm[c])
+    need = max(SCALED_MIN_LNORM, MARGIN_LIMIT * floor["lnorm"], SCALED_STANDOUT * _second(cs.lnorm))
+    if not np.isfinite(top) or top < need:
+        return None
+    others = np.delete(cs.angle, c)
+    if float(cs.angle[c]) > max(float(others.max()), MARGIN_LIMIT * floor["angle"]):
+        return None
+    return c
 
 
 def _add_spike(out: Judgment, sec: str, fr: LayerRun, sp: Spike, pos: np.ndarray | None) -> None:
