@@ -99,9 +99,11 @@ def test_damaged_real_files_fail_only_deep(real, verifier, kind, combo, record_p
     assert "deep-mismatch" in codes
     assert d["margin"] > d["limit"]
     # the evidence is named: the floors it exceeds, or (a zeroed row) the run of exact zeros
-    # (moved data) the block it matches instead of its own recompute
+    # (moved data) the block it matches instead of its own recompute, (a scaled row) its length
     fp = r["first_problem"]
-    assert "noise floors" in fp or "exactly zero" in fp or "exchanged" in fp, fp
+    assert "noise floors" in fp or "exactly zero" in fp or "exchanged" in fp or "a scaled row" in fp, fp
+    if kind == "k-row-scaled" and combo[0] == "f16":
+        assert "a scaled row" in fp and "factor 1.99" in fp, fp
     assert d["decided_by"] in {"statistics", "bytes", "shape", "misplaced"}, d["decided_by"]
     record_property("margin", d["margin"])
     if kind != "token-changed":  # the damage is where it was put
