@@ -240,17 +240,8 @@ def test_cells_in_another_order_are_the_same_cells(gemma_bytes):
     sf = parse_buffer(gemma_bytes)
     blk = next(b for b in sf.body.blocks if b.role == "kv-swa")
     st = blk.active_streams()[0]
-    out = bytearray(gemma_bytes)
-    shift = 3
-    rot = np.roll(np.arange(st.cell_count), shift)
-    for run in (*st.k, *st.v):
-        n_el = run.row_size // 2
-        a = np.frombuffer(out, np.float16, run.n_cells * n_el, run.data.offset)
-        a = a.reshape((n_el, run.n_cells) if run.transposed else (run.n_cells, n_el)).copy()
-        b = a[:, rot] if run.transposed else a[rot]
-        out[run.data.offset : run.data.offset + b.nbytes] = b.tobytes()
-    _rotate_cell_table(out, st, rot)
-    moved = parse_buffer(bytes(out))
+    rot = np.roll(np.arange(st.cell_count), 3)
+    moved = parse_buffer(_reorder_cells(gemma_bytes, "kv-swa", rot))
     mst = next(b for b in moved.body.blocks if b.role == "kv-swa").active_streams()[0]
     assert mst.positions.tolist() == st.positions[rot].tolist()
     j = judge_layers(moved.body, sf.body)
