@@ -35,6 +35,7 @@ from slotfile.verify.judge import (
     DeepInputs,
     Precomputed,
     head_size,
+    holds_every_position,
     layer_pairs,
     rotation_width,
 )
@@ -62,11 +63,9 @@ def _deep_preconditions(sf: SlotFile, n_vocab: int) -> str | None:
     first = sf.body.blocks[0]
     if first.kind == MemoryKind.KV:
         act = first.active_streams()
-        # the cells in any order: a unified cache shared by concurrent slots gives a slot's
-        # later positions whatever cells are free (llama_kv_cache::find_slot), and
-        # llama_state_seq_save_file writes them in cell order (a v3 server's slot 0 of 4:
-        # positions 0..49, 76..78, 50..75, 79..124); the judge pairs cells by position
-        if len(act) != 1 or not np.array_equal(np.sort(act[0].positions), np.arange(n)):
+        # the cells in any order (a v3 server's slot 0 of 4: positions 0..49, 76..78, 50..75,
+        # 79..124); the judge pairs cells by position
+        if len(act) != 1 or not holds_every_position(act[0].positions, n):
             return (
                 f"the cache does not hold positions 0..{n - 1} of the {n} stored tokens (context shift, "
                 "a partial prompt or cache reuse): nothing to recompute it from"

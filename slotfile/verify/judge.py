@@ -130,6 +130,13 @@ def _stepwise_cells(pos: np.ndarray | None, n_cells: int, n_tokens: int, n_stepw
     return np.flatnonzero(pos[:n_cells] >= n_tokens - n_stepwise)
 
 
+def holds_every_position(pos: np.ndarray, n: int) -> bool:
+    """Whether the cells hold positions ``0..n-1``, each once, in any order (a unified cache
+    shared by concurrent slots gives a slot's later positions whatever cells are free,
+    ``llama_kv_cache::find_slot``, and the file keeps cell order)."""
+    return pos.size == n and np.array_equal(np.sort(pos), np.arange(n))
+
+
 def align_cells(want: np.ndarray | None, have: np.ndarray | None) -> np.ndarray | None:
     """For each position of ``want``, the cell of ``have`` holding it (None: the same order, or
     no positions).  The server's prompt split decides where a sliding-window cache's ring puts
@@ -438,16 +445,15 @@ def _compare_run(
         }
     )
     out.cells.append(RunCells(role, fr.part, fr.index, pos, _cell_ratios(cs, j["floor"])))
-    off = fr.data.offset + (cell * fr.row_size if not fr.transposed and cell >= 0 else 0)
+    off = _cell_offset(fr, cell)
     if not s_st.finite:
         msg = f"{fr.part} layer {fr.index}: non-finite values (first in cell {cell})"
         out.problems.append((ProblemCode.DEEP_NONFINITE, sec, fr.data.offset, msg))
         out.byte_damage.append(f"{sec} {msg}")
     elif cs.zero_run >= ZERO_RUN:
         zc, ze = cs.zero_at
-        zp = f" (position {int(pos[zc])})" if pos is not None and 0 <= zc < len(pos) else ""
         msg = (
-            f"{fr.part} layer {fr.index} ({fr.type_name}): cell {zc}{zp} element {ze} starts {cs.zero_run} "
+            f"{fr.part} layer {fr.index} ({fr.type_name}): {_cell_label(zc, pos)} element {ze} starts {cs.zero_run} "
             "stored values in a row (file byte order) that are exactly zero where the recompute's are not: "
             f"zeroed bytes (relative difference {100 * s_st.rel:.3g}%)"
         )
@@ -456,41 +462,44 @@ def _compare_run(
     elif cmp.spike is not None:
         _add_spike(out, sec, fr, cmp.spike, pos)
     elif (scaled := scaled_cell(cs, j["floor"])) is not None:
-        sp = f" (position {int(pos[scaled])})" if pos is not None and scaled < len(pos) else ""
+        sc, standout = scaled
         msg = (
-            f"{fr.part} layer {fr.index} ({fr.type_name}): cell {scaled}{sp} points where the recompute's does but "
-            f"its length is off by a factor {np.exp(cs.lnorm[scaled]):.3g}, "
-            f"{cs.lnorm[scaled] / max(_second(cs.lnorm), 1e-12):.3g} times (in log) any other cell's of the layer: "
-            "a scaled row (damage in that cell's bytes)"
+            f"{fr.part} layer {fr.index} ({fr.type_name}): {_cell_label(sc, pos)} points where the recompute's "
+            f"does but its length is off by a factor {np.exp(cs.lnorm[sc]):.3g}, {standout:.3g} times (in log) "
+            "any other cell's of the layer: a scaled row (damage in that cell's bytes)"
         )
-        at = fr.data.offset + (scaled * fr.row_size if not fr.transposed else 0)
-        out.problems.append((ProblemCode.DEEP_MISMATCH, sec, at, msg))
+        out.problems.append((ProblemCode.DEEP_MISMATCH, sec, _cell_offset(fr, sc), msg))
         out.byte_damage.append(f"{sec} {msg}")
     elif j["ratio"] > MARGIN_LIMIT:
         out.problems.append((ProblemCode.DEEP_MISMATCH, sec, off, _mismatch_message(fr, j, cell, p, s_st.rel)))
 
 
-def _second(a: np.ndarray) -> float:
-    """The second largest value of ``a`` (0 with fewer than two)."""
-    return float(np.partition(a, -2)[-2]) if a.size >= 2 else 0.0
+def _cell_offset(fr: LayerRun, cell: int) -> int:
+    """The file offset of a cell's row (the run's start for a transposed V or no cell)."""
+    return fr.data.offset + (cell * fr.row_size if not fr.transposed and cell >= 0 else 0)
 
 
-def scaled_cell(cs: CellStats, floor: dict[str, float]) -> int | None:
+def _cell_label(cell: int, pos: np.ndarray | None) -> str:
+    """``cell N (position P)``, the position where the file holds one."""
+    return f"cell {cell}" + (f" (position {int(pos[cell])})" if pos is not None and 0 <= cell < len(pos) else "")
+
+
+def scaled_cell(cs: CellStats, floor: dict[str, float]) -> tuple[int, float] | None:
     """The cell whose head norm alone stands out (:data:`SCALED_STANDOUT`): over MARGIN_LIMIT norm
     floors and :data:`SCALED_MIN_LNORM`, that many times any other cell's norm difference, and its
-    head angle within the largest of the other cells' (or within MARGIN_LIMIT angle floors).
-    None: no such cell."""
+    head angle within the largest of the other cells' (or within MARGIN_LIMIT angle floors):
+    (the cell, how many times the next cell's norm difference its own is).  None: no such cell."""
     if cs.lnorm.size < 2:
         return None
     c = int(np.argmax(cs.lnorm))
     top = float(cs.lnorm[c])
-    need = max(SCALED_MIN_LNORM, MARGIN_LIMIT * floor["lnorm"], SCALED_STANDOUT * _second(cs.lnorm))
-    if not np.isfinite(top) or top < need:
+    second = float(np.partition(cs.lnorm, -2)[-2])
+    if not np.isfinite(top) or top < max(SCALED_MIN_LNORM, MARGIN_LIMIT * floor["lnorm"], SCALED_STANDOUT * second):
         return None
     others = np.delete(cs.angle, c)
     if float(cs.angle[c]) > max(float(others.max()), MARGIN_LIMIT * floor["angle"]):
         return None
-    return c
+    return c, top / max(second, 1e-12)
 
 
 def _add_spike(out: Judgment, sec: str, fr: LayerRun, sp: Spike, pos: np.ndarray | None) -> None:

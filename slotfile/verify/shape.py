@@ -28,7 +28,15 @@ import numpy as np
 
 from slotfile.format.records import Body
 from slotfile.problems import ProblemCode
-from slotfile.verify.judge import MARGIN_LIMIT, Caches, DeepInputs, Judgment, RunCells, judge_layers
+from slotfile.verify.judge import (
+    MARGIN_LIMIT,
+    Caches,
+    DeepInputs,
+    Judgment,
+    RunCells,
+    holds_every_position,
+    judge_layers,
+)
 from slotfile.verify.lone import EXACT
 from slotfile.verify.misplaced import find_misplaced
 from slotfile.verify.records import Level
@@ -477,9 +485,8 @@ def out_of_order_from(body: Body) -> int | None:
     for b in body.blocks:
         for st in b.active_streams():
             pos = st.positions
-            at = np.arange(pos.size)
-            if pos.size and np.array_equal(np.sort(pos), at):
-                bad = np.flatnonzero(pos != at)
+            if pos.size and holds_every_position(pos, pos.size):
+                bad = np.flatnonzero(pos != np.arange(pos.size))
                 if bad.size:
                     first = int(bad[0]) if first is None else min(first, int(bad[0]))
     return first

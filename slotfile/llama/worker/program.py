@@ -247,7 +247,8 @@ class Worker:
         n = len(tokens)
         n_stepwise = min(int(req.get("n_stepwise") or 0), n // 2) if req.get("out_floor") else 0
         replies = stepwise_ranges(req.get("stepwise"), n)  # generated replies: one token per call
-        cuts = [int(c) for c in req.get("cuts") or []] + [p for r in replies for p in r]
+        asked = [int(c) for c in req.get("cuts") or []]
+        cuts = asked + [p for r in replies for p in r]
         seq = s.seq_id
         out: dict[str, Any] = {"ok": False, "message": ""}
         try:
@@ -297,7 +298,7 @@ class Worker:
         lg = _compare_logits(after_restore, recomputed, floor)
         n_stepwise = n_stepwise if floor is not None else 0
         out.update(ok=True, message="recomputed", logits=lg, n_batch=n_batch, n_ubatch=n_ubatch, n_stepwise=n_stepwise)
-        out["cuts"] = [b for _a, b in segments(n, [int(c) for c in req.get("cuts") or []])][:-1]
+        out["cuts"] = [b for _a, b in segments(n, asked)][:-1]
         out["stepwise"] = [list(r) for r in replies]  # what was replayed one token per call
         out["swa_full"] = bool(req.get("swa_full"))
         return out
