@@ -240,7 +240,10 @@ def configs(version: int) -> list[Config]:
         Config("g-swa-full-fa-on", "gemma", swa_full=True, flash_attn="on", scenarios=("long",)),
         Config("g-np4", "gemma", n_parallel=4, ctx=16384, flash_attn="on", scenarios=("single", "multiturn")),
         Config("g-np4-kvu", "gemma", n_parallel=4, ctx=16384, kv_unified=True, scenarios=("single", "multiturn")),
+        Config("g-np4-kvu-fa-on", "gemma", n_parallel=4, ctx=16384, kv_unified=True, flash_attn="on", scenarios=("multiturn",)),
         Config("g-np-auto", "gemma", n_parallel=0, ctx=16384, scenarios=("single",)),
+        # a current server's defaults: 4 slots sharing one unified cache, flash attention auto
+        Config("g-defaults", "gemma", n_parallel=0, ctx=16384, flash_attn="auto", scenarios=("multiturn", "long")),
         Config("g-t1", "gemma", threads=1, scenarios=("single", "long")),
         Config("g-cache-reuse", "gemma", cache_reuse=64, scenarios=("multiturn",)),
     ]
