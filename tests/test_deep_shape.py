@@ -13,6 +13,7 @@ import pytest
 
 from slotfile.format.reader import open_slot_file, parse_buffer
 from slotfile.problems import ProblemCode
+from slotfile.verify import shape
 from slotfile.verify.judge import ZERO_RUN, DeepInputs, Judgment, RunCells, align_cells, judge_layers
 from slotfile.verify.shape import (
     MAX_RETRIES,
@@ -290,6 +291,47 @@ def test_a_row_scaled_among_drifting_cells_is_damage(gemma_bytes):
     run = next(b for b in damaged.body.blocks if b.role == "kv-base").active_streams()[0].k[1]
     assert p[2] == run.data.offset + 20 * run.row_size
     assert drift_shape(j).evidence.startswith("bytes: ")
+
+
+def _scale_cell(data: bytes, where: list[tuple[str, str, int]], position: int, factor: float) -> bytes:
+    """The cell holding ``position`` scaled by ``factor`` in each (block, part, layer) of ``where``
+    (a transposed V: its column)."""
+    sf = parse_buffer(data)
+    out = bytearray(data)
+    for role, part, layer in where:
+        st = next(b for b in sf.body.blocks if b.role == role).active_streams()[0]
+        run = (st.k if part == "K" else st.v)[layer]
+        cell = int(np.flatnonzero(st.positions == position)[0])
+        n_el = run.row_size // 2
+        a = np.frombuffer(out, np.float16, run.n_cells * n_el, run.data.offset).astype(np.float32)
+        a = a.reshape((n_el, run.n_cells) if run.transposed else (run.n_cells, n_el))
+        if run.transposed:
+            a[:, cell] *= factor
+        else:
+            a[cell] *= factor
+        out[run.data.offset : run.data.offset + a.size * 2] = a.astype(np.float16).tobytes()
+    return bytes(out)
+
+
+def test_one_position_scaled_in_many_layers_is_model_space(gemma_bytes, monkeypatch):
+    """A 4-slot server's 2,136-token file (v3 and v4 alike) holds one position whose K and V are
+    off in length by up to 1.31 in every layer from model layer 6 to 11 while its neighbours
+    drift as usual: that token's computation parted, not one row's bytes (the scaled-row rule
+    failed the clean file).  A scaled row counts as damage only while fewer than COHERENT_LAYERS
+    other layers peak at its position, as a spike does; in one layer alone it still fails."""
+    # the tiny model has three layers besides its first (the SWA block's layer 0): ask for two
+    monkeypatch.setattr(shape, "COHERENT_LAYERS", 2)
+    rec = parse_buffer(_noisy(gemma_bytes)).body
+    many = [("kv-base", "K", 0), ("kv-base", "K", 1), ("kv-base", "V", 1), ("kv-swa", "K", 1)]
+    j = judge_layers(parse_buffer(_scale_cell(gemma_bytes, many, 50, 1.3)).body, rec)
+    assert sum("scaled row" in p[3] for p in j.problems) == 4 and len(j.byte_damage) == 4
+    # the SWA block holds the model's first layer (its layer 0 stays exact); the base block's
+    # layer 0 is model layer 5
+    assert drift_shape(j, first_block="kv-swa").drift
+    for few in (many[1:2], many[1:3]):  # one layer (its K, or its K and V)
+        j = judge_layers(parse_buffer(_scale_cell(gemma_bytes, few, 50, 1.3)).body, rec)
+        assert any("scaled row" in p[3] for p in j.problems)
+        assert drift_shape(j, first_block="kv-swa").evidence.startswith("bytes: "), few
 
 
 def _reorder_cells(data: bytes, role: str, order: np.ndarray) -> bytes:

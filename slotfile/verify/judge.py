@@ -284,7 +284,8 @@ class Judgment:
     problems: list[Problem] = field(default_factory=list)
     cells: list[RunCells] = field(default_factory=list)
     byte_damage: list[str] = field(default_factory=list)  # one line per run
-    # the isolated spikes among byte_damage: (index of the spike's run in ``cells``, its position)
+    # the isolated spikes and scaled rows among byte_damage: (index of the run in ``cells``, the
+    # cell's position)
     spikes: list[tuple[int, int | None]] = field(default_factory=list)
     floors: dict[tuple[str, str, int], RowStats | None] = field(default_factory=dict)
     compared: dict[_Key, Compared] = field(default_factory=dict)  # per layer, before any floor
@@ -470,6 +471,9 @@ def _compare_run(
         )
         out.problems.append((ProblemCode.DEEP_MISMATCH, sec, _cell_offset(fr, sc), msg))
         out.byte_damage.append(f"{sec} {msg}")
+        # like a spike, a position whose every layer from some depth on differs is that token's
+        # computation parting, not one row's bytes (shape._spikes_in_model_space)
+        out.spikes.append((len(out.cells) - 1, int(pos[sc]) if pos is not None and sc < len(pos) else None))
     elif j["ratio"] > MARGIN_LIMIT:
         out.problems.append((ProblemCode.DEEP_MISMATCH, sec, off, _mismatch_message(fr, j, cell, p, s_st.rel)))
 

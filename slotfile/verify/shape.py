@@ -421,8 +421,12 @@ def judge_with_schedules(
     # attention first sums four or more terms: an AVX-512 server's files against an AVX2
     # library), though its drift may reach CORROBORATE floors only much later (position 1,371)
     build = (shape.onset is not None and shape.onset <= 2 * NEAR) or (fd is not None and fd <= 2 * NEAR)
+    # nor are the replies a first difference would place (reply_schedules): from the first tokens
+    # on, it is another build's; a 2,136-token file of a 4-slot server would decode 1,617 of its
+    # tokens one per call
+    settled = build and logits_ok
     todo = candidate_schedules(
-        sched, inputs.n_tokens, shape.onset, checkpoints, fd, () if build and logits_ok else spans
+        sched, inputs.n_tokens, shape.onset, checkpoints, None if settled else fd, () if settled else spans
     )
     if swa and not sched.swa_full and fd is not None and fd >= sched.n_ubatch:
         # a sliding-window cache of n_swa + n_ubatch cells reuses cells from there on and sums
