@@ -102,6 +102,7 @@ class ProblemCode(StrEnum):
     TOKEN_MISMATCH = "token-mismatch"
     CHECKPOINT_ORDER = "checkpoint-order"
     EMPTY_BODY = "empty-body"
+    EMPTY_SLOT = "empty-slot"
     LEGACY_LAYOUT = "legacy-layout"
     TRIAL_VERSION = "trial-version"
     # the model check (slotfile.model.check) and verify's model level
@@ -186,6 +187,7 @@ _TABLE: tuple[tuple[ProblemCode, Severity, tuple[CheckLevel, ...], ProblemClass,
     (_C.TOKEN_MISMATCH, _W, (_S,), _NOT, "the token count and the cell count or checkpoint range disagree"),
     (_C.CHECKPOINT_ORDER, _W, (_S,), _NOT, "checkpoints not written oldest first"),
     (_C.EMPTY_BODY, _W, (_S,), _NOT, "no memory state: a model without memory, or a file cut after the tokens"),
+    (_C.EMPTY_SLOT, _W, (_S,), _NOT, "no tokens and no cells: the save of an empty (or cleared idle) slot"),
     (_C.LEGACY_LAYOUT, _W, (_S,), _NOT, "a body in the layout of llama.cpp before mid-2025 (current builds refuse it)"),
     (_C.TRIAL_VERSION, _W, (_S,), _NOT, "a version a little newer than slotfile knows, read by trial"),
     (_C.WRONG_ARCH, _E, (_M,), _MIS, "the GGSN session's architecture is not the model's"),

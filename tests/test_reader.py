@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import struct
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from slotfile.format.reader import open_slot_file, parse_buffer
+from slotfile.problems import ProblemCode
 from slotfile.report import flash_attn_of
 
 from .conftest import EXTRA, FIXTURES, MANIFEST, SLOTS
@@ -103,7 +106,9 @@ def test_extra_fixture_matches_manifest(entry):
     sf = open_slot_file(SLOTS.parent / entry["file"])
     # a K-only (MLA) block followed by an appendix cannot be a file cut where V starts: no
     # fixture has a problem (the bare K-only body is in test_mla_fixture_is_one_k_only_block)
-    assert sf.problems == [], [p.line() for p in sf.problems]
+    # an empty slot's save is valid, and says so (empty-slot)
+    want = [ProblemCode.EMPTY_SLOT] if entry["n_tokens"] == 0 and entry["kind"] == "slot" else []
+    assert [p.code for p in sf.problems] == want, [p.line() for p in sf.problems]
     assert sf.format == ("GGSQ" if entry["kind"] == "slot" else "GGSN")
     assert sf.size == entry["size"]
     assert sf.n_tokens == entry["n_tokens"]
@@ -250,3 +255,17 @@ def test_positions_out_of_cell_order_are_not_a_problem():
     sf = parse_buffer(bytes(data))
     assert sf.body.blocks[0].streams[0].cells.cells["pos"][0] == pos[-5]
     assert sf.problems == [], [p.line() for p in sf.problems]
+
+
+def test_a_cleared_idle_slot_reads_as_an_empty_slot():
+    """A real v4 server's save of a slot it had cleared (fixtures/real/v4-cleared-idle-slot.json:
+    a 4-slot unified cache clears idle slots when another slot starts a task, and answered the
+    save with n_saved 0 and success): valid, 44 bytes, and flagged ``empty-slot``, so a store
+    holding it does not pass in silence."""
+    real = Path(__file__).resolve().parent.parent / "fixtures" / "real"
+    sf = parse_buffer((real / "v4-cleared-idle-slot.bin").read_bytes())
+    assert json.loads((real / "v4-cleared-idle-slot.json").read_text())["save_response"]["n_saved"] == 0
+    assert sf.n_tokens == 0 and sf.size == 44 and [b.role for b in sf.body.blocks] == ["kv-base", "kv-swa"]
+    (p,) = sf.problems
+    assert p.code == ProblemCode.EMPTY_SLOT and p.severity == "warning" and (p.section, p.offset) == ("tokens", 12)
+    assert "--no-cache-idle-slots" in p.message

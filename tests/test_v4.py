@@ -53,7 +53,7 @@ def test_every_memory_kind_is_covered():
 def test_v4_fixture_reads_by_the_grammar(path: Path, model: Path, draft: Path | None):
     sf = open_slot_file(path)
     assert sf.version in (4, 11)
-    assert sf.problems == [] or all(p.code == "empty-body" for p in sf.problems), [p.line() for p in sf.problems]
+    assert all(p.code in ("empty-body", "empty-slot") for p in sf.problems), [p.line() for p in sf.problems]
     assert sf.body is not None and sf.body.layout is not None and sf.body.layout.rot
     for st in _streams(sf.body):
         assert st.rot_offset is not None and st.n_rot_k is not None

@@ -10,6 +10,7 @@ from slotfile.format.layout import (
     MemoryKind,
 )
 from slotfile.format.records import (
+    Body,
     FileFormat,
     KVStream,
     MemoryBlock,
@@ -32,6 +33,19 @@ def check_semantics(sf: SlotFile) -> None:
             body.offset,
             "no memory state: a model without memory, or a file cut right after the tokens",
         )
+    elif _empty_slot(sf, body):
+        # llama-server answers such a save with n_saved 0 and success.  A current server with a
+        # unified cache (-kvu; the default with -np auto) clears every idle slot when another slot
+        # starts a task (--cache-idle-slots, on by default: server_context::process_single_task,
+        # TAG_IDLE_SLOT_CLEAR), so an idle slot saved after that holds nothing.
+        sf.problem(
+            Severity.WARNING,
+            ProblemCode.EMPTY_SLOT,
+            "tokens",
+            sf.tokens.offset,
+            "the slot holds no tokens and no cells: restoring it restores nothing (a server with a unified "
+            "cache clears idle slots when another slot starts a task, unless started with --no-cache-idle-slots)",
+        )
     for blk in body.blocks:
         check_block(sf, blk, f"body.{blk.role}")
     for ck in sf.checkpoints:
@@ -44,6 +58,17 @@ def check_semantics(sf: SlotFile) -> None:
             check_block(sf, blk, f"sdft.data_dft.{blk.role}")
     _check_tokens_vs_cells(sf)
     _check_checkpoints(sf)
+
+
+def _empty_slot(sf: SlotFile, body: Body) -> bool:
+    """A slot save (GGSQ) with no tokens, no cells and no checkpoints."""
+    return (
+        sf.format == FileFormat.GGSQ
+        and sf.tokens is not None
+        and sf.n_tokens == 0
+        and not sf.checkpoints
+        and not any(b.n_cells() for b in body.blocks)
+    )
 
 
 def check_block(sf: SlotFile, blk: MemoryBlock, sec: str) -> None:
