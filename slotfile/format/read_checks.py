@@ -33,7 +33,7 @@ def check_semantics(sf: SlotFile) -> None:
             body.offset,
             "no memory state: a model without memory, or a file cut right after the tokens",
         )
-    elif _empty_slot(sf, body):
+    elif sf.tokens is not None and _empty_slot(sf, body):
         # llama-server answers such a save with n_saved 0 and success.  A current server with a
         # unified cache (-kvu; the default with -np auto) clears every idle slot when another slot
         # starts a task (--cache-idle-slots, on by default: server_context::process_single_task,
@@ -61,10 +61,9 @@ def check_semantics(sf: SlotFile) -> None:
 
 
 def _empty_slot(sf: SlotFile, body: Body) -> bool:
-    """A slot save (GGSQ) with no tokens, no cells and no checkpoints."""
+    """A slot save (GGSQ) whose token payload holds no tokens, with no cells and no checkpoints."""
     return (
         sf.format == FileFormat.GGSQ
-        and sf.tokens is not None
         and sf.n_tokens == 0
         and not sf.checkpoints
         and not any(b.n_cells() for b in body.blocks)
