@@ -229,6 +229,13 @@ def test_drift_is_replayed_then_accepted(gemma_bytes):
     out = judge_with_schedules(file_body, inputs, (Schedule(2048, 512), drifted_more), lambda s: (None, "no"))
     assert not out.drift and out.decided_by == "shape" and "no split tried moves it" in out.evidence
     assert out.tried[-1]["error"] == "no"
+    assert out.tried[0]["first_difference"] == 46  # where the state stops agreeing exactly
+    # the same in a quantized cache: its steps hide where another build's drift starts, so no
+    # exact prefix tells it from damage (test_quantized_kv_is_every_k_and_v_layer_quantized)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(shape, "quantized_kv", lambda body: True)
+        out = judge_with_schedules(file_body, inputs, (Schedule(2048, 512), drifted_more), lambda s: (None, "no"))
+    assert out.drift and out.decided_by == "drift" and "the cache is quantized" in out.evidence
     # damage is never retried
     damaged = parse_buffer(flip_exponent(gemma_bytes)).body
     out = judge_with_schedules(damaged, inputs, (Schedule(2048, 512), file_body), replay)
@@ -629,3 +636,11 @@ def test_the_whole_context_window_is_kept_for_the_later_retries(gemma_bytes):
     out = judge_with_schedules(file_body, DeepInputs(n_tokens=54), (Schedule(2048, 32), drifted), replay)
     assert [s.swa_full for s in asked] == [True, True] and asked[1].stepwise == ((46, 54),)
     assert out.decided_by == "schedule" and out.schedule == asked[1]
+
+
+def test_quantized_kv_is_every_k_and_v_layer_quantized():
+    """A q8_0 cache (a default 4-slot server's 2,136-token q8_0 file agrees exactly up to position
+    69 with a recompute where its f16 twin parts at 3) against f16 and an f16 K with a q8_0 V."""
+    assert shape.quantized_kv(parse_buffer((SLOTS / "llama_q8_0_fa.slot").read_bytes()).body)
+    assert not shape.quantized_kv(parse_buffer(GEMMA.read_bytes()).body)
+    assert not shape.quantized_kv(parse_buffer((SLOTS / "llama_f16_fa.slot").read_bytes()).body)

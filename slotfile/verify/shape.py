@@ -40,7 +40,7 @@ from slotfile.verify.judge import (
 from slotfile.verify.lone import EXACT
 from slotfile.verify.misplaced import find_misplaced
 from slotfile.verify.records import Level
-from slotfile.verify.stats import median, nanmedian
+from slotfile.verify.stats import median, nanmedian, tolerance_class
 
 MAX_RETRIES = 4  # extra recomputes, each only while the difference has the drift shape
 # the most tokens a reply replay (reply_schedules) decodes one per call: ~15 ms each on Gemma 3 270M
@@ -390,7 +390,7 @@ def judge_with_schedules(
     file two recomputes and changes no verdict."""
     sched, body = first
     j = judge_layers(file_body, body, inputs)
-    tried = [{**sched.as_dict(), "margin": j.margin, "problems": len(j.problems)}]
+    tried = [_tried(sched, j)]
     moved = find_misplaced(file_body, body, j)  # before any difference is excused as drift
     if moved:
         j.problems[:0] = moved
@@ -461,6 +461,16 @@ def judge_with_schedules(
     if best.margin * SCHEDULE_DEPENDENT <= j.margin or build:
         ev = f"{final.evidence}; closest split {best_s.label()} at {best.margin:.3g} floors"
         return Outcome(best, best_s, "drift", ev, tried, drift=True)
+    # or a quantized cache: its coarse steps hide where another build's computation parts (a
+    # q8_0 default 4-slot server's 2,136-token file agrees exactly up to position 69 where its
+    # f16 twin parts at 3; other builds' q8_0 files: 2, 32, 75, 89, 1,024, 2,003), so where the
+    # state stops agreeing exactly cannot tell another build from damage there
+    if quantized_kv(file_body):
+        ev = (
+            f"{final.evidence}; closest split {best_s.label()} at {best.margin:.3g} floors; the cache is quantized, "
+            f"so agreeing exactly up to position {fd} does not rule out another build's drift from the first tokens"
+        )
+        return Outcome(best, best_s, "drift", ev, tried, drift=True)
     # or the file's own cells: out of position order from where the state first differs, they
     # were summed in another order than any recompute's (which places them in position order)
     shuffled = out_of_order_from(file_body)
@@ -506,8 +516,20 @@ def _judge_schedule(
         tried.append({**s.as_dict(), "error": why})
         return None
     j = judge_layers(file_body, rec, inputs)
-    tried.append({**s.as_dict(), "margin": j.margin, "problems": len(j.problems)})
+    tried.append(_tried(s, j))
     return j, rec
+
+
+def _tried(s: Schedule, j: Judgment) -> dict[str, Any]:
+    """One ``schedules[]`` entry: the schedule, its margin, its problem count and the first position
+    where a cell differs from that recompute (``first_difference``; None: none does)."""
+    return {**s.as_dict(), "margin": j.margin, "problems": len(j.problems), "first_difference": first_difference(j)}
+
+
+def quantized_kv(body: Body) -> bool:
+    """Whether every K and V layer the body holds is stored quantized (q8_0, q4_0...: not a float type)."""
+    types = {r.type_id for b in body.blocks for st in b.active_streams() for r in (*st.k, *st.v)}
+    return bool(types) and all(tolerance_class(t) != "float" for t in types)
 
 
 def commit_outcome(lv: Level, body: Body, outcome: Outcome) -> None:
