@@ -235,7 +235,10 @@ def test_drift_is_replayed_then_accepted(gemma_bytes):
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(shape, "quantized_kv", lambda body: True)
         out = judge_with_schedules(file_body, inputs, (Schedule(2048, 512), drifted_more), lambda s: (None, "no"))
-    assert out.drift and out.decided_by == "drift" and "the cache is quantized" in out.evidence
+        assert out.drift and out.decided_by == "drift" and "the cache is quantized" in out.evidence
+        # a caller with no splits to offer (the appendix blobs) still gets "unmoved", to try its own
+        out = judge_with_schedules(file_body, inputs, (Schedule(2048, 512), drifted_more), None)
+        assert not out.drift and out.unmoved
     # damage is never retried
     damaged = parse_buffer(flip_exponent(gemma_bytes)).body
     out = judge_with_schedules(damaged, inputs, (Schedule(2048, 512), file_body), replay)

@@ -465,7 +465,9 @@ def judge_with_schedules(
     # q8_0 default 4-slot server's 2,136-token file agrees exactly up to position 69 where its
     # f16 twin parts at 3; other builds' q8_0 files: 2, 32, 75, 89, 1,024, 2,003), so where the
     # state stops agreeing exactly cannot tell another build from damage there
-    if quantized_kv(file_body):
+    # (only after splits were tried: a caller without them, the appendix blobs' first judgment,
+    # tries its own on an unmoved difference)
+    if quantized_kv(file_body) and recompute is not None:
         ev = (
             f"{final.evidence}; closest split {best_s.label()} at {best.margin:.3g} floors; the cache is quantized, "
             f"so agreeing exactly up to position {fd} does not rule out another build's drift from the first tokens"
