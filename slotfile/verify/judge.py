@@ -427,7 +427,7 @@ def _compare_run(
     out.floors[key] = f_st
     j = judge_run(s_st, f_st, tolerance_class(fr.type_id))
     cell = j["cell"] if s_st.finite else s_st.first_bad
-    p = int(pos[cell]) if pos is not None and 0 <= cell < len(pos) else None
+    p = _cell_position(cell, pos)
     out.rows.append(
         {
             "section": sec,
@@ -473,7 +473,7 @@ def _compare_run(
         out.byte_damage.append(f"{sec} {msg}")
         # like a spike, a position whose every layer from some depth on differs is that token's
         # computation parting, not one row's bytes (shape._spikes_in_model_space)
-        out.spikes.append((len(out.cells) - 1, int(pos[sc]) if pos is not None and sc < len(pos) else None))
+        out.spikes.append((len(out.cells) - 1, _cell_position(sc, pos)))
     elif j["ratio"] > MARGIN_LIMIT:
         out.problems.append((ProblemCode.DEEP_MISMATCH, sec, off, _mismatch_message(fr, j, cell, p, s_st.rel)))
 
@@ -485,7 +485,13 @@ def _cell_offset(fr: LayerRun, cell: int) -> int:
 
 def _cell_label(cell: int, pos: np.ndarray | None) -> str:
     """``cell N (position P)``, the position where the file holds one."""
-    return f"cell {cell}" + (f" (position {int(pos[cell])})" if pos is not None and 0 <= cell < len(pos) else "")
+    p = _cell_position(cell, pos)
+    return f"cell {cell}" + (f" (position {p})" if p is not None else "")
+
+
+def _cell_position(cell: int, pos: np.ndarray | None) -> int | None:
+    """The position the file holds for ``cell`` (None: no positions, or no such cell)."""
+    return int(pos[cell]) if pos is not None and 0 <= cell < len(pos) else None
 
 
 def scaled_cell(cs: CellStats, floor: dict[str, float]) -> tuple[int, float] | None:
@@ -509,7 +515,7 @@ def scaled_cell(cs: CellStats, floor: dict[str, float]) -> tuple[int, float] | N
 def _add_spike(out: Judgment, sec: str, fr: LayerRun, sp: Spike, pos: np.ndarray | None) -> None:
     """An isolated spike (:mod:`slotfile.verify.spikes`): damage in the file's bytes at its element,
     with its evidence in the layer's report row (the last one)."""
-    p = int(pos[sp.cell]) if pos is not None and sp.cell < len(pos) else None
+    p = _cell_position(sp.cell, pos)
     off = _element_offset(fr, sp.cell, sp.element)  # a block: where its scale is
     out.rows[-1]["spike"] = dict(sp.as_dict(), position=p, offset=off)
     msg = spike_message(fr, sp, p)
