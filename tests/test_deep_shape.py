@@ -647,3 +647,25 @@ def test_quantized_kv_is_every_k_and_v_layer_quantized():
     assert shape.quantized_kv(parse_buffer((SLOTS / "llama_q8_0_fa.slot").read_bytes()).body)
     assert not shape.quantized_kv(parse_buffer(GEMMA.read_bytes()).body)
     assert not shape.quantized_kv(parse_buffer((SLOTS / "llama_f16_fa.slot").read_bytes()).body)
+
+
+def test_no_reply_replay_where_another_builds_drift_is_settled(gemma_bytes):
+    """A state that stops agreeing exactly at the first tokens (another build's: position 3) and
+    drifts past the limit later (46): with the next-token logits in agreement, no reply is placed
+    after the first difference and decoded one token per call (a default 4-slot server's
+    2,136-token file decoded 1,617 tokens so, to pass as drift anyway); the splits still run.
+    Without agreeing logits, that replay is tried first."""
+    file_body = parse_buffer(gemma_bytes).body
+    rec = parse_buffer(drift_from(drift_from(gemma_bytes, 3, 1.002), 46, 1.6)).body
+    for logits_ok, first_asked in ((False, [Schedule(2048, 512, (), ((3, 54),))]), (True, [])):
+        asked: list[Schedule] = []
+
+        def replay(s: Schedule, asked: list[Schedule] = asked):
+            asked.append(s)
+            return rec, ""
+
+        out = judge_with_schedules(
+            file_body, DeepInputs(n_tokens=54), (Schedule(2048, 512), rec), replay, logits_ok=logits_ok
+        )
+        assert out.tried[0]["first_difference"] == 3 and out.drift and out.decided_by == "drift"
+        assert asked == [*first_asked, Schedule(2048, 32)], logits_ok
