@@ -203,7 +203,7 @@ def test_zeroed_sector_and_flipped_exponent_are_damage(gemma_bytes):
     assert drift_shape(j).evidence.startswith("bytes: body.kv-base.stream[0] V layer 1 (f16): isolated spike")
 
 
-def test_drift_is_replayed_then_accepted(gemma_bytes):
+def test_drift_is_replayed_then_accepted(gemma_bytes, monkeypatch):
     file_body = parse_buffer(gemma_bytes).body
     drifted = parse_buffer(drift_from(gemma_bytes, 46)).body  # the SWA window: 46-53
     inputs = DeepInputs(n_tokens=54)
@@ -225,7 +225,9 @@ def test_drift_is_replayed_then_accepted(gemma_bytes):
     out = judge_with_schedules(file_body, inputs, (Schedule(2048, 512), drifted_more), lambda s: (less, ""))
     assert out.judgment.problems and out.drift and out.decided_by == "drift", out.evidence
     assert out.tried[-1]["margin"] * 2 <= out.tried[0]["margin"]
-    # no split moves it and it starts well after the first tokens: damage, though spread like drift
+    # no split moves it and it starts well after the first tokens: damage, though spread like
+    # drift, in a cache of one stream per slot (test_unmoved_drift_in_a_one_stream_cache_is_cell_placement)
+    monkeypatch.setattr(shape, "single_stream", lambda body: False)
     out = judge_with_schedules(file_body, inputs, (Schedule(2048, 512), drifted_more), lambda s: (None, "no"))
     assert not out.drift and out.decided_by == "shape" and "no split tried moves it" in out.evidence
     assert out.tried[-1]["error"] == "no"
@@ -359,7 +361,7 @@ def _reorder_cells(data: bytes, role: str, order: np.ndarray) -> bytes:
     return bytes(out)
 
 
-def test_cells_out_of_position_order_explain_drift_from_there(gemma_bytes):
+def test_cells_out_of_position_order_explain_drift_from_there(gemma_bytes, monkeypatch):
     """A unified cache shared by concurrent slots gives a slot's later positions whatever cells
     are free, and the file keeps the cells in cell order (a v3 server's slot 0 of 4: positions
     0..49, 76..78, 50..75, 79..124; exact up to 51, then 4.2 floors in every recompute): the
@@ -377,7 +379,9 @@ def test_cells_out_of_position_order_explain_drift_from_there(gemma_bytes):
     rec = parse_buffer(drift_from(gemma_bytes, 40, 1.6)).body
     out = judge_with_schedules(sf.body, inputs, (Schedule(2048, 512), rec), lambda s: (rec, ""))
     assert out.drift and out.decided_by == "drift" and "out of position order from position 40" in out.evidence
-    # the same drift in a file whose cells are in order: no split moves it, damage
+    # the same drift in a file whose cells are in order, in a cache of one stream per slot (one
+    # stream: test_unmoved_drift_in_a_one_stream_cache_is_cell_placement): no split moves it, damage
+    monkeypatch.setattr(shape, "single_stream", lambda body: False)
     plain = parse_buffer(gemma_bytes).body
     out = judge_with_schedules(plain, inputs, (Schedule(2048, 512), rec), lambda s: (rec, ""))
     assert not out.drift and out.unmoved
@@ -583,7 +587,7 @@ def test_the_logits_of_the_closest_recompute_decide():
     assert _closest_logits(first, [(s1, {"rel": 0.01, "all_finite": False})]) is first
 
 
-def test_drift_that_starts_at_the_first_tokens_small_is_another_builds(gemma_bytes):
+def test_drift_that_starts_at_the_first_tokens_small_is_another_builds(gemma_bytes, monkeypatch):
     """Another build's kernels part from this one's at the first tokens, though the drift may
     reach 2 floors only much later (an AVX-512 server's long file against an AVX2 library: exact
     up to position 3, over the floors from 1,371): no split moves it, and it passes as drift."""
@@ -594,8 +598,53 @@ def test_drift_that_starts_at_the_first_tokens_small_is_another_builds(gemma_byt
     assert first_difference(j) == 3 and drift_shape(j).onset == 40
     out = judge_with_schedules(file_body, inputs, (Schedule(2048, 512), rec), lambda s: (rec, ""))
     assert out.drift and out.decided_by == "drift", out.evidence
-    # the same drift from position 40 alone, exact before it: no split moves it, damage
+    # the same drift from position 40 alone, exact before it, in a cache of several streams
+    # (each slot alone in its own): no split moves it, damage
     rec = parse_buffer(drift_from(gemma_bytes, 40, 1.6)).body
+    monkeypatch.setattr(shape, "single_stream", lambda body: False)
+    out = judge_with_schedules(file_body, inputs, (Schedule(2048, 512), rec), lambda s: (rec, ""))
+    assert not out.drift and out.unmoved and "agrees exactly up to position 40" in out.evidence
+
+
+def first_layers_scaled(data: bytes, onset: int, factor: float) -> bytes:
+    """Layer 0 of each block, K and V, scaled by ``factor`` from position ``onset`` on."""
+    sf = parse_buffer(data)
+    out = np.frombuffer(bytearray(data), np.uint8)
+    for blk in sf.body.blocks:
+        st = blk.active_streams()[0]
+        cells = np.flatnonzero(st.positions >= onset)
+        for run in (st.k[0], st.v[0]):
+            n_el = run.row_size // 2
+            a = out[run.data.offset : run.data.offset + run.n_cells * run.row_size].view(np.float16)
+            a = a.reshape((n_el, run.n_cells) if run.transposed else (run.n_cells, n_el))
+            if run.transposed:
+                a[:, cells] = (a[:, cells] * factor).astype(np.float16)
+            else:
+                a[cells] = (a[cells] * factor).astype(np.float16)
+    return out.tobytes()
+
+
+def test_unmoved_drift_in_a_one_stream_cache_is_cell_placement(gemma_bytes):
+    """A unified cache gives a slot's tokens whatever cells are free, among other slots' cells
+    (``llama_kv_cache::find_slot``), and the file keeps only their order: a 4-slot v3 server's
+    multi-turn slot, cells in position order, is exact up to position 17 and 17 floors off, and
+    no split moves it.  Placement reaches no first layer: with that layer agreeing at every
+    position it passes as drift; with the first layer off too (a token changed from there, 1.1
+    to 1.3 floors) it stays damage."""
+    file_body = parse_buffer(gemma_bytes).body
+    assert shape.single_stream(file_body)
+    assert not shape.single_stream(parse_buffer((SLOTS / "llama_2stream.slot").read_bytes()).body)
+    inputs = DeepInputs(n_tokens=54)
+    drifted = drift_from(gemma_bytes, 40, 1.6)
+    rec = parse_buffer(drifted).body
+    out = judge_with_schedules(file_body, inputs, (Schedule(2048, 512), rec), lambda s: (rec, ""))
+    assert out.drift and out.decided_by == "drift" and "one stream" in out.evidence, out.evidence
+    # a caller with no splits to offer (the appendix blobs) still gets "unmoved", to try its own
+    out = judge_with_schedules(file_body, inputs, (Schedule(2048, 512), rec), None)
+    assert not out.drift and out.unmoved
+    rec = parse_buffer(first_layers_scaled(drifted, 40, 1.01)).body
+    j = judge_layers(file_body, rec, inputs)
+    assert not shape.first_layer_agrees(j, None) and not drift_shape(j).evidence.startswith("first layer")
     out = judge_with_schedules(file_body, inputs, (Schedule(2048, 512), rec), lambda s: (rec, ""))
     assert not out.drift and out.unmoved and "agrees exactly up to position 40" in out.evidence
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from slotfile.format.records import Body
+from slotfile.format.records import Body, MemoryKind
 from slotfile.problems import ProblemCode
 from slotfile.verify.judge import (
     MARGIN_LIMIT,
@@ -482,6 +482,21 @@ def judge_with_schedules(
             "shared with concurrent slots), so the server's attention summed them in another order"
         )
         return Outcome(best, best_s, "drift", ev, tried, drift=True)
+    # or a cache of one stream (unified, or one slot): the server gave this slot's tokens
+    # whatever cells were free, among other slots' cells or holes, and the file keeps only their
+    # order, so attention summed them in another grouping, from where it first reached a hole (a
+    # 4-slot unified v3 server's multi-turn slot: cells in position order, the state exact up to
+    # position 17, 17 floors; the same tokens recomputed around holes: exact up to 49, 18.5).  The
+    # cells' placement reaches no first layer (a function of the token and its position): where
+    # that agrees at every position, no token changed
+    if single_stream(file_body) and first_layer_agrees(best, first_block) and recompute is not None:
+        ev = (
+            f"{final.evidence}; closest split {best_s.label()} at {best.margin:.3g} floors; the cache has one "
+            "stream (a unified cache shared by concurrent slots, or one slot), so the server may have placed "
+            "this slot's cells among others' (the file keeps only their order) and summed them in another "
+            "grouping; the first layer agrees at every position"
+        )
+        return Outcome(best, best_s, "drift", ev, tried, drift=True)
     ev = (
         f"spread like drift from position {shape.onset}, but no split tried moves it ({j.margin:.3g} floors "
         f"first, {best.margin:.3g} at best with {len(tried)} recomputes) and the state agrees exactly up to "
@@ -506,6 +521,24 @@ def out_of_order_from(body: Body) -> int | None:
                 if bad.size:
                     first = int(bad[0]) if first is None else min(first, int(bad[0]))
     return first
+
+
+def single_stream(body: Body) -> bool:
+    """Whether every KV block of ``body`` has one stream: a unified cache (``-kvu``, which every
+    slot of the server shares) or a one-slot server's, where ``llama_kv_cache::find_slot`` may
+    have given this slot's tokens cells scattered among other slots' (``n_stream`` in
+    ``llama_kv_cache::state_write``; a non-unified multi-slot cache writes one stream per slot,
+    each slot alone in its own)."""
+    kv = [b for b in body.blocks if b.kind == MemoryKind.KV]
+    return bool(kv) and all(len(b.streams) == 1 for b in kv)
+
+
+def first_layer_agrees(j: Judgment, first_block: str | None) -> bool:
+    """Whether the model's first layer (layer 0 of ``first_block``; unknown: of every block), K
+    and V, is within its floors at every position ``j`` holds: no token was changed, since that
+    layer is a function of the token and its position alone."""
+    runs = [c for c in j.cells if c.layer == 0 and (first_block is None or c.block == first_block)]
+    return bool(runs) and all(c.positions is not None and bool(np.all(c.ratio <= 1.0)) for c in runs)
 
 
 def _judge_schedule(
