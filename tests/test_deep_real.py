@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 pytestmark = [pytest.mark.llama, pytest.mark.slow]
@@ -198,3 +199,75 @@ def test_a_chat_whose_last_reply_was_generated_passes_by_replaying_it(tmp_path):
     assert tried[0]["problems"] and tried[0]["margin"] > 4  # the prefill alone: a false alarm
     assert deep["status"] == "pass" and deep["details"]["decided_by"] == "schedule", deep["details"]["evidence"]
     assert tried[1]["stepwise"] == [[r0, r1]] and tried[1]["cuts"] == [p1 - 4] and tried[1]["problems"] == 0
+
+
+def test_a_unified_cache_slot_among_other_slots_cells_passes_as_drift(tmp_path):
+    """A unified cache gives a slot's tokens whatever cells are free (``llama_kv_cache::find_slot``
+    tests them one by one), among other slots' cells, and the file keeps only their order: a v3
+    4-slot server's clean multi-turn slot (fixtures/real/v3-unified-slot-156-tokens.json, its
+    tokens) failed at 17 floors, exact up to position 17, no split moving it.  Its tokens decoded
+    the same way around holes in another sequence's cells (``-fa off``, f16) drift alike; the
+    model's first layer agrees at every position, so it passes as drift, and a changed token in
+    the same file still fails."""
+    import json
+
+    from bench import deep_noise as dn
+    from slotfile.verify import Verifier, VerifyOptions
+
+    spec = json.loads((Path(__file__).parent.parent / "fixtures/real/v3-unified-slot-156-tokens.json").read_text())
+    toks, n_prompt = spec["tokens"], spec["prompt"]
+    model_path = str(gemma.assemble())
+    L = dn.lib()
+    model = L.llama_model_load_from_file(model_path.encode(), L.llama_model_default_params())
+    path = tmp_path / "unified.slot"
+    try:
+        p = L.llama_context_default_params()
+        p.n_ctx, p.n_batch, p.n_ubatch, p.n_seq_max, p.kv_unified = 1024, 2048, 512, 2, True
+        p.n_threads = p.n_threads_batch = dn.THREADS
+        p.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        p.type_k = p.type_v = dn.TYPES["f16"]
+        p.no_perf = True
+        ctx = L.llama_init_from_model(model, p)
+        assert ctx
+
+        def decode(part: list[int], pos0: int, seq: int) -> None:
+            b = L.llama_batch_init(len(part), 0, 1)
+            b.n_tokens = len(part)
+            for j, t in enumerate(part):
+                b.token[j], b.pos[j], b.n_seq_id[j], b.logits[j] = t, pos0 + j, 1, j == len(part) - 1
+                b.seq_id[j][0] = seq
+            assert L.llama_decode(ctx, b) == 0
+            L.llama_batch_free(b)
+
+        decode((toks * 3)[: spec["filler"]], 0, 0)  # another slot's cells ...
+        mem = L.llama_get_memory(ctx)
+        for a, b in spec["holes"]:  # ... some of them freed
+            assert L.llama_memory_seq_rm(mem, 0, a, b)
+        decode(toks[:n_prompt], 0, 1)  # the prompt, into whatever cells are free
+        for i in range(n_prompt, len(toks)):  # the reply, one token per call
+            decode([toks[i]], i, 1)
+        arr = (L.llama_token * len(toks))(*toks)
+        assert L.llama_state_seq_save_file(ctx, str(path).encode(), 1, arr, len(toks))
+        L.llama_free(ctx)
+    finally:
+        L.llama_model_free(model)
+    from slotfile.format.reader import open_slot_file
+
+    sf = open_slot_file(path)
+    assert [len(b.streams) for b in sf.body.blocks] == [1, 1]  # one stream per block: unified
+    assert all(np.array_equal(b.active_streams()[0].positions, np.arange(len(toks))) for b in sf.body.blocks)
+    ids = sf.tokens.ids_offset
+    sf.close()
+    changed = bytearray(path.read_bytes())  # position 100's token replaced by position 20's
+    changed[ids + 4 * 100 : ids + 4 * 101] = changed[ids + 4 * 20 : ids + 4 * 21]
+    damaged = tmp_path / "token-changed.slot"
+    damaged.write_bytes(bytes(changed))
+    with Verifier(VerifyOptions(model=model_path, deep=True)) as v:
+        deep = v.verify(path).to_dict()["levels"]["deep"]
+        bad = v.verify(damaged).to_dict()["levels"]["deep"]
+    tried = deep["details"]["schedules"]
+    assert tried[0]["problems"] and tried[0]["margin"] > 4  # every recompute: a false alarm before d164fed
+    assert all(t["margin"] > 4 for t in tried) and 16 < tried[0]["first_difference"] < n_prompt
+    assert deep["status"] == "pass" and deep["details"]["decided_by"] == "drift", deep["details"]["evidence"]
+    assert "one stream" in deep["details"]["evidence"]
+    assert bad["status"] == "fail" and bad["details"]["decided_by"] != "drift", bad["details"]["evidence"]
