@@ -718,3 +718,27 @@ def test_no_reply_replay_where_another_builds_drift_is_settled(gemma_bytes):
         )
         assert out.tried[0]["first_difference"] == 3 and out.drift and out.decided_by == "drift"
         assert asked == [*first_asked, Schedule(2048, 32)], logits_ok
+
+
+@pytest.mark.llama
+def test_a_recurrent_state_failing_by_its_median_is_not_drift(tmp_path: Path):
+    """A recurrent S state is one cell: its layer fails by the median head angle, which its cell
+    ratios need not reach, and drift_shape read "no cell over the limit" as drift; a one-stream
+    cache whose first layer agrees then excused it (seed 25's 16-byte zero span in a Jamba S
+    state, 15 floors).  Judged by the layer's row, it is damage, with no retry."""
+    from slotfile.verify import Verifier, VerifyOptions
+
+    src = SLOTS / "extra-jamba.slot"
+    sf = open_slot_file(src)
+    (s0,) = [r for b in sf.body.blocks for r in b.s if r.index == 0]
+    at = s0.data.offset + 114
+    sf.close()
+    data = bytearray(src.read_bytes())
+    data[at : at + 16] = bytes(16)
+    p = tmp_path / "jamba-s-zeroed.slot"
+    p.write_bytes(bytes(data))
+    with Verifier(VerifyOptions(model=str(MODELS / "extra-jamba.gguf"), deep=True)) as v:
+        d = v.verify(p).levels["deep"]
+    assert d.status == "fail" and d.details["decided_by"] == "shape", d.details["evidence"]
+    assert "recurrent state" in d.details["evidence"] and len(d.details["schedules"]) == 1
+    assert d.details["margin"] > 4

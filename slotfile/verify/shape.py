@@ -163,7 +163,14 @@ def drift_shape(
     other = [p for p in j.problems if p[0] != ProblemCode.DEEP_MISMATCH]
     if other:
         return Shape(False, f"{other[0][0]}: {other[0][3]}")
-    if any(c.positions is None and bool(np.any(c.ratio > limit)) for c in j.cells):
+    # a recurrent state fails by its layer's ratio (the median head angle over its one cell's
+    # heads), which its cell ratios need not reach: judged by the row, or it would read as no
+    # cell over the limit, i.e. drift (a 16-byte zero span in a Jamba S state: 15 floors)
+    rows = {(r.get("block"), r.get("part"), r.get("layer")): float(r.get("ratio", 0.0)) for r in j.rows}
+    if any(
+        c.positions is None and (rows.get((c.block, c.part, c.layer), 0.0) > limit or bool(np.any(c.ratio > limit)))
+        for c in j.cells
+    ):
         return Shape(False, "a recurrent state differs beyond its floors (one cell: no shape to read)")
     m, runs = _position_matrix(j.cells)
     if not runs:
