@@ -89,6 +89,10 @@ class Config:
     kv_unified: bool | None = None  # -kvu / -no-kvu; None = the server's default
     threads: int = 2  # -t and -tb
     cache_reuse: int | None = None  # --cache-reuse N (KV shifting to reuse chunks)
+    # speculative decoding with the model as its own draft (-md, --spec-type draft-simple): the server decodes each
+    # reply in batches of the last token and up to this many drafted ones, not one token per call; 0: off
+    speculative: int = 0
+    n_predict: int | None = None  # tokens a turn, over --n-predict (speculation needs replies longer than a draft)
     doc_words: int = 1800  # the "long" scenario's document (gemma: about 1.3 tokens a word; fixtures: ~6 a word)
     scenarios: tuple[str, ...] = ("single", "multiturn")
 
@@ -145,6 +149,8 @@ def server_args(
         args.append("-no-kvu")
     if cfg.cache_reuse is not None:
         args += ["--cache-reuse", str(cfg.cache_reuse)]
+    if cfg.speculative:
+        args += ["-md", str(model_path), "--spec-type", "draft-simple", "--spec-draft-n-max", str(cfg.speculative)]
     args += list(extra)
     return args
 
@@ -275,6 +281,28 @@ def configs(version: int) -> list[Config]:
         Config("g-np4-long", "gemma", n_parallel=4, ctx=16384, flash_attn="on", scenarios=("long",)),
         Config("g-t1", "gemma", threads=1, scenarios=("single", "long")),
         Config("g-cache-reuse", "gemma", cache_reuse=64, scenarios=("multiturn",)),
+        # speculative decoding: one slot, 4 separate caches (-fa on) and one unified cache, 48-token replies
+        Config("g-spec", "gemma", speculative=8, n_predict=48, scenarios=("single", "long", "multiturn")),
+        Config(
+            "g-np4-spec",
+            "gemma",
+            n_parallel=4,
+            ctx=16384,
+            flash_attn="on",
+            speculative=8,
+            n_predict=48,
+            scenarios=("single", "multiturn"),
+        ),
+        Config(
+            "g-np4-kvu-spec",
+            "gemma",
+            n_parallel=4,
+            ctx=16384,
+            kv_unified=True,
+            speculative=8,
+            n_predict=48,
+            scenarios=("single", "multiturn"),
+        ),
     ]
     f: list[Config] = []
     for key in FIXTURES:
@@ -450,7 +478,7 @@ def run_config(
         _, props = _http("GET", base + "/props")
         for si, scenario in enumerate(cfg.scenarios):
             slots = slots_for(cfg)
-            results = run_concurrently(base, cfg, scenario, slots, n_predict, si)
+            results = run_concurrently(base, cfg, scenario, slots, cfg.n_predict or n_predict, si)
             for slot in slots:
                 fname = f"{cfg.name}__{scenario}__s{slot}.bin"
                 status, save = _http("POST", base + f"/slots/{slot}?action=save", {"filename": fname})

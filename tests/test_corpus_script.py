@@ -50,6 +50,9 @@ def test_server_args_variants() -> None:
     assert "--swa-full" in args and "-no-kvu" in args and "-kvu" not in args
     assert _flag(args, "-t") == "1" and _flag(args, "--cache-reuse") == "64"
     assert "-kvu" in C.server_args(C.Config("y", "gemma", n_parallel=4, kv_unified=True), "m", 1, "d")
+    spec = C.server_args(C.Config("z", "gemma", speculative=8), "m.gguf", 1, "d")
+    assert _flag(spec, "-md") == "m.gguf" and _flag(spec, "--spec-type") == "draft-simple"
+    assert _flag(spec, "--spec-draft-n-max") == "8" and "-md" not in args
 
 
 def test_document_is_deterministic_and_sized() -> None:
@@ -115,6 +118,10 @@ def test_matrix_covers_the_issue() -> None:
     assert {c.swa_full for c in g} == {True, False}
     assert len({(c.batch, c.ubatch) for c in g}) >= 3
     assert {s for c in g for s in c.scenarios} == {"single", "long", "multiturn"}
+    # speculative decoding (replies decoded in drafted batches), one slot and several, separate and unified caches
+    spec = [c for c in g if c.speculative]
+    assert spec and {c.n_parallel for c in spec} >= {1, 4} and {bool(c.kv_unified) for c in spec} == {True, False}
+    assert all((c.n_predict or 0) > c.speculative for c in spec)
     # long prompts under a small ubatch, with flash attention on and off (the split changes the stored values)
     assert {c.flash_attn for c in g if "long" in c.scenarios and c.ubatch is not None and c.ubatch < 512} == {
         "on",
