@@ -379,16 +379,22 @@ def test_cells_out_of_position_order_explain_drift_from_there(gemma_bytes, monke
     rec = parse_buffer(drift_from(gemma_bytes, 40, 1.6)).body
     out = judge_with_schedules(sf.body, inputs, (Schedule(2048, 512), rec), lambda s: (rec, ""))
     assert out.drift and out.decided_by == "drift" and "out of position order from position 40" in out.evidence
+    # with the first recompute's logits agreeing, no retry can change that: none is made
+    out = judge_with_schedules(
+        sf.body, inputs, (Schedule(2048, 512), rec), lambda s: pytest.fail("retried"), logits_ok=True
+    )
+    assert out.drift and len(out.tried) == 1 and "not retried" in out.evidence
     # the same drift in a file whose cells are in order, in a cache of one stream per slot (one
     # stream: test_unmoved_drift_in_a_one_stream_cache_is_cell_placement): no split moves it, damage
     monkeypatch.setattr(shape, "single_stream", lambda body: False)
     plain = parse_buffer(gemma_bytes).body
     out = judge_with_schedules(plain, inputs, (Schedule(2048, 512), rec), lambda s: (rec, ""))
     assert not out.drift and out.unmoved
-    # drift from position 38, before the first cell out of order: damage
+    # drift from position 38, before the first cell out of order: damage, retried first
     rec = parse_buffer(drift_from(gemma_bytes, 38, 1.6)).body
-    out = judge_with_schedules(sf.body, inputs, (Schedule(2048, 512), rec), lambda s: (rec, ""))
+    out = judge_with_schedules(sf.body, inputs, (Schedule(2048, 512), rec), lambda s: (rec, ""), logits_ok=True)
     assert not out.drift and out.unmoved and "agrees exactly up to position 38" in out.evidence
+    assert len(out.tried) > 1
 
 
 def _rotate_cell_table(out: bytearray, st, rot: np.ndarray) -> None:
