@@ -63,15 +63,16 @@ def flip_exponent(data: bytes, seed: int = 25) -> bytes:
     return bytes(out)
 
 
-def drift_from(data: bytes, onset: int, factor: float = 1.3) -> bytes:
+def drift_from(data: bytes, onset: int, factor: float = 1.3, first: bool = False) -> bytes:
     """Every layer but the first of each block scaled by ``factor`` from position ``onset`` on:
-    a difference shaped like drift (spread over the layers above the first, from an onset)."""
+    a difference shaped like drift (spread over the layers above the first, from an onset).
+    ``first``: the first layer of each block alone instead."""
     sf = parse_buffer(data)
     out = np.frombuffer(bytearray(data), np.uint8)
     for blk in sf.body.blocks:
         st = blk.active_streams()[0]
         cells = np.flatnonzero(st.positions >= onset)
-        for run in (*st.k[1:], *st.v[1:]):
+        for run in (st.k[0], st.v[0]) if first else (*st.k[1:], *st.v[1:]):
             n_el = run.row_size // 2
             a = out[run.data.offset : run.data.offset + run.n_cells * run.row_size].view(np.float16)
             a = a.reshape((n_el, run.n_cells) if run.transposed else (run.n_cells, n_el))
@@ -612,24 +613,6 @@ def test_drift_that_starts_at_the_first_tokens_small_is_another_builds(gemma_byt
     assert not out.drift and out.unmoved and "agrees exactly up to position 40" in out.evidence
 
 
-def first_layers_scaled(data: bytes, onset: int, factor: float) -> bytes:
-    """Layer 0 of each block, K and V, scaled by ``factor`` from position ``onset`` on."""
-    sf = parse_buffer(data)
-    out = np.frombuffer(bytearray(data), np.uint8)
-    for blk in sf.body.blocks:
-        st = blk.active_streams()[0]
-        cells = np.flatnonzero(st.positions >= onset)
-        for run in (st.k[0], st.v[0]):
-            n_el = run.row_size // 2
-            a = out[run.data.offset : run.data.offset + run.n_cells * run.row_size].view(np.float16)
-            a = a.reshape((n_el, run.n_cells) if run.transposed else (run.n_cells, n_el))
-            if run.transposed:
-                a[:, cells] = (a[:, cells] * factor).astype(np.float16)
-            else:
-                a[cells] = (a[cells] * factor).astype(np.float16)
-    return out.tobytes()
-
-
 def test_unmoved_drift_in_a_one_stream_cache_is_cell_placement(gemma_bytes):
     """A unified cache gives a slot's tokens whatever cells are free, among other slots' cells
     (``llama_kv_cache::find_slot``), and the file keeps only their order: a 4-slot v3 server's
@@ -648,7 +631,7 @@ def test_unmoved_drift_in_a_one_stream_cache_is_cell_placement(gemma_bytes):
     # a caller with no splits to offer (the appendix blobs) still gets "unmoved", to try its own
     out = judge_with_schedules(file_body, inputs, (Schedule(2048, 512), rec), None)
     assert not out.drift and out.unmoved
-    rec = parse_buffer(first_layers_scaled(drifted, 40, 1.01)).body
+    rec = parse_buffer(drift_from(drifted, 40, 1.01, first=True)).body
     j = judge_layers(file_body, rec, inputs)
     assert not shape.first_layer_agrees(j, None) and not drift_shape(j).evidence.startswith("first layer")
     out = judge_with_schedules(file_body, inputs, (Schedule(2048, 512), rec), lambda s: (rec, ""))
