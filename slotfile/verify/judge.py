@@ -269,6 +269,9 @@ class RunCells:
     layer: int
     positions: np.ndarray | None
     ratio: np.ndarray
+    # the layer's own ratio (its report row's): a recurrent state's one cell fails by the median
+    # head angle, which its cell ratios need not reach
+    layer_ratio: float = 0.0
 
 
 Problem = tuple[ProblemCode, str, int | None, str]
@@ -445,7 +448,7 @@ def _compare_run(
             "limit": MARGIN_LIMIT,
         }
     )
-    out.cells.append(RunCells(role, fr.part, fr.index, pos, _cell_ratios(cs, j["floor"])))
+    out.cells.append(RunCells(role, fr.part, fr.index, pos, _cell_ratios(cs, j["floor"]), float(j["ratio"])))
     off = _cell_offset(fr, cell)
     if not s_st.finite:
         msg = f"{fr.part} layer {fr.index}: non-finite values (first in cell {cell})"

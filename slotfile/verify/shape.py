@@ -163,14 +163,9 @@ def drift_shape(
     other = [p for p in j.problems if p[0] != ProblemCode.DEEP_MISMATCH]
     if other:
         return Shape(False, f"{other[0][0]}: {other[0][3]}")
-    # a recurrent state fails by its layer's ratio (the median head angle over its one cell's
-    # heads), which its cell ratios need not reach: judged by the row, or it would read as no
-    # cell over the limit, i.e. drift (a 16-byte zero span in a Jamba S state: 15 floors)
-    rows = {(r.get("block"), r.get("part"), r.get("layer")): float(r.get("ratio", 0.0)) for r in j.rows}
-    if any(
-        c.positions is None and (rows.get((c.block, c.part, c.layer), 0.0) > limit or bool(np.any(c.ratio > limit)))
-        for c in j.cells
-    ):
+    # a recurrent state is judged by its layer's ratio too, or a failure by its median would read
+    # as no cell over the limit, i.e. drift (a 16-byte zero span in a Jamba S state: 15 floors)
+    if any(c.positions is None and (c.layer_ratio > limit or bool(np.any(c.ratio > limit))) for c in j.cells):
         return Shape(False, "a recurrent state differs beyond its floors (one cell: no shape to read)")
     m, runs = _position_matrix(j.cells)
     if not runs:
@@ -265,11 +260,7 @@ def _first_layer(m: np.ndarray, runs: list[RunCells], p: int, limit: float, firs
     """Why position ``p`` is damage: the model's first layer (layer 0 of ``first_block``, or of
     every block when unknown) differs beyond the limit in K and V, and stands out from that
     layer's other cells (:data:`STANDOUT`) ('': it does not)."""
-    held = [
-        k
-        for k, x in enumerate(runs)
-        if x.layer == 0 and (first_block is None or x.block == first_block) and not np.isnan(m[k, p])
-    ]
+    held = [k for k, x in enumerate(runs) if _is_first_layer(x, first_block) and not np.isnan(m[k, p])]
     at = np.nan_to_num(m[held, p])
     typical = np.array([nanmedian(m[k]) for k in held])
     if held and float(at.min()) > limit and bool(np.all(at > STANDOUT * typical)):
@@ -278,6 +269,11 @@ def _first_layer(m: np.ndarray, runs: list[RunCells], p: int, limit: float, firs
             "(they depend on the token and its position only: a changed token or damaged rows)"
         )
     return ""
+
+
+def _is_first_layer(c: RunCells, first_block: str | None) -> bool:
+    """Whether ``c`` is the model's first layer: layer 0 of ``first_block`` (None: of any block)."""
+    return c.layer == 0 and (first_block is None or c.block == first_block)
 
 
 def candidate_schedules(
@@ -553,7 +549,7 @@ def first_layer_agrees(j: Judgment, first_block: str | None) -> bool:
     """Whether the model's first layer (layer 0 of ``first_block``; unknown: of every block), K
     and V, is within its floors at every position ``j`` holds: no token was changed, since that
     layer is a function of the token and its position alone."""
-    runs = [c for c in j.cells if c.layer == 0 and (first_block is None or c.block == first_block)]
+    runs = [c for c in j.cells if _is_first_layer(c, first_block)]
     return bool(runs) and all(c.positions is not None and bool(np.all(c.ratio <= 1.0)) for c in runs)
 
 
