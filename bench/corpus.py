@@ -315,6 +315,21 @@ def configs(version: int) -> list[Config]:
         q: dict[str, Any] = {"cache_k": "q8_0", "cache_v": "q8_0"} if key in ("llama", "mamba") else {}
         f.append(Config(f"f-{key}-fa-on{'-q8' if q else ''}", key, flash_attn="on", **q, **kw))
         f.append(Config(f"f-{key}-ub64-np4", key, n_parallel=4, batch=128, ubatch=64, scenarios=("long",), **kw4))
+        # the same 4 slots sharing one unified cache (-kvu, a current server's default with -np auto): a slot's
+        # cells go wherever cells are free (llama_kv_cache::find_slot), among the other slots'; for the hybrid
+        # models the recurrent part keeps one state per slot
+        f.append(
+            Config(
+                f"f-{key}-np4-kvu",
+                key,
+                n_parallel=4,
+                kv_unified=True,
+                batch=128,
+                ubatch=64,
+                scenarios=("long", "multiturn"),
+                **kw4,
+            )
+        )
     return g + f
 
 

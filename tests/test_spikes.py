@@ -298,3 +298,72 @@ def test_columns_joined_over_chunks_equal_the_whole():
         assert np.array_equal(rest[c], others.max(axis=0))
     assert cols.n_cells == 23 and np.allclose(cols.values, (y * y).sum(axis=0))
     assert np.array_equal(cols.nonzero, (u > 0).sum(axis=0))
+
+
+# written by 4-slot unified-cache (-kvu) llama-servers on the fixture models (bench/corpus.py config
+# f-<model>-np4-kvu; each file's flags, build and save response: the .json beside it)
+REAL = Path(__file__).resolve().parent.parent / "fixtures" / "real"
+
+
+def _flip_f32(data: bytes, offset: int, bit: int) -> bytes:
+    out = bytearray(data)
+    word = int.from_bytes(out[offset : offset + 4], "little") ^ (1 << bit)
+    out[offset : offset + 4] = word.to_bytes(4, "little")
+    return bytes(out)
+
+
+@pytest.mark.llama
+def test_unified_slots_of_real_servers_pass_and_their_flips_fail(llama_v4_lib, tmp_path: Path):
+    """Three clean slots of 4-slot unified-cache servers that failed deep (2026-12-06): a v4 tiny
+    llama's V element at 0.00024 (its size 0.34) four f16 steps off where the rest of its head
+    and the element in every other cell are exact (its step now taken at SIZE_FLOOR of its size);
+    a v4 Jamba S state 10 f32 steps off at its largest value where the rest of the row shows 3
+    (3.33 times, over the old recurrent limit of 3.0); a v3 tiny Gemma 3 whose sliding window
+    lacks its oldest cell, which ``find_slot`` gave another slot (``window_edge_given_away``).
+    Each passes, and a flip in each still fails."""
+    from slotfile.verify import Verifier, VerifyOptions
+
+    llama, jamba, gemma3 = (
+        REAL / f"{n}.bin" for n in ("v4-kvu-llama-small-value", "v4-kvu-jamba-state", "v3-kvu-gemma3tiny-window-edge")
+    )
+    for f in (llama, jamba, gemma3):
+        side = json.loads(f.with_suffix(".json").read_text())
+        assert "-kvu" in side["server_argv"] and side["save_response"]["n_saved"] > 0
+    data = llama.read_bytes()
+    v1 = _run(data, "kv", "V", 1)
+    bad_llama = flip_f16(data, v1, *_big_element(data, v1), 10)[0]  # an exponent bit: x2 or /2
+    sf = parse_buffer(jamba.read_bytes())
+    (s0,) = [r for b in sf.body.blocks for r in b.s if r.index == 0]
+    off_jamba = s0.data.offset + 4 * 208  # the element 10 steps off; an exponent bit flipped
+    bad_jamba = _flip_f32(jamba.read_bytes(), off_jamba, 29)
+    cases = [
+        (llama, str(MODELS / "llama.gguf"), str(llama_v4_lib), bad_llama),
+        (jamba, str(MODELS / "extra-jamba.gguf"), str(llama_v4_lib), bad_jamba),
+    ]
+    for f, model, lib, bad in cases:
+        with Verifier(VerifyOptions(model=model, deep=True, llama_lib=lib)) as ver:
+            clean = ver.verify(f).levels["deep"]
+            assert clean.status == "pass", (f.name, [p.message for p in clean.problems])
+            p = tmp_path / f"flipped-{f.name}"
+            p.write_bytes(bad)
+            d = ver.verify(p).levels["deep"]
+            assert d.status == "fail", (f.name, d.details.get("evidence"))
+    with Verifier(VerifyOptions(model=str(MODELS / "gemma3.gguf"), deep=True)) as ver:
+        d = ver.verify(gemma3).levels["deep"]
+    assert d.status == "pass", [p.message for p in d.problems]
+    (swa,) = [r for r in d.details["layers"] if r["block"] == "kv-swa" and (r["part"], r["layer"]) == ("K", 0)]
+    assert swa["cells"] == 7  # the recompute's window holds 8
+
+
+def test_a_sliding_window_may_lack_only_its_oldest_cell():
+    """The window the state writer keeps (positions after pos_max - n_swa) less its oldest cell,
+    and nothing else: another missing cell, two, or a stream of a window that starts at 0 in a
+    block that is not a sliding-window one is a difference."""
+    from slotfile.verify.judge import window_edge_given_away as edge
+
+    rec = np.arange(229, 237)
+    assert edge("kv-swa", np.arange(230, 237), rec) and edge("kv", np.arange(230, 237)[::-1], rec)
+    assert not edge("kv-swa", np.array([229, 230, 231, 232, 233, 234, 236]), rec)  # a later one
+    assert not edge("kv-swa", np.arange(231, 237), rec)  # two
+    assert not edge("kv-swa", rec, rec) and not edge("kv-swa", np.arange(0), np.arange(0))
+    assert edge("kv-swa", np.arange(1, 8), np.arange(8)) and not edge("kv", np.arange(1, 8), np.arange(8))

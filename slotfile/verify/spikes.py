@@ -13,6 +13,10 @@ three noise levels:
 * the same unit in the other cells: the largest of their differences;
 * the storage resolution at the recomputed value: one f16/bf16/f32 step (ulp) of the element,
   one quantization step of the block (its largest |value| over 127 for q8_0, over 8 for q4_0).
+  An element's step is taken at no less than :data:`SIZE_FLOOR` of its size (its root mean
+  square over the cells): a value the model computed as a small sum of large terms rounds in
+  f32 at the terms' scale, so near zero one f16 step says nothing (a 4-slot unified server's
+  V element at 0.00024, of size 0.34, four f16 steps off in an otherwise exact context).
 
 Largest, not typical: drift's largest difference in a row or a column is within a few times
 any other value's there, so a flip that moves a value more than the drift around it does not
@@ -26,11 +30,11 @@ dimension of a row whose large dimensions drift is not excused by them.  A unit 
 :data:`CLEAN_MAX_SCALED`) is damage in the file's bytes: :data:`SPIKE_MARGIN` times the largest
 ratio 280 clean real-server files show for its kind (:data:`CLEAN_MAX`).  In an exact context
 (the rest of the head and the unit in every other cell equal the recompute bit for bit) a unit
-more than :data:`EXACT_LIMIT` storage steps off (a block: :data:`EXACT_BLOCK_LIMIT`) is damage
-too, and :data:`LAYER_EXACT_LIMIT` steps where every other value of the layer is exact.  What
-stays unclaimed: a flip within a few storage steps (a low mantissa bit, a q8_0/q4_0 quant's
-lowest bit), and a flip no larger than a few times the drift around it
-(bench/detect-shape-judge.md).
+more than :data:`EXACT_LIMIT` storage steps off (a block: :data:`EXACT_BLOCK_LIMIT`), or its
+kind's limit where that is lower, is damage too, and :data:`LAYER_EXACT_LIMIT` steps where
+every other value of the layer is exact.  What stays unclaimed: a flip within a few storage
+steps (a low mantissa bit, a q8_0/q4_0 quant's lowest bit), and a flip no larger than a few
+times the drift around it (bench/detect-shape-judge.md).
 """
 
 from __future__ import annotations
@@ -51,8 +55,11 @@ from slotfile.verify.stats import CHUNK_CELLS, FLOAT_TYPES, dequant_rows
 # a CPU-written Gemma 3 file drift (g-ub128-b256-fa-off long, cell 293: 5.98 against 1.70 in its row), V
 # 2.36 in a GPU-written one, R/S two f32 steps of an LFM2 or Mamba state, quantized blocks 1.61 (q4_0 V);
 # with the rest of the head scaled to the element's size, K 2.59 and V 2.94 (the tiny Gemma 3 fixture model
-# written on a GPU, a few f16 steps apart).
-CLEAN_MAX = {"K": 3.53, "V": 2.36, "rec": 2.0, "quantized": 1.61}
+# written on a GPU, a few f16 steps apart).  R/S since 2026-12-06: 3.33, the Jamba fixture's S state in a 4-slot
+# unified (-kvu) v4 server's slot (f-jamba-np4-kvu long slot 3: 452 of its 512 values a few f32 steps off, the
+# largest value 10 steps where the rest of the row shows 3; the batch the server decoded holds the other
+# slots' tokens too, and its attention sums this slot's cells in their placement).
+CLEAN_MAX = {"K": 3.53, "V": 2.36, "rec": 3.33, "quantized": 1.61}
 CLEAN_MAX_SCALED = {"K": 2.59, "V": 2.94}
 SPIKE_MARGIN = 1.5  # a unit fails above this many times the clean maximum of its kind
 # In an exact context (every other unit of its head and this unit in every other cell equal the
@@ -64,6 +71,14 @@ SPIKE_MARGIN = 1.5  # a unit fails above this many times the clean maximum of it
 # the limit is 7, which claims what it claimed before from one flipped bit (a mantissa bit k moves
 # a value by exactly 2^k steps: 8 and up) and leaves 5-7 steps, which no single flip gives.
 EXACT_LIMIT = 7.0
+# An element's storage step is taken at no less than this fraction of its size (its root mean
+# square over the cells).  ggml sums a K/V value in f32 from terms of about the size of the
+# element; an input that moved by a few f32 steps (another grouping of the same cells, another
+# batch's kernel path) moves the sum by about 2^-24 times the terms' scale times the square root
+# of their number, which is one f16 step (2^-11 of a value) only for values below about a
+# thousandth of that scale at 64-4,096 terms: 1/64 leaves room and claims only the low mantissa
+# bits of values that small.
+SIZE_FLOOR = 1.0 / 64
 EXACT_BLOCK_LIMIT = 1.5
 LAYER_EXACT_LIMIT = 2.0
 # mantissa bits per float type: one step (ulp) of a value in [2^e, 2^(e+1)) is 2^(e - bits);
@@ -97,7 +112,7 @@ class Spike:
     recomputed: float
     head_rest: float  # the rest of its head: the largest difference of the other units
     cells_rest: float  # the same unit in the other cells: the largest of their differences
-    resolution: float  # one storage step at the recomputed value
+    resolution: float  # one storage step at the recomputed value (an element's: at least SIZE_FLOOR of its size)
     block: int  # values moving together: 1 for an element, 32 for a q8_0/q4_0 block
     limit: float = 0.0  # the limit it was judged against (its kind's, or exact_limit() steps)
     exact: bool = False  # the rest of its head and its element in every other cell equal the recompute
@@ -281,7 +296,9 @@ def _worst_unit(
     u = unit_diffs(x - y, t) if u is None else u
     if not u.size:
         return None
-    row, col, res = _rest_of_heads(u, head_units), cols.rest(c0, u.shape[0]), np.maximum(resolution(y, t), _TINY)
+    size = np.maximum(np.sqrt(cols.values / cols.n_cells), _TINY)[None, :]  # each element's RMS over the cells
+    at = np.maximum(np.abs(y), SIZE_FLOOR * size) if t in _MANTISSA else y
+    row, col, res = _rest_of_heads(u, head_units), cols.rest(c0, u.shape[0]), np.maximum(resolution(at, t), _TINY)
     z = u / np.maximum(np.maximum(row, col), res)
     # exact context: every other unit of the head and this unit in every other cell equal the recompute
     exact = (_head_nonzero(u, head_units) == (u > 0)) & (cols.nonzero[None, :] == (u > 0))
@@ -291,7 +308,6 @@ def _worst_unit(
     scaled = np.zeros(u.shape, dtype=bool)
     if lims.scaled is not None:
         # the rest of the head in units of each element's size (RMS of its recomputed values over the cells)
-        size = np.maximum(np.sqrt(cols.values / cols.n_cells), _TINY)[None, :]
         row_s = _rest_of_heads(u / size, head_units) * size
         z_s = u / np.maximum(np.maximum(row_s, col), res)
         scaled = (z_s / lims.scaled > z / lim) & ~exact
