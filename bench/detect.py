@@ -124,10 +124,11 @@ def fixture_sources() -> list[Source]:
 
 def select(sources: list[Source], n: int, max_tokens: int) -> list[Source]:
     """``n`` files spread over the strata: Gemma and fixture-model strata alternate, each stratum
-    giving its smallest file not yet taken, round after round."""
+    giving its smallest file not yet taken, round after round.  A file with no tokens (a slot the
+    server cleared before saving it) holds nothing to damage and is left out."""
     strata: dict[tuple[str, ...], list[Source]] = {}
     for s in sorted(sources, key=lambda s: (s.n_tokens, s.path.name)):
-        if s.n_tokens <= max_tokens:
+        if 0 < s.n_tokens <= max_tokens:
             strata.setdefault(s.stratum, []).append(s)
     gemma = [k for k in sorted(strata) if k[1].startswith("gemma-3")]
     other = _interleave_models([k for k in sorted(strata) if not k[1].startswith("gemma-3")])
