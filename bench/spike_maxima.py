@@ -6,9 +6,13 @@ kind (K, V, R/S, quantized blocks; exact contexts apart) in each of the rule's t
 ``--deep`` and keep a copy of the first recompute, the state the spike rule judges against
 (``slotfile.verify.deep._judge_deep`` is wrapped for that: the worker writes it to a scratch file).
 ``maxima``: the worst ratios over the captured files, offline (seconds per file).
+``layers``: per layer, its largest unit difference over the largest of every other unit of the
+layer (what a limit on the whole layer, not the unit's neighbourhood, would have to allow), the
+worst per kind where the unit moved more than ``EXACT_LIMIT`` storage steps.
 
     python bench/spike_maxima.py capture --cache /tmp/spikes ~/.cache/slotfile/corpus/v4-cuda/*.bin
     python bench/spike_maxima.py maxima --cache /tmp/spikes
+    python bench/spike_maxima.py layers --cache /tmp/spikes --cache /tmp/spikes-v3
 """
 
 from __future__ import annotations
@@ -42,13 +46,13 @@ def capture(files: list[Path], cache: Path) -> None:
     current: dict[str, str] = {}
     judge = deep._judge_deep
 
-    def keep(lv: Any, body: Any, run: Any, res: Any, caches: Any, retry: Any) -> None:
+    def keep(lv: Any, body: Any, run: Any, res: Any, early: Any, retry: Any) -> None:
         out = cache / f"{current['tag']}.rec"
         if not out.exists():
             shutil.copy(res.recomputed, out)
-            heads = {role: {"K": c.head_k, "V": c.head_v} for role, c in caches.items()}
+            heads = {role: {"K": c.head_k, "V": c.head_v} for role, c in early.caches.items()}
             (cache / f"{current['tag']}.json").write_text(json.dumps({"file": current["file"], "heads": heads}))
-        judge(lv, body, run, res, caches, retry)
+        judge(lv, body, run, res, early, retry)
 
     deep._judge_deep = keep
     groups: dict[tuple[str, int], list[Path]] = {}
@@ -100,16 +104,75 @@ def maxima(cache: Path, top: int = 3) -> dict[str, list[tuple[float, str]]]:
     return {k: sorted(v, reverse=True)[:top] for k, v in sorted(found.items())}
 
 
+def _lone_in_layer(a: Any, b: Any, b_cells: Any) -> tuple[float, float, int, int] | None:
+    """A layer's largest unit difference over the largest of every other unit, that unit's
+    storage steps, its cell and unit (None: no difference or no such type)."""
+    import numpy as np
+
+    from slotfile.verify.stats import CHUNK_CELLS, FLOAT_TYPES
+
+    n, t = a.n_cells, a.type_id
+    if n == 0 or a.row_size == 0 or (t not in FLOAT_TYPES and t not in spikes._QMAX):
+        return None
+    top: list[tuple[float, float, int, int]] = []  # (difference, step, cell, unit): each chunk's two largest
+    for c0 in range(0, n, CHUNK_CELLS):
+        x, y = spikes._pair(a, b, c0, min(n, c0 + CHUNK_CELLS), b_cells)
+        u, res = spikes.unit_diffs(x - y, t), spikes.resolution(y, t)
+        flat = u.ravel()
+        for i in np.argpartition(flat, -2)[-2:] if flat.size >= 2 else range(flat.size):
+            c, k = np.unravel_index(int(i), u.shape)
+            top.append((float(flat[i]), float(res[c, k]), int(c) + c0, int(k)))
+    top.sort(reverse=True)
+    if not top or top[0][0] == 0:
+        return None
+    d, step, c, k = top[0]
+    rest = top[1][0] if len(top) > 1 else 0.0
+    return d / max(rest, step), d / step, c, k
+
+
+def layers(caches: list[Path], top: int = 3) -> dict[str, list[tuple[float, str]]]:
+    """Per kind, the ``top`` worst whole-layer ratios (:func:`_lone_in_layer`) over the captured
+    files whose unit moved more than ``EXACT_LIMIT`` storage steps."""
+    found: dict[str, list[tuple[float, str]]] = {}
+    for cache in caches:
+        for rec_path in sorted(cache.glob("*.rec")):
+            meta = json.loads(rec_path.with_suffix(".json").read_text())
+            sf, rec = open_slot_file(meta["file"]), open_slot_file(rec_path)
+            for fb, rb in zip(sf.body.blocks, rec.body.blocks, strict=False):  # type: ignore[union-attr]
+                for sec, fr, rr, pos in layer_pairs(fb, rb):
+                    if fr is None or rr is None:
+                        continue
+                    got = _lone_in_layer(fr, rr, align_cells(pos, _stream_positions(rb, sec)))
+                    if got is None or got[1] <= spikes.EXACT_LIMIT:
+                        continue
+                    kind = (
+                        "quantized"
+                        if spikes.block_size(fr.type_id) > 1
+                        else fr.part
+                        if fr.part in ("K", "V")
+                        else "rec"
+                    )
+                    where = f"{rec_path.stem} {fb.role} {fr.part} layer {fr.index} cell {got[2]} unit {got[3]}"
+                    found.setdefault(kind, []).append((round(got[0], 3), where))
+            sf.close()
+            rec.close()
+    return {k: sorted(v, reverse=True)[:top] for k, v in sorted(found.items())}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("what", choices=("capture", "maxima"))
-    ap.add_argument("--cache", type=Path, required=True)
+    ap.add_argument("what", choices=("capture", "maxima", "layers"))
+    ap.add_argument("--cache", type=Path, action="append", required=True, help="repeat for layers")
     ap.add_argument("files", nargs="*", type=Path)
-    a = ap.parse_args()
-    if a.what == "capture":
-        capture(a.files, a.cache)
+    a = ap.parse_intermixed_args()  # the files follow --cache
+    if a.what == "layers":
+        print(json.dumps(layers(a.cache), indent=1))
+    elif len(a.cache) > 1:
+        ap.error(f"{a.what} takes one --cache")
+    elif a.what == "capture":
+        capture(a.files, a.cache[0])
     else:
-        print(json.dumps(maxima(a.cache), indent=1))
+        print(json.dumps(maxima(a.cache[0]), indent=1))
 
 
 if __name__ == "__main__":
