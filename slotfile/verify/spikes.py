@@ -71,16 +71,17 @@ SPIKE_MARGIN = 1.5  # a unit fails above this many times the clean maximum of it
 # the limit is 7, which claims what it claimed before from one flipped bit (a mantissa bit k moves
 # a value by exactly 2^k steps: 8 and up) and leaves 5-7 steps, which no single flip gives.
 EXACT_LIMIT = 7.0
+EXACT_BLOCK_LIMIT = 1.5
+LAYER_EXACT_LIMIT = 2.0
 # An element's storage step is taken at no less than this fraction of its size (its root mean
 # square over the cells).  ggml sums a K/V value in f32 from terms of about the size of the
 # element; an input that moved by a few f32 steps (another grouping of the same cells, another
 # batch's kernel path) moves the sum by about 2^-24 times the terms' scale times the square root
-# of their number, which is one f16 step (2^-11 of a value) only for values below about a
-# thousandth of that scale at 64-4,096 terms: 1/64 leaves room and claims only the low mantissa
-# bits of values that small.
+# of their number, which is one f16 step (2^-11 of a value) only for values below 1/1,000 (64
+# terms) to 1/128 (4,096 terms) of that scale; the clean files that needed it held values 780 to
+# 52,000 times below their size.  1/64 leaves room and gives up only the low mantissa bits of
+# values that small.
 SIZE_FLOOR = 1.0 / 64
-EXACT_BLOCK_LIMIT = 1.5
-LAYER_EXACT_LIMIT = 2.0
 # mantissa bits per float type: one step (ulp) of a value in [2^e, 2^(e+1)) is 2^(e - bits);
 # the smallest step is a subnormal's
 _MANTISSA: dict[int, tuple[int, float]] = {
