@@ -21,6 +21,7 @@ import argparse
 import json
 import shutil
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -78,29 +79,38 @@ def _views(scaled: bool) -> None:
     spikes.CLEAN_MAX_SCALED = dict.fromkeys(("K", "V"), 1.0) if scaled else {}
 
 
-def maxima(cache: Path, top: int = 3) -> dict[str, list[tuple[float, str]]]:
-    """Per view and kind, the ``top`` worst ratios over the captured files (a ratio, where)."""
-    found: dict[str, list[tuple[float, str]]] = {}
-    for scaled in (False, True):
-        _views(scaled)
+def _captured(caches: list[Path]) -> Iterator[tuple[str, dict[str, Any], Any, Any, Any, Any]]:
+    """Every layer pair of every captured file: (its tag, its metadata, the file's block, the
+    file's run, the recomputed run, the recompute's cell for each of the file's cells)."""
+    for cache in caches:
         for rec_path in sorted(cache.glob("*.rec")):
             meta = json.loads(rec_path.with_suffix(".json").read_text())
             if not Path(meta["file"]).is_file():
                 print(f"skipped {rec_path.stem}: no {meta['file']}", file=sys.stderr)
                 continue
             sf, rec = open_slot_file(meta["file"]), open_slot_file(rec_path)
-            for fb, rb in zip(sf.body.blocks, rec.body.blocks, strict=False):  # type: ignore[union-attr]
-                for sec, fr, rr, pos in layer_pairs(fb, rb):
-                    if fr is None or rr is None:
-                        continue
-                    head = meta["heads"].get(fb.role, {}).get(fr.part, 0)
-                    sp = spikes.find_spike(fr, rr, head, align_cells(pos, _stream_positions(rb, sec)))
-                    if sp is None or sp.scaled is not scaled:
-                        continue
-                    kind = "quantized" if sp.block > 1 else fr.part if fr.part in ("K", "V") else "rec"
-                    key = f"{'scaled ' if scaled else ''}{kind}{' exact' if sp.exact else ''}"
-                    where = f"{rec_path.stem} {fb.role} {fr.part} layer {fr.index} cell {sp.cell} element {sp.element}"
-                    found.setdefault(key, []).append((round(sp.ratio, 3), where))
+            try:
+                for fb, rb in zip(sf.body.blocks, rec.body.blocks, strict=False):  # type: ignore[union-attr]
+                    for sec, fr, rr, pos in layer_pairs(fb, rb):
+                        if fr is not None and rr is not None:
+                            yield rec_path.stem, meta, fb, fr, rr, align_cells(pos, _stream_positions(rb, sec))
+            finally:
+                sf.close()
+                rec.close()
+
+
+def maxima(cache: Path, top: int = 3) -> dict[str, list[tuple[float, str]]]:
+    """Per view and kind, the ``top`` worst ratios over the captured files (a ratio, where)."""
+    found: dict[str, list[tuple[float, str]]] = {}
+    for scaled in (False, True):
+        _views(scaled)
+        for tag, meta, fb, fr, rr, b_cells in _captured([cache]):
+            sp = spikes.find_spike(fr, rr, meta["heads"].get(fb.role, {}).get(fr.part, 0), b_cells)
+            if sp is None or sp.scaled is not scaled:
+                continue
+            key = f"{'scaled ' if scaled else ''}{spikes.spike_kind(fr)}{' exact' if sp.exact else ''}"
+            where = f"{tag} {fb.role} {fr.part} layer {fr.index} cell {sp.cell} element {sp.element}"
+            found.setdefault(key, []).append((round(sp.ratio, 3), where))
     return {k: sorted(v, reverse=True)[:top] for k, v in sorted(found.items())}
 
 
@@ -134,28 +144,12 @@ def layers(caches: list[Path], top: int = 3) -> dict[str, list[tuple[float, str]
     """Per kind, the ``top`` worst whole-layer ratios (:func:`_lone_in_layer`) over the captured
     files whose unit moved more than ``EXACT_LIMIT`` storage steps."""
     found: dict[str, list[tuple[float, str]]] = {}
-    for cache in caches:
-        for rec_path in sorted(cache.glob("*.rec")):
-            meta = json.loads(rec_path.with_suffix(".json").read_text())
-            sf, rec = open_slot_file(meta["file"]), open_slot_file(rec_path)
-            for fb, rb in zip(sf.body.blocks, rec.body.blocks, strict=False):  # type: ignore[union-attr]
-                for sec, fr, rr, pos in layer_pairs(fb, rb):
-                    if fr is None or rr is None:
-                        continue
-                    got = _lone_in_layer(fr, rr, align_cells(pos, _stream_positions(rb, sec)))
-                    if got is None or got[1] <= spikes.EXACT_LIMIT:
-                        continue
-                    kind = (
-                        "quantized"
-                        if spikes.block_size(fr.type_id) > 1
-                        else fr.part
-                        if fr.part in ("K", "V")
-                        else "rec"
-                    )
-                    where = f"{rec_path.stem} {fb.role} {fr.part} layer {fr.index} cell {got[2]} unit {got[3]}"
-                    found.setdefault(kind, []).append((round(got[0], 3), where))
-            sf.close()
-            rec.close()
+    for tag, _meta, fb, fr, rr, b_cells in _captured(caches):
+        got = _lone_in_layer(fr, rr, b_cells)
+        if got is None or got[1] <= spikes.EXACT_LIMIT:
+            continue
+        where = f"{tag} {fb.role} {fr.part} layer {fr.index} cell {got[2]} unit {got[3]}"
+        found.setdefault(spikes.spike_kind(fr), []).append((round(got[0], 3), where))
     return {k: sorted(v, reverse=True)[:top] for k, v in sorted(found.items())}
 
 

@@ -264,11 +264,16 @@ def exact_limit(type_id: int) -> float:
     return EXACT_LIMIT if type_id in FLOAT_TYPES else EXACT_BLOCK_LIMIT
 
 
+def spike_kind(run: LayerRun) -> str:
+    """The kind whose clean maximum (:data:`CLEAN_MAX`) a unit of ``run`` is judged by:
+    ``quantized``, ``K``, ``V`` or ``rec`` (R/S)."""
+    return "quantized" if run.type_id not in FLOAT_TYPES else run.part if run.part in ("K", "V") else "rec"
+
+
 def spike_limit(run: LayerRun) -> float:
     """The ratio above which a unit of ``run`` is a spike: :data:`SPIKE_MARGIN` times the clean
     maximum of its kind (:data:`CLEAN_MAX`)."""
-    kind = "quantized" if run.type_id not in FLOAT_TYPES else run.part if run.part in ("K", "V") else "rec"
-    return SPIKE_MARGIN * CLEAN_MAX[kind]
+    return SPIKE_MARGIN * CLEAN_MAX[spike_kind(run)]
 
 
 @dataclass
