@@ -89,6 +89,7 @@ class Config:
     kv_unified: bool | None = None  # -kvu / -no-kvu; None = the server's default
     threads: int = 2  # -t and -tb
     cache_reuse: int | None = None  # --cache-reuse N (KV shifting to reuse chunks)
+    context_shift: bool = False  # --context-shift: a reply past -c drops half the context (seq_rm + seq_add)
     # speculative decoding with the model as its own draft (-md, --spec-type draft-simple): the server decodes each
     # reply in batches of the last token and up to this many drafted ones, not one token per call; 0: off
     speculative: int = 0
@@ -149,6 +150,8 @@ def server_args(
         args.append("-no-kvu")
     if cfg.cache_reuse is not None:
         args += ["--cache-reuse", str(cfg.cache_reuse)]
+    if cfg.context_shift:
+        args.append("--context-shift")
     if cfg.speculative:
         args += ["-md", str(model_path), "--spec-type", "draft-simple", "--spec-draft-n-max", str(cfg.speculative)]
     args += list(extra)
@@ -173,6 +176,12 @@ def document(seed: int, n_words: int) -> str:
 # "single": one short question; "long": a document of thousands of tokens (several times n_ubatch) and a question;
 # "multiturn": three turns that re-send the whole conversation, so the server reuses the cached prefix
 # (timings.cache_n in the sidecar says how many prompt tokens it kept).
+# "overflow": one question and a reply (ignore_eos) longer than the context: a --context-shift server drops half of
+# the tokens after n_keep and shifts the rest back (server_context::pre_decode: seq_rm + seq_add), so the state's
+# later cells were computed over tokens the file no longer holds.
+# "trimmed": a chat client that drops the oldest exchange from the history: the next prompt shares only the first
+# tokens with the cache, and a --cache-reuse server shifts the cached exchange after it into place (update_slots: "reuse
+# chunks from the cached prompt by shifting their KV cache") instead of computing it again.
 SCENARIOS: dict[str, dict[str, Any]] = {
     "single": {"turns": ["Name three rivers in Europe and say one thing about each."]},
     "long": {
@@ -185,6 +194,18 @@ SCENARIOS: dict[str, dict[str, Any]] = {
             "And if the trip is in summer instead?",
             "Make the two lists into one table.",
         ]
+    },
+    "overflow": {"turns": ["Write a long story about a river, a bridge and a city."], "ignore_eos": True},
+    "trimmed": {
+        "document": True,
+        "turns": [
+            "Keep the document above in mind.",
+            "Here is a second note: the bridge station closes in winter.",
+            "Which section of the document mentions a checkpoint?",
+        ],
+        # the last turn's history leaves out the first exchange (the document): the cached second exchange is then
+        # reused at an earlier position
+        "drop_from_last": 0,
     },
 }
 
@@ -204,6 +225,8 @@ def scenario_requests(
         # (20 words a slot on Gemma; 2 on the fixtures, whose slots hold 256 cells)
         turns[0] = document(seed, max(2, doc_words // 90) * (seed % 100)) + "\n\n" + turns[0]
     common: dict[str, Any] = {"temperature": 0.0, "seed": 42, "cache_prompt": True, "stream": False}
+    if spec.get("ignore_eos"):
+        common["ignore_eos"] = True
     out: list[dict[str, Any]] = []
     for t in turns:
         if chat:
@@ -281,6 +304,30 @@ def configs(version: int) -> list[Config]:
         Config("g-np4-long", "gemma", n_parallel=4, ctx=16384, flash_attn="on", scenarios=("long",)),
         Config("g-t1", "gemma", threads=1, scenarios=("single", "long")),
         Config("g-cache-reuse", "gemma", cache_reuse=64, scenarios=("multiturn",)),
+        # states computed over tokens the file does not hold: a shifted context, a shifted reused chunk
+        Config("g-ctx-shift", "gemma", ctx=512, context_shift=True, n_predict=700, scenarios=("overflow",)),
+        Config("g-cache-reuse-trim", "gemma", cache_reuse=16, doc_words=300, n_predict=24, scenarios=("trimmed",)),
+        Config(
+            "g-ctx-shift-q8",
+            "gemma",
+            ctx=512,
+            context_shift=True,
+            flash_attn="on",
+            cache_k="q8_0",
+            cache_v="q8_0",
+            n_predict=1200,
+            scenarios=("overflow",),
+        ),
+        Config(
+            "g-ctx-shift-np4",
+            "gemma",
+            ctx=2048,
+            n_parallel=4,
+            kv_unified=False,
+            context_shift=True,
+            n_predict=700,
+            scenarios=("overflow",),
+        ),
         # speculative decoding: one slot, 4 separate caches (-fa on) and one unified cache, 48-token replies
         Config("g-spec", "gemma", speculative=8, n_predict=48, scenarios=("single", "long", "multiturn")),
         Config(
@@ -330,6 +377,37 @@ def configs(version: int) -> list[Config]:
                 **kw4,
             )
         )
+        if key in ("llama", "gemma3tiny", "deepseek2", "qwen2vl"):
+            # KV caches that can shift (llama_memory_can_shift); recurrent memory cannot, so the server turns
+            # --context-shift and --cache-reuse off for mamba, jamba and lfm2
+            f.append(
+                Config(f"f-{key}-ctx-shift", key, ctx=256, context_shift=True, n_predict=300, scenarios=("overflow",))
+            )
+            f.append(
+                Config(
+                    f"f-{key}-ctx-shift-fa-on-np4",
+                    key,
+                    ctx=1024,
+                    n_parallel=4,
+                    kv_unified=False,
+                    doc_words=25,
+                    flash_attn="on",
+                    context_shift=True,
+                    n_predict=700,
+                    scenarios=("overflow",),
+                )
+            )
+            f.append(
+                Config(
+                    f"f-{key}-cache-reuse-trim",
+                    key,
+                    cache_reuse=8,
+                    n_predict=16,
+                    scenarios=("trimmed",),
+                    ctx=256,
+                    doc_words=10,
+                )
+            )
     return g + f
 
 
@@ -420,8 +498,11 @@ def run_scenario(base: str, cfg: Config, scenario: str, slot: int, n_predict: in
     endpoint = "/v1/chat/completions" if cfg.chat else "/completion"
     history: list[tuple[dict[str, Any], str]] = []
     records: list[dict[str, Any]] = []
-    for turn in scenario_requests(scenario, cfg.chat, n_predict, seed, cfg.doc_words):
-        body = {**next_request(turn, history), "id_slot": slot}
+    turns = scenario_requests(scenario, cfg.chat, n_predict, seed, cfg.doc_words)
+    drop = SCENARIOS[scenario].get("drop_from_last")
+    for i, turn in enumerate(turns):
+        past = [h for j, h in enumerate(history) if not (i == len(turns) - 1 and j == drop)]
+        body = {**next_request(turn, past), "id_slot": slot}
         t0 = time.monotonic()
         status, resp = _http("POST", base + endpoint, body)
         if status != 200:
