@@ -137,6 +137,7 @@ class ProblemCode(StrEnum):
     DEEP_POSITIONS = "deep-positions"
     DEEP_NONFINITE = "deep-nonfinite"
     DEEP_DRIFT = "deep-drift"
+    DEEP_SHIFTED = "deep-shifted"
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,6 +219,7 @@ _TABLE: tuple[tuple[ProblemCode, Severity, tuple[CheckLevel, ...], ProblemClass,
     (_C.DEEP_POSITIONS, _E, (_D,), _DMG, "other cell positions than the recompute"),
     (_C.DEEP_NONFINITE, _E, (_D,), _DMG, "non-finite stored values where the recompute has finite ones"),
     (_C.DEEP_DRIFT, _W, (_D,), _NOT, "stored K/V differ from every recompute tried as another split or build makes"),
+    (_C.DEEP_SHIFTED, _W, (_D,), _CC, "cells the server shifted (context shift, reused chunk): not compared by value"),
 )
 
 REGISTRY: Mapping[ProblemCode, CodeInfo] = MappingProxyType({c: CodeInfo(c, s, lv, k, m) for c, s, lv, k, m in _TABLE})

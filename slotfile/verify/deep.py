@@ -41,7 +41,14 @@ from slotfile.verify.judge import (
 )
 from slotfile.verify.options import VerifyOptions
 from slotfile.verify.records import NO_DEEP, Level, SkipKind, Status
-from slotfile.verify.shape import Recompute, Schedule, blame_not_arithmetic, commit_outcome, judge_with_schedules
+from slotfile.verify.shape import (
+    Recompute,
+    Schedule,
+    as_shifted,
+    blame_not_arithmetic,
+    commit_outcome,
+    judge_with_schedules,
+)
 from slotfile.verify.stats import FLOAT_TYPES, cell_stats, median, tolerance_class
 from slotfile.verify.turns import model_reply_spans
 
@@ -311,16 +318,21 @@ def _judge_deep(
             logits_ok = bool(lg0.get("all_finite", True)) and _logits_ratio(body, lg0)[1] <= MARGIN_LIMIT
             assert rec.body is not None  # a recomputed state parses
             outcome = judge_with_schedules(body, inputs, (first, rec.body), recompute, checkpoints, replies, logits_ok)
-            commit_outcome(lv, body, outcome)
     finally:
         for f in (rec, flo, *opened):
             if f is not None:
                 f.close()
-    rows = outcome.judgment.rows if outcome else []
     lg = _closest_logits(res.logits or {}, retried_logits)
+    if outcome is not None and outcome.drift and _logits_ratio(body, lg)[1] > MARGIN_LIMIT:
+        # layers that pass as drift with logits that do not: shifted cells answer otherwise too
+        outcome = as_shifted(outcome, body, caches) or outcome
+    if outcome is not None:
+        commit_outcome(lv, body, outcome)
+    rows = outcome.judgment.rows if outcome else []
     worst = max(rows, key=lambda r: r["ratio"], default=None)
     drift = outcome.judgment.margin if outcome is not None and outcome.drift else None
-    lfloor, lratio = _check_logits(lv, body, lg, drift)
+    shifted = outcome is not None and outcome.shifted is not None
+    lfloor, lratio = _check_logits(lv, body, lg, drift, shifted)
     lv.details = {
         "layers": rows,
         "logits": dict(lg, floor=lfloor, ratio=round(lratio, 3)),
@@ -387,15 +399,19 @@ def _logits_ratio(body: Body, lg: dict[str, Any]) -> tuple[float, float]:
     return lfloor, float(lg.get("rel", 0.0)) / lfloor
 
 
-def _check_logits(lv: Level, body: Body, lg: dict[str, Any], drift: float | None = None) -> tuple[float, float]:
+def _check_logits(
+    lv: Level, body: Body, lg: dict[str, Any], drift: float | None = None, shifted: bool = False
+) -> tuple[float, float]:
     """Next-token logits after restoring the file against those after recomputing, judged
     against their floor (at least LOGITS_MIN_FLOOR of the body's coarsest type): (floor, ratio).
     ``drift``: the layers' margin when they passed as drift (the message then says what that
-    means for the file: another build's drift leaves the logits within their floor)."""
+    means for the file: another build's drift leaves the logits within their floor).  ``shifted``:
+    the state holds cells the server shifted, computed over tokens the file no longer holds, so its
+    logits are not those of a recompute and only non-finite ones are an error."""
     lfloor, lratio = _logits_ratio(body, lg)
     if not lg.get("all_finite", True):
         lv.error(ProblemCode.DEEP_LOGITS, "body", body.offset, "non-finite next-token logits after restoring the file")
-    elif lratio > MARGIN_LIMIT and not lv.has(ProblemCode.DEEP_ROTATION):
+    elif lratio > MARGIN_LIMIT and not lv.has(ProblemCode.DEEP_ROTATION) and not shifted:
         lv.error(
             ProblemCode.DEEP_LOGITS,
             "body",

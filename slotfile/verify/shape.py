@@ -128,9 +128,13 @@ class Outcome:
     # it fails only because no split tried moved a drift-shaped difference: a caller that could
     # not offer other splits (the appendix blobs' first judgment) may recompute with its own
     unmoved: bool = False
+    # the position from which the server shifted the cells (llama_kv_cache::seq_add): the state
+    # there was computed over tokens the file no longer holds, so it is not compared value by value
+    shifted: int | None = None
 
     def details(self) -> dict[str, Any]:
-        return {"decided_by": self.decided_by, "evidence": self.evidence, "schedules": self.tried}
+        shifted = {} if self.shifted is None else {"shifted": self.shifted}
+        return {"decided_by": self.decided_by, "evidence": self.evidence, **shifted, "schedules": self.tried}
 
 
 def _position_matrix(cells: list[RunCells]) -> tuple[np.ndarray, list[RunCells]]:
@@ -390,7 +394,38 @@ def judge_with_schedules(
     ``replies``: the reply spans the tokens' text shows, asked for only when retrying; they are
     not replayed for a drift from the first tokens (another build's, passed as drift anyway)
     while the first recompute's next-token logits agree (``logits_ok``): that costs a GPU-written
-    file two recomputes and changes no verdict."""
+    file two recomputes and changes no verdict.  A difference that fails after all that, but has
+    the shape of cells the server shifted (:func:`shifted_from`), is that instead."""
+    out = _judge_with_schedules(file_body, inputs, first, recompute, checkpoints, replies, logits_ok)
+    failed = not out.drift and bool(out.judgment.problems) and out.decided_by != "misplaced"
+    return (as_shifted(out, file_body, inputs.caches) or out) if failed else out
+
+
+def as_shifted(out: Outcome, file_body: Body, caches: Caches) -> Outcome | None:
+    """``out`` as cells the server shifted (decided_by ``shifted``), when its judgment has that
+    shape (:func:`shifted_from`); None when it does not."""
+    p = shifted_from(out.judgment, file_body, first_layer_block(caches))
+    if p is None:
+        return None
+    ev = (
+        f"shifted: the state agrees up to position {p - 1} and the first layer at every position (no token "
+        f"changed); from position {p} every layer above the first differs in K and V, starting where "
+        "the server moved cells back (a context shift or a reused chunk: llama_kv_cache::seq_add), so they "
+        "were computed over tokens the file no longer holds"
+    )
+    return dataclasses.replace(out, decided_by="shifted", evidence=ev, drift=False, unmoved=False, shifted=p)
+
+
+def _judge_with_schedules(
+    file_body: Body,
+    inputs: DeepInputs,
+    first: tuple[Schedule, Body],
+    recompute: Recompute | None,
+    checkpoints: bool = False,
+    replies: Callable[[], Sequence[tuple[int, int]]] | None = None,
+    logits_ok: bool = False,
+) -> Outcome:
+    """:func:`judge_with_schedules` before the shifted-cells reading."""
     sched, body = first
     j = judge_layers(file_body, body, inputs)
     tried = [_tried(sched, j)]
@@ -510,6 +545,71 @@ def judge_with_schedules(
     return Outcome(best, best_s, "shape", ev, tried, unmoved=True)
 
 
+def shifted_from(j: Judgment, body: Body, first_block: str | None, limit: float = MARGIN_LIMIT) -> int | None:
+    """The position from which the server shifted this slot's cells back (None: the difference
+    does not have that shape).  ``llama_kv_cache::seq_add`` moves cells to earlier positions
+    without recomputing them: a context shift (``--context-shift``, server_context::pre_decode:
+    ``seq_rm(n_keep, n_keep + n_discard)`` then ``seq_add(.., -n_discard)``, and the token list
+    compacted) and a reused chunk (``--cache-reuse``, update_slots: a chunk of the cached prompt
+    found later in the new one).  Those cells, and every cell computed after them, attended to
+    tokens the file no longer holds, so no recompute of its tokens gives them: every layer
+    above the first differs there by far more than drift (a 2-layer llama's context shift: 133
+    floors).  The shape, every part required:
+
+    * only value differences (no zeros, non-finite values, spikes or scaled rows), all in KV
+      blocks (recurrent memory cannot shift: ``llama_memory_can_shift``);
+    * the model's first layer within its floors at every position: K and V of a cell there are
+      a function of its token and position alone (the shift re-rotates K:
+      ``llama_kv_cache::build_graph_shift``), so no token changed;
+    * every position before the onset (the first one over ``limit``) within the limit, and the
+      onset where the file's cells break their order: the cell holding it does not follow the
+      one holding the position before (``state_write`` keeps cell order, ``seq_add`` changes
+      positions, not cells, and the cells it freed took later tokens), or the first layer's K
+      differs by rounding from there on and not before (the shift's second rounding);
+    * from the onset on, every layer above the first that differs at all differs in K and in V
+      (where it stores V), and at least two such layers do (one where the model has only one):
+      damage in the bytes sits in one layer's K or V."""
+    if j.byte_damage or any(p[0] != ProblemCode.DEEP_MISMATCH for p in j.problems):
+        return None
+    if any(b.kind != MemoryKind.KV for b in body.blocks) or not first_layer_agrees(j, first_block):
+        return None
+    m, runs = _position_matrix(j.cells)
+    if not runs:
+        return None
+    over = np.flatnonzero(np.nan_to_num(m).max(axis=0) > limit)
+    onset = int(over[0]) if over.size else 0
+    if onset < 1 or not (_order_breaks_at(body, onset) or _rerotated_from(m, runs, onset, first_block)):
+        return None
+    r = np.nan_to_num(m[:, onset:])
+    differs = {(x.block, x.layer, x.part) for k, x in enumerate(runs) if float(r[k].max()) > CORROBORATE}
+    above = {(x.block, x.layer) for x in runs if not _is_first_layer(x, first_block)}
+    layers = {(b, ly) for b, ly, _ in differs} & above
+    has_v = {(x.block, x.layer) for x in runs if x.part == "V"}
+    whole = all((b, ly, "K") in differs and ((b, ly) not in has_v or (b, ly, "V") in differs) for b, ly in layers)
+    return onset if whole and len(layers) >= min(2, len(above)) and layers else None
+
+
+def _order_breaks_at(body: Body, p: int) -> bool:
+    """Whether a KV stream of ``body`` holds positions ``p - 1`` and ``p`` in cells that are not
+    one after the other in the file's cell order."""
+    for b in body.blocks:
+        for st in b.active_streams():
+            idx = {int(q): i for i, q in enumerate(st.positions)}
+            if p - 1 in idx and p in idx and idx[p] != idx[p - 1] + 1:
+                return True
+    return False
+
+
+def _rerotated_from(m: np.ndarray, runs: list[RunCells], p: int, first_block: str | None) -> bool:
+    """Whether the first layer's K agrees exactly (within :data:`EXACT` floors) before ``p`` and
+    differs from the recompute at ``p`` (by rounding: the caller has it within its floors):
+    ``build_graph_shift`` rotated the stored K of the shifted cells a second time."""
+    ks = [k for k, x in enumerate(runs) if _is_first_layer(x, first_block) and x.part == "K"]
+    return bool(ks) and all(
+        not np.isnan(m[k, p]) and m[k, p] > EXACT and bool(np.all(np.nan_to_num(m[k, :p]) <= EXACT)) for k in ks
+    )
+
+
 def _shuffled(at: int) -> str:
     return (
         f"the file's cells are out of position order from position {at} (a cache shared with concurrent "
@@ -581,7 +681,17 @@ def quantized_kv(body: Body) -> bool:
 
 def commit_outcome(lv: Level, body: Body, outcome: Outcome) -> None:
     """The outcome's problems into ``lv``; a drift-shaped difference left after every schedule
-    tried is one warning instead of its layer errors."""
+    tried, or shifted cells, is one warning instead of its layer errors."""
+    if outcome.shifted is not None:
+        lv.warn(
+            ProblemCode.DEEP_SHIFTED,
+            "body",
+            body.offset,
+            f"positions {outcome.shifted} on not compared value by value: {len(outcome.judgment.problems)} "
+            f"layer(s) differ there as cells the server shifted ({outcome.evidence}); checked there: the first "
+            "layer (the tokens), zeros, non-finite values and outliers",
+        )
+        return
     if not outcome.drift:
         outcome.judgment.commit(lv)
         return
