@@ -207,6 +207,18 @@ SCENARIOS: dict[str, dict[str, Any]] = {
         # reused at an earlier position
         "drop_from_last": 0,
     },
+    # two users on one slot: A's document and question, B's question, A's follow-up. B's prompt shares nothing with
+    # A's, so the server moves A's state to its host-memory prompt cache (--cache-ram, on by default:
+    # server_prompt_cache::save) and back when A returns (server_prompt_cache::load, llama_state_seq_set_data)
+    "switch": {
+        "document": True,
+        "turns": [
+            "Summarise the document above in one sentence.",
+            "What is the capital of France? Answer in one word.",
+            "Which section of the document mentions a checkpoint?",
+        ],
+        "conversation": [0, 1, 0],
+    },
 }
 
 
@@ -307,6 +319,16 @@ def configs(version: int) -> list[Config]:
         # states computed over tokens the file does not hold: a shifted context, a shifted reused chunk
         Config("g-ctx-shift", "gemma", ctx=512, context_shift=True, n_predict=700, scenarios=("overflow",)),
         Config("g-cache-reuse-trim", "gemma", cache_reuse=16, doc_words=300, n_predict=24, scenarios=("trimmed",)),
+        Config("g-switch", "gemma", doc_words=600, scenarios=("switch",)),
+        Config(
+            "g-switch-fa-on-q8",
+            "gemma",
+            doc_words=600,
+            flash_attn="on",
+            cache_k="q8_0",
+            cache_v="q8_0",
+            scenarios=("switch",),
+        ),
         Config(
             "g-ctx-shift-q8",
             "gemma",
@@ -377,6 +399,7 @@ def configs(version: int) -> list[Config]:
                 **kw4,
             )
         )
+        f.append(Config(f"f-{key}-switch", key, scenarios=("switch",), ctx=256, doc_words=12))
         if key in ("llama", "gemma3tiny", "deepseek2", "qwen2vl"):
             # KV caches that can shift (llama_memory_can_shift); recurrent memory cannot, so the server turns
             # --context-shift and --cache-reuse off for mamba, jamba and lfm2
@@ -500,8 +523,9 @@ def run_scenario(base: str, cfg: Config, scenario: str, slot: int, n_predict: in
     records: list[dict[str, Any]] = []
     turns = scenario_requests(scenario, cfg.chat, n_predict, seed, cfg.doc_words)
     drop = SCENARIOS[scenario].get("drop_from_last")
+    conv = SCENARIOS[scenario].get("conversation", [0] * len(turns))
     for i, turn in enumerate(turns):
-        past = [h for j, h in enumerate(history) if not (i == len(turns) - 1 and j == drop)]
+        past = [h for j, h in enumerate(history) if conv[j] == conv[i] and not (i == len(turns) - 1 and j == drop)]
         body = {**next_request(turn, past), "id_slot": slot}
         t0 = time.monotonic()
         status, resp = _http("POST", base + endpoint, body)
