@@ -329,6 +329,19 @@ def configs(version: int) -> list[Config]:
             cache_v="q8_0",
             scenarios=("switch",),
         ),
+        # several shifts in a context larger than the sliding window: the first layer (SWA) holds only the last cells.
+        # An iSWA cache shifts only when its window cache is as large as the base one
+        # (llama_kv_cache_iswa::get_can_shift): -c 2048 needs --swa-full, -c 1024 fits n_swa + n_ubatch (512 + 512)
+        Config(
+            "g-ctx-shift-swa-full",
+            "gemma",
+            ctx=2048,
+            swa_full=True,
+            context_shift=True,
+            n_predict=4000,
+            scenarios=("overflow",),
+        ),
+        Config("g-ctx-shift-1024", "gemma", ctx=1024, context_shift=True, n_predict=2500, scenarios=("overflow",)),
         Config(
             "g-ctx-shift-q8",
             "gemma",

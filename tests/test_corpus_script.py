@@ -117,7 +117,15 @@ def test_matrix_covers_the_issue() -> None:
     assert {c.n_parallel for c in g} >= {1, 4, 0}
     assert {c.swa_full for c in g} == {True, False}
     assert len({(c.batch, c.ubatch) for c in g}) >= 3
-    assert {s for c in g for s in c.scenarios} == {"single", "long", "multiturn"}
+    assert {s for c in g for s in c.scenarios} == set(C.SCENARIOS)
+    # states the stored tokens cannot give: a reply past -c with --context-shift, a reused chunk shifted into place
+    shift = [c for c in cs if c.context_shift]
+    assert shift and all(
+        "overflow" in c.scenarios and (c.n_predict or 0) > c.ctx // max(1, c.n_parallel) for c in shift
+    )
+    assert any(c.swa_full for c in shift if c.model == "gemma") and {c.model for c in shift} > {"gemma", "llama"}
+    assert all(c.cache_reuse for c in cs if "trimmed" in c.scenarios)
+    assert C.SCENARIOS["trimmed"]["drop_from_last"] == 0 and C.SCENARIOS["switch"]["conversation"] == [0, 1, 0]
     # speculative decoding (replies decoded in drafted batches), one slot and several, separate and unified caches
     spec = [c for c in g if c.speculative]
     assert spec and {c.n_parallel for c in spec} >= {1, 4} and {bool(c.kv_unified) for c in spec} == {True, False}

@@ -232,6 +232,7 @@ _OLD_SETS = {
         "draft-not-checked",
         "draft-not-loaded",
         "unscanned-type",
+        "deep-shifted",  # new with the registry: deep could not compare the shifted cells' values
     },
     ProblemClass.UNSUPPORTED: {"unsupported-layout"},
 }
