@@ -105,6 +105,7 @@ def test_the_fixtures_hold_what_their_servers_did():
 @pytest.mark.llama
 def test_shifted_files_of_real_servers_pass_with_a_warning(llama_v4_lib):
     from slotfile.verify import Verifier, VerifyOptions
+    from slotfile.verify.engine import unmet_requirements
 
     cases = [
         (CTX_SHIFT, "llama.gguf", str(llama_v4_lib)),
@@ -113,8 +114,17 @@ def test_shifted_files_of_real_servers_pass_with_a_warning(llama_v4_lib):
     ]
     for f, model, lib in cases:
         with Verifier(VerifyOptions(model=str(MODELS / model), deep=True, llama_lib=lib)) as ver:
-            d = ver.verify(f).levels["deep"]
+            rep = ver.verify(f)
+        d = rep.levels["deep"]
         assert d.status == "pass", (f.name, [p.message for p in d.problems])
+        # not fully checked, and said so: the summary's "not fully checkable", and --require deep fails it
+        n = rep.n_tokens
+        assert (
+            rep.unchecked == [f"deep: body: {d.unchecked_parts[0]['reason']}"]
+            and f"positions 1-{n - 1} " in rep.unchecked[0]
+        )
+        (unmet,) = unmet_requirements(rep, ("deep",))
+        assert unmet["level"] == "deep" and unmet["reason"].startswith("body: positions 1-")
         assert d.details["decided_by"] == "shifted" and d.details["shifted"] == 1, f.name
         assert [p.code for p in d.problems] == [ProblemCode.DEEP_SHIFTED], f.name
         assert d.details["margin"] > 20  # far beyond any drift: the cells saw other tokens

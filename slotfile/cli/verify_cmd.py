@@ -20,7 +20,7 @@ JSON (``--json``), schema ``slotfile.verify/1``; keys are only ever added::
                           "offset": int | null, "message": str}],
             "reason": str (only when skipped), "details": {...} (level-specific), "seconds": float,
             "unchecked_parts": [{"section", "offset", "reason", "hint"}] (only when some: deep's blobs
-                               it could not recompute; --require deep fails on them)}},
+                               it could not recompute, the body's shifted cells; --require deep fails on them)}},
         "level_reached": 0..4,       # highest n with levels 1..n all "pass"
         "verdict": "pass" | "fail" | "error",   # error: the file could not be read
         "first_problem": str | null, # "<level>: <section> at offset <o>: <message>"

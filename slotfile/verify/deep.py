@@ -328,6 +328,8 @@ def _judge_deep(
         outcome = as_shifted(outcome, body, caches) or outcome
     if outcome is not None:
         commit_outcome(lv, body, outcome)
+        if outcome.shifted is not None:  # checked there only for tokens and byte damage: say so
+            lv.unchecked_parts.append(_shifted_part(body, outcome.shifted, len(tokens)))
     rows = outcome.judgment.rows if outcome else []
     worst = max(rows, key=lambda r: r["ratio"], default=None)
     drift = outcome.judgment.margin if outcome is not None and outcome.drift else None
@@ -355,6 +357,17 @@ def _judge_deep(
             f"the next-token logits differ by {lratio:.3g} floors, though the layers' difference "
             f"({drift:.3g} floors) has the shape of drift ({outcome.evidence if outcome else ''})"
         )
+
+
+def _shifted_part(body: Body, p: int, n: int) -> dict[str, Any]:
+    """The deep level's unchecked part for cells the server shifted (``Outcome.shifted``):
+    ``--require deep`` fails on it, and the summary counts the file as not fully checkable."""
+    reason = (
+        f"positions {p}-{n - 1} hold cells the server shifted (a context shift or a reused chunk), computed over "
+        "tokens the file no longer holds: their values are not compared (only the first layer, zeros, non-finite "
+        "values and outliers)"
+    )
+    return {"section": "body", "offset": body.offset, "reason": reason, "hint": "none: no recompute gives them"}
 
 
 def _closest_logits(first: dict[str, Any], retried: list[tuple[Schedule, dict[str, Any]]]) -> dict[str, Any]:

@@ -283,7 +283,9 @@ def _unmet_parts(name: str, parts: list[dict[str, Any]]) -> list[dict[str, str]]
         return []
     first = parts[0]
     more = f" ({count(len(parts) - 1, 'more blob')} not recomputed: see unchecked_parts)" if len(parts) > 1 else ""
-    reason = f"{first['section']} not recomputed: {first['reason']}{more}"
+    # the body is always recomputed; what it leaves unchecked is named by the reason itself
+    verb = "" if first["section"] == "body" else " not recomputed"
+    reason = f"{first['section']}{verb}: {first['reason']}{more}"
     return [{"level": name, "reason": reason, "skip_kind": str(SkipKind.CANNOT_CHECK), "hint": first["hint"]}]
 
 
