@@ -20,9 +20,10 @@ earlier request).  The benchmark (bench/detect.py) calls it with its own ``recom
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Concatenate, ParamSpec
 
 import numpy as np
 
@@ -42,6 +43,7 @@ from slotfile.verify.misplaced import find_misplaced
 from slotfile.verify.records import Level
 from slotfile.verify.stats import median, nanmedian, tolerance_class
 
+_P = ParamSpec("_P")
 MAX_RETRIES = 4  # extra recomputes, each only while the difference has the drift shape
 # the most tokens a reply replay (reply_schedules) decodes one per call: ~15 ms each on Gemma 3 270M
 # and 2 cores, ~0.1-0.2 s on a 7B model
@@ -379,6 +381,39 @@ def _breaks(n: int, n_ubatch: int) -> tuple[int, ...]:
     return tuple(c for c in (n - 4 - n_ubatch, n - 4) if 0 < c < n)
 
 
+def as_shifted(out: Outcome, file_body: Body, caches: Caches) -> Outcome | None:
+    """``out`` as cells the server shifted (decided_by ``shifted``), when its judgment has that
+    shape (:func:`shifted_from`); None when it does not."""
+    p = shifted_from(out.judgment, file_body, first_layer_block(caches))
+    if p is None:
+        return None
+    ev = (
+        f"shifted: the state agrees up to position {p - 1} and the first layer at every position (no token "
+        f"changed); from position {p} every layer above the first differs in K and V, starting where "
+        "the server moved cells back (a context shift or a reused chunk: llama_kv_cache::seq_add), so they "
+        "were computed over tokens the file no longer holds"
+    )
+    return dataclasses.replace(out, decided_by="shifted", evidence=ev, drift=False, unmoved=False, shifted=p)
+
+
+def _or_shifted(
+    judge: Callable[Concatenate[Body, DeepInputs, _P], Outcome],
+) -> Callable[Concatenate[Body, DeepInputs, _P], Outcome]:
+    """``judge``, with a failing outcome read as cells the server shifted where it has that shape
+    (:func:`as_shifted`).  Rows "misplaced" included: a shifted state of a looping reply holds
+    rows equal to the recompute's of a position one period on (v3 Gemma 3, -c 1024, 3 shifts:
+    position 792's V row is the recompute's of 852 to the bit, 0.009 from its own)."""
+
+    @functools.wraps(judge)
+    def judged(file_body: Body, inputs: DeepInputs, *args: _P.args, **kwargs: _P.kwargs) -> Outcome:
+        out = judge(file_body, inputs, *args, **kwargs)
+        failed = not out.drift and bool(out.judgment.problems)
+        return (as_shifted(out, file_body, inputs.caches) or out) if failed else out
+
+    return judged
+
+
+@_or_shifted
 def judge_with_schedules(
     file_body: Body,
     inputs: DeepInputs,
@@ -395,40 +430,8 @@ def judge_with_schedules(
     not replayed for a drift from the first tokens (another build's, passed as drift anyway)
     while the first recompute's next-token logits agree (``logits_ok``): that costs a GPU-written
     file two recomputes and changes no verdict.  A difference that fails after all that, but has
-    the shape of cells the server shifted (:func:`shifted_from`), is that instead."""
-    out = _judge_with_schedules(file_body, inputs, first, recompute, checkpoints, replies, logits_ok)
-    # rows "misplaced" included: a shifted state of a looping reply holds rows equal to the recompute's
-    # of a position one period on (v3 Gemma 3, -c 1024, 3 shifts: position 792's V row is the
-    # recompute's of 852 to the bit, 0.009 from its own)
-    failed = not out.drift and bool(out.judgment.problems)
-    return (as_shifted(out, file_body, inputs.caches) or out) if failed else out
-
-
-def as_shifted(out: Outcome, file_body: Body, caches: Caches) -> Outcome | None:
-    """``out`` as cells the server shifted (decided_by ``shifted``), when its judgment has that
-    shape (:func:`shifted_from`); None when it does not."""
-    p = shifted_from(out.judgment, file_body, first_layer_block(caches))
-    if p is None:
-        return None
-    ev = (
-        f"shifted: the state agrees up to position {p - 1} and the first layer at every position (no token "
-        f"changed); from position {p} every layer above the first differs in K and V, starting where "
-        "the server moved cells back (a context shift or a reused chunk: llama_kv_cache::seq_add), so they "
-        "were computed over tokens the file no longer holds"
-    )
-    return dataclasses.replace(out, decided_by="shifted", evidence=ev, drift=False, unmoved=False, shifted=p)
-
-
-def _judge_with_schedules(
-    file_body: Body,
-    inputs: DeepInputs,
-    first: tuple[Schedule, Body],
-    recompute: Recompute | None,
-    checkpoints: bool = False,
-    replies: Callable[[], Sequence[tuple[int, int]]] | None = None,
-    logits_ok: bool = False,
-) -> Outcome:
-    """:func:`judge_with_schedules` before the shifted-cells reading."""
+    the shape of cells the server shifted (:func:`shifted_from`), is that instead
+    (:func:`_or_shifted`)."""
     sched, body = first
     j = judge_layers(file_body, body, inputs)
     tried = [_tried(sched, j)]
