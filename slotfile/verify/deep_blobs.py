@@ -476,7 +476,8 @@ def _with_lone(body: Body, outcome: Outcome, final: bool) -> Outcome:
     keep = j.problems if final else [p for p in j.problems if p[0] != ProblemCode.DEEP_MISMATCH]
     j.problems = lone + keep
     ev = lone[0][3] + (f" (+{len(lone) - 1} more)" if len(lone) > 1 else "")
-    return dataclasses.replace(outcome, decided_by=LONE, evidence=ev, drift=False, unmoved=False)
+    # lone cells are damage whatever else the judgment read (drift, cells the server shifted)
+    return dataclasses.replace(outcome, decided_by=LONE, evidence=ev, drift=False, unmoved=False, shifted=None)
 
 
 def _commit(sub: Level, body: Body, outcome: Outcome, final: bool) -> None:
