@@ -42,6 +42,7 @@ from slotfile.verify.judge import (
 from slotfile.verify.options import VerifyOptions
 from slotfile.verify.records import NO_DEEP, Level, SkipKind, Status
 from slotfile.verify.shape import (
+    SHIFTED_CHECKS,
     Recompute,
     Schedule,
     as_shifted,
@@ -364,8 +365,7 @@ def _shifted_part(body: Body, p: int, n: int) -> dict[str, Any]:
     ``--require deep`` fails on it, and the summary counts the file as not fully checkable."""
     reason = (
         f"positions {p}-{n - 1} hold cells the server shifted (a context shift or a reused chunk), computed over "
-        "tokens the file no longer holds: their values are not compared (only the first layer, zeros, non-finite "
-        "values and outliers)"
+        f"tokens the file no longer holds: their values are not compared; checked there: {SHIFTED_CHECKS}"
     )
     return {"section": "body", "offset": body.offset, "reason": reason, "hint": "none: no recompute gives them"}
 

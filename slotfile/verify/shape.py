@@ -688,6 +688,10 @@ def quantized_kv(body: Body) -> bool:
     return bool(types) and all(tolerance_class(t) != "float" for t in types)
 
 
+# what deep still checks in the positions of cells the server shifted (the warning and the unchecked part say it)
+SHIFTED_CHECKS = "the first layer (the tokens), zeros, non-finite values and outliers"
+
+
 def commit_outcome(lv: Level, body: Body, outcome: Outcome) -> None:
     """The outcome's problems into ``lv``; a drift-shaped difference left after every schedule
     tried, or shifted cells, is one warning instead of its layer errors."""
@@ -697,8 +701,7 @@ def commit_outcome(lv: Level, body: Body, outcome: Outcome) -> None:
             "body",
             body.offset,
             f"positions {outcome.shifted} on not compared value by value: {len(outcome.judgment.problems)} "
-            f"layer(s) differ there as cells the server shifted ({outcome.evidence}); checked there: the first "
-            "layer (the tokens), zeros, non-finite values and outliers",
+            f"layer(s) differ there as cells the server shifted ({outcome.evidence}); checked there: {SHIFTED_CHECKS}",
         )
         return
     if not outcome.drift:
