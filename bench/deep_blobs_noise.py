@@ -33,6 +33,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from slotfile.llama.cpu import use_extra_bufts
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -156,7 +158,7 @@ def corpus(work: Path) -> tuple[str, dict[str, tuple[Path, int]]]:
     todo = [(c, p) for c, (p, _ub) in zip(COMBOS, files.values(), strict=True) if not p.exists()]
     if todo:
         L = dn.lib()
-        model = L.llama_model_load_from_file(model_path.encode(), L.llama_model_default_params())
+        model = L.llama_model_load_from_file(model_path.encode(), use_extra_bufts(L.llama_model_default_params()))
         for (t, fa, ub, doc), p in todo:
             write_checkpointed_chat(model, p, dn.TYPES[t], fa, ub, doc)
         L.llama_model_free(model)

@@ -40,6 +40,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from slotfile.llama.cpu import use_extra_bufts
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -269,7 +271,7 @@ def run(out: Path, quick: bool, log: Any = print, partial: Path | None = None) -
 
     L = lib()
     path = str(g.assemble())
-    model = L.llama_model_load_from_file(path.encode(), L.llama_model_default_params())
+    model = L.llama_model_load_from_file(path.encode(), use_extra_bufts(L.llama_model_default_params()))
     caches = caches_of(expect_from_model(load_model_info(path)))  # head size 256
     res: dict[str, Any] = {
         "model": Path(path).name,

@@ -244,6 +244,8 @@ L.llama_log_set(_quiet, None)
 L.llama_backend_init()
 mp = L.llama_model_default_params()
 mp.n_gpu_layers = 0
+if "amx_tile" in open("/proc/cpuinfo").read() and hasattr(mp, "use_extra_bufts"):
+    mp.use_extra_bufts = False  # as slotfile's worker does: llama.cpp's AMX kernels crash (slotfile/llama/cpu.py)
 model = L.llama_model_load_from_file(model_path.encode(), mp)
 assert model, "model"
 p = L.llama_context_default_params()

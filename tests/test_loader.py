@@ -258,8 +258,8 @@ def test_parent_process_never_imports_llama_cpp():
 
 
 def test_worker_is_self_contained():
-    """The worker program imports only its own modules, the ggml type table and the magics of
-    slotfile (and neither numpy nor llama_cpp before it runs): it starts cheaply, and a crash
+    """The worker program imports only its own modules, the ggml type table, the magics and the CPU
+    check of slotfile (and neither numpy nor llama_cpp before it runs): it starts cheaply, and a crash
     there can only take the worker."""
     code = (
         "import sys, slotfile.llama.worker.program; "
@@ -271,6 +271,7 @@ def test_worker_is_self_contained():
         "slotfile",
         "slotfile.format",  # package docstrings only
         "slotfile.llama",
+        "slotfile.llama.cpu",  # the AMX check (standard library only)
         "slotfile.llama.worker",
         "slotfile.llama.worker.calls",
         "slotfile.llama.worker.program",
@@ -500,8 +501,9 @@ def test_the_loader_pool_starts_before_the_reader_is_imported():
 _THREADS_SAME = r"""
 import ctypes, sys
 import llama_cpp as L
+from slotfile.llama.cpu import use_extra_bufts
 L.llama_backend_init()
-model = L.llama_model_load_from_file(sys.argv[1].encode(), L.llama_model_default_params())
+model = L.llama_model_load_from_file(sys.argv[1].encode(), use_extra_bufts(L.llama_model_default_params()))
 n_prompt, fa = int(sys.argv[2]), sys.argv[3] == "1"
 n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
 states = []
@@ -559,8 +561,9 @@ def test_one_token_decodes_depend_on_the_thread_count_with_flash_attention_over_
 _FA_SLOT = r"""
 import sys
 import llama_cpp as L
+from slotfile.llama.cpu import use_extra_bufts
 L.llama_backend_init()
-model = L.llama_model_load_from_file(sys.argv[1].encode(), L.llama_model_default_params())
+model = L.llama_model_load_from_file(sys.argv[1].encode(), use_extra_bufts(L.llama_model_default_params()))
 cp = L.llama_context_default_params()
 cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_threads, cp.n_threads_batch = 1024, 1024, 512, 2, 2
 cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED

@@ -233,6 +233,7 @@ _OLD_SETS = {
         "draft-not-loaded",
         "unscanned-type",
         "deep-shifted",  # new with the registry: deep could not compare the shifted cells' values
+        "recompute-crashed",  # new: llama.cpp crashed recomputing the tokens of a file that restored
     },
     ProblemClass.UNSUPPORTED: {"unsupported-layout"},
 }
@@ -259,7 +260,7 @@ def test_the_registry_severity_gives_the_registry_class():
 
 def test_lookups():
     assert info("k-only").severity == Severity.WARNING and info(ProblemCode.K_ONLY).level == CheckLevel.STRUCTURE
-    assert info("crashed").levels == (CheckLevel.LOAD, CheckLevel.DEEP)
+    assert info("crashed").levels == (CheckLevel.LOAD,) and info("recompute-crashed").levels == (CheckLevel.DEEP,)
     assert CheckLevel.SCAN.reported_in == CheckLevel.STRUCTURE and CheckLevel.DEEP.reported_in == CheckLevel.DEEP
     assert codes(cls=ProblemClass.UNSUPPORTED) == (ProblemCode.UNSUPPORTED_LAYOUT,)
     assert set(codes(level=CheckLevel.SCAN)) == {ProblemCode.NON_FINITE, ProblemCode.UNSCANNED_TYPE}

@@ -130,3 +130,38 @@ def test_the_text_report_says_which_blobs_were_not_checked_and_what_to_pass() ->
         in r.stdout
     )
     assert "1 file: 1 pass, 0 fail, 1 not fully checkable here" in r.stdout
+
+
+@pytest.mark.llama
+@pytest.mark.parametrize("where", ["body", "blobs"])
+def test_a_recompute_that_crashes_is_not_damage_and_fails_require_deep(monkeypatch, where: str) -> None:
+    """The worker dying while it recomputes the stored tokens of a file that restored at the load
+    level (llama-cpp-python's AMX kernels segfault on a Xeon: slotfile/llama/cpu.py) says nothing
+    about the file: a cannot-check warning and an unchecked part, never "damaged"; --require deep
+    fails on it. The load level and the rest run through the real loader; only the recompute's
+    answer is the dead worker's (what LoaderPool reads when the pipe closes)."""
+    from slotfile.llama import pool as P
+
+    died = "the loader process died with SIGSEGV (signal 11)"
+    if where == "body":
+        monkeypatch.setattr(P.LoaderPool, "deep", lambda self, *a, **k: P.DeepResult(False, died, crashed=True))
+    else:
+        monkeypatch.setattr(P.LoaderPool, "deep_blobs", lambda self, *a, **k: (None, died, True))
+    path = SLOTS / "gemma3_iswa_fa.slot"  # two checkpoints
+    r = slotfile_cli("verify", path, "--model", MODELS / "gemma3.gguf", "--deep", "--json")
+    f = json.loads(r.stdout)["files"][0]
+    assert r.exit_code == 0 and f["verdict"] == "pass", f
+    deep = f["levels"]["deep"]
+    assert deep["status"] == "pass" and f["levels"]["load"]["status"] == "pass"
+    (p,) = deep["problems"]
+    assert p["code"] == "recompute-crashed" and p["class"] == "cannot-check" and p["severity"] == "warning"
+    assert p["section"] == ("body" if where == "body" else "sckp") and "SIGSEGV" in p["message"]
+    (part,) = deep["unchecked_parts"]
+    assert part["section"] == p["section"] and part["offset"] == p["offset"] and "crashed" in part["reason"]
+    if where == "body":
+        assert "appendix blobs are not recomputed either" in part["reason"]
+    r = slotfile_cli("verify", path, "--model", MODELS / "gemma3.gguf", "--deep", "--require", "deep", "--json")
+    f = json.loads(r.stdout)["files"][0]
+    assert r.exit_code == 4 and f["verdict"] == "fail"
+    (unmet,) = f["unmet_requirements"]
+    assert unmet["level"] == "deep" and "crashed" in unmet["reason"] and "--llama-lib" in unmet["hint"]

@@ -25,7 +25,7 @@ from slotfile.llama.loader import DeepResult, LoaderPool, LoadSettings
 from slotfile.llama.worker.runtime import DEEP_N_BATCH, DEEP_N_UBATCH
 from slotfile.model.expect import attn_rot_disabled
 from slotfile.problems import CheckLevel, ProblemCode
-from slotfile.verify.deep_blobs import check_appendices
+from slotfile.verify.deep_blobs import check_appendices, recompute_crashed
 from slotfile.verify.judge import (
     LOGITS_MIN_FLOOR,
     MARGIN_LIMIT,
@@ -162,13 +162,13 @@ def level_deep(
         if res.ok:
             retry = _retrier(pool, path, tokens, settings, opts)
             _judge_deep(lv, body, (tokens, first, _needs_checkpoints(sf), opts.model), res, early, retry)
+        elif res.crashed:
+            blobs = " (the appendix blobs are not recomputed either)" if sf.sckp or sf.draft else ""
+            what = "the stored tokens" + blobs
+            recompute_crashed(lv, "body", body.offset, res.message, what)
+            return lv.finish()
         else:
-            lv.error(
-                ProblemCode.CRASHED if res.crashed else ProblemCode.DEEP_FAILED,
-                "body",
-                body.offset,
-                ("llama.cpp crashed: " if res.crashed else "recompute failed: ") + res.message,
-            )
+            lv.error(ProblemCode.DEEP_FAILED, "body", body.offset, "recompute failed: " + res.message)
     check_appendices(lv, sf, pool, opts, settings, caches)  # SCKP and SDFT blobs (deep_blobs.py)
     if lv.details.get("decided_by") == "logits":  # the body's and the blobs' drift warnings alike
         lv.problems = [

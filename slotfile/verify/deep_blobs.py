@@ -103,7 +103,7 @@ def check_appendices(
         reply, why, crashed = call(out=out)
         if reply is None:
             _failed(judged, sf, why, crashed)
-            _mark_pending(plan, "the recompute failed")
+            _mark_pending(plan, "llama.cpp crashed recomputing them" if crashed else "the recompute failed", crashed)
         else:
             with _mapped(out) as view:
                 sched = Schedule(opts.n_batch or DEEP_N_BATCH, opts.n_ubatch or DEEP_N_UBATCH)
@@ -112,6 +112,7 @@ def check_appendices(
                 _with_floors(judge, sf, plan, reply, caches, call)
                 _with_splits(judge, sf, plan, caches, call)
     lv.problems += judged.problems
+    lv.unchecked_parts += judged.unchecked_parts  # a recompute that crashed (recompute_crashed)
     lv.details["appendix_seconds"] = round(time.monotonic() - t0, 3)
 
 
@@ -131,7 +132,7 @@ def _with_floors(
         got, why, crashed = call(out=out, n_stepwise=CHECKPOINT_STEPWISE, floor_at=retry, draft_floor_at=dretry)
         if got is None:
             _failed(judge.lv, sf, f"the noise floor: {why}", crashed)
-            _mark_pending(plan, "the noise-floor recompute failed")
+            _mark_pending(plan, "the noise-floor recompute " + ("crashed" if crashed else "failed"), crashed)
             return
         with _mapped(out) as judge.floor_view:
             _judge_all(judge, sf, plan, reply | {k: got[k] for k in ("floors", "draft_floors")}, caches)
@@ -218,12 +219,34 @@ def _reopen(lv: Level, e: dict[str, Any], section: str) -> bool:
 
 def _failed(lv: Level, sf: SlotFile, why: str, crashed: bool) -> None:
     where = sf.sckp or sf.draft
-    lv.error(
-        ProblemCode.CRASHED if crashed else ProblemCode.DEEP_FAILED,
-        "sckp" if sf.sckp else "sdft",
-        where.offset if where else None,
-        ("llama.cpp crashed recomputing the appendix blobs: " if crashed else "recomputing the appendix blobs failed: ")
-        + why,
+    section, offset = "sckp" if sf.sckp else "sdft", where.offset if where else None
+    if crashed:
+        recompute_crashed(lv, section, offset, why, "the appendix blobs")
+        return
+    lv.error(ProblemCode.DEEP_FAILED, section, offset, "recomputing the appendix blobs failed: " + why)
+
+
+def recompute_crashed(lv: Level, section: str, offset: int | None, why: str, what: str) -> None:
+    """The deep level's llama.cpp worker died (a signal, or ``--timeout``) while it recomputed the
+    stored tokens.  Deep runs only on a file that restored at the load level, and a recompute
+    reads nothing of the file but its tokens (in the model's vocabulary, checked at the model
+    level), so the crash is the loader's, not the file's (llama-cpp-python's AMX kernels on a
+    Xeon: slotfile.llama.cpu): a warning of class cannot-check, and ``what`` becomes an
+    unchecked part, so the summary says "not fully checkable" and ``--require deep`` fails."""
+    lv.warn(
+        ProblemCode.RECOMPUTE_CRASHED,
+        section,
+        offset,
+        f"llama.cpp crashed recomputing {what}: {why}; the file restored at the load level, so its values are "
+        "not judged here (the loader's fault, not the file's)",
+    )
+    lv.unchecked_parts.append(
+        {
+            "section": section,
+            "offset": offset,
+            "reason": f"llama.cpp crashed recomputing {what} ({why})",
+            "hint": "a llama.cpp build that recomputes them here: --llama-lib DIR, or a longer --timeout",
+        }
     )
 
 
@@ -329,11 +352,12 @@ def _holds_prefix(body: Body | None, n: int) -> str | None:
     return None
 
 
-def _mark_pending(plan: _Plan, why: str) -> None:
-    """Every pending entry failed with the recompute: ``why``."""
+def _mark_pending(plan: _Plan, why: str, crashed: bool = False) -> None:
+    """Every pending entry failed with the recompute (``why``), or was not judged when llama.cpp
+    crashed (``crashed``: :func:`recompute_crashed`)."""
     for e in [*plan.checkpoints, *(c["draft"] for c in plan.checkpoints), plan.sdft]:
         if e is not None and e["status"] == "pending":
-            e.update(status="fail", reason=why)
+            e.update(status="skipped" if crashed else "fail", reason=why)
 
 
 def _judge_all(judge: _Judge, sf: SlotFile, plan: _Plan, reply: dict[str, Any], caches: Caches) -> None:

@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 from slotfile.format.magics import GGSN_MAGIC, GGSQ_MAGIC
+from slotfile.llama.cpu import use_extra_bufts
 from slotfile.llama.worker.settings import LoadSettings, pad_ctx
 
 BATCH = 512  # tokens per llama_decode call (n_batch = n_ubatch) unless a request says otherwise
@@ -109,7 +110,7 @@ def pick_threads(requested: int, model_size: int) -> int:
 def model_params(n_gpu_layers: int) -> Any:
     p = L.llama_model_default_params()
     p.n_gpu_layers = n_gpu_layers
-    return p
+    return use_extra_bufts(p)  # off on an AMX CPU, where llama.cpp's AMX kernels crash (slotfile.llama.cpu)
 
 
 def context_params(s: LoadSettings, threads: int, n_batch: int, n_ubatch: int = 0, swa_full: bool = False) -> Any:
