@@ -207,6 +207,36 @@ SCENARIOS: dict[str, dict[str, Any]] = {
         # reused at an earlier position
         "drop_from_last": 0,
     },
+    # "overflow" with the client's n_keep: the first n_keep prompt tokens stay where they are and the discarded half
+    # starts after them (server_context::pre_decode: n_keep = params.n_keep + add_bos_token)
+    "overflow-keep": {
+        "turns": ["Write a long story about a river, a bridge and a city."],
+        "ignore_eos": True,
+        "request": {"n_keep": 40},
+    },
+    # a chat UI's "regenerate": the same messages again, sampled anew. The cache holds the prompt and the first reply;
+    # the server keeps the prompt but for its last token (update_slots: at least one token is evaluated) and drops
+    # the reply. A reply longer than the sliding window has pushed the prompt's end out of an SWA cache, so the
+    # server restores a context checkpoint or processes the prompt again ("forcing full prompt re-processing")
+    "regenerate": {
+        "turns": ["Write a short story about a lighthouse.", "Write a short story about a lighthouse."],
+        "ignore_eos": True,
+        "drop_from_last": 0,
+        "last_request": {"temperature": 1.0, "seed": 7},
+    },
+    # a chat UI's "edit": the user rewrites their second message. The new prompt shares the first exchange with the
+    # cache and differs inside the second; the server removes the rest (seq_rm) and, where the sliding window or a
+    # recurrent state cannot go back that far, restores the newest context checkpoint before that point
+    "edit": {
+        "document": True,
+        "turns": [
+            "Summarise the document above in one sentence.",
+            "Which section mentions a checkpoint?",
+            "Which section mentions a bridge?",
+        ],
+        "ignore_eos": True,
+        "drop_from_last": 1,
+    },
     # two users on one slot: A's document and question, B's question, A's follow-up. B's prompt shares nothing with
     # A's, so the server moves A's state to its host-memory prompt cache (--cache-ram, on by default:
     # server_prompt_cache::save) and back when A returns (server_prompt_cache::load, llama_state_seq_set_data)
@@ -239,12 +269,14 @@ def scenario_requests(
     common: dict[str, Any] = {"temperature": 0.0, "seed": 42, "cache_prompt": True, "stream": False}
     if spec.get("ignore_eos"):
         common["ignore_eos"] = True
+    common.update(spec.get("request", {}))
     out: list[dict[str, Any]] = []
     for t in turns:
         if chat:
             out.append({**common, "max_tokens": n_predict, "messages": [{"role": "user", "content": t}]})
         else:
             out.append({**common, "n_predict": n_predict, "prompt": t})
+    out[-1].update(spec.get("last_request", {}))
     return out
 
 
@@ -363,6 +395,32 @@ def configs(version: int) -> list[Config]:
             n_predict=700,
             scenarios=("overflow",),
         ),
+        # a chat UI's regenerate and edit (replies longer than the 512-cell sliding window, so the server goes back
+        # through a context checkpoint or a new prefill), and a context shift that keeps the client's n_keep tokens
+        Config("g-regenerate", "gemma", n_predict=600, scenarios=("regenerate",)),
+        Config("g-regenerate-short", "gemma", n_predict=48, flash_attn="on", scenarios=("regenerate",)),
+        Config("g-edit", "gemma", doc_words=300, n_predict=600, scenarios=("edit",)),
+        Config(
+            "g-edit-fa-on-q8",
+            "gemma",
+            doc_words=300,
+            n_predict=600,
+            flash_attn="on",
+            cache_k="q8_0",
+            cache_v="q8_0",
+            scenarios=("edit", "regenerate"),
+        ),
+        Config(
+            "g-edit-np4-kvu",
+            "gemma",
+            n_parallel=4,
+            ctx=16384,
+            kv_unified=True,
+            doc_words=300,
+            n_predict=600,
+            scenarios=("edit",),
+        ),
+        Config("g-ctx-shift-keep", "gemma", ctx=512, context_shift=True, n_predict=700, scenarios=("overflow-keep",)),
         # speculative decoding: one slot, 4 separate caches (-fa on) and one unified cache, 48-token replies
         Config("g-spec", "gemma", speculative=8, n_predict=48, scenarios=("single", "long", "multiturn")),
         Config(
@@ -413,11 +471,24 @@ def configs(version: int) -> list[Config]:
             )
         )
         f.append(Config(f"f-{key}-switch", key, scenarios=("switch",), ctx=256, doc_words=12))
+        # regenerate and edit: a recurrent or sliding-window state cannot drop its last tokens, so these go back
+        # through a context checkpoint or a new prefill
+        f.append(Config(f"f-{key}-edit", key, scenarios=("edit", "regenerate"), ctx=256, doc_words=6, n_predict=24))
         if key in ("llama", "gemma3tiny", "deepseek2", "qwen2vl"):
             # KV caches that can shift (llama_memory_can_shift); recurrent memory cannot, so the server turns
             # --context-shift and --cache-reuse off for mamba, jamba and lfm2
             f.append(
                 Config(f"f-{key}-ctx-shift", key, ctx=256, context_shift=True, n_predict=300, scenarios=("overflow",))
+            )
+            f.append(
+                Config(
+                    f"f-{key}-ctx-shift-keep",
+                    key,
+                    ctx=256,
+                    context_shift=True,
+                    n_predict=300,
+                    scenarios=("overflow-keep",),
+                )
             )
             f.append(
                 Config(

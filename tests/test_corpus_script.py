@@ -121,11 +121,19 @@ def test_matrix_covers_the_issue() -> None:
     # states the stored tokens cannot give: a reply past -c with --context-shift, a reused chunk shifted into place
     shift = [c for c in cs if c.context_shift]
     assert shift and all(
-        "overflow" in c.scenarios and (c.n_predict or 0) > c.ctx // max(1, c.n_parallel) for c in shift
+        {"overflow", "overflow-keep"} & set(c.scenarios) and (c.n_predict or 0) > c.ctx // max(1, c.n_parallel)
+        for c in shift
     )
+    assert any("overflow-keep" in c.scenarios for c in shift) and C.SCENARIOS["overflow-keep"]["request"]["n_keep"] > 0
     assert any(c.swa_full for c in shift if c.model == "gemma") and {c.model for c in shift} > {"gemma", "llama"}
     assert all(c.cache_reuse for c in cs if "trimmed" in c.scenarios)
     assert C.SCENARIOS["trimmed"]["drop_from_last"] == 0 and C.SCENARIOS["switch"]["conversation"] == [0, 1, 0]
+    # a chat UI's regenerate and edit: on Gemma with replies longer than the 512-cell window (the server must go
+    # back through a checkpoint), and on every fixture memory kind
+    for sc in ("regenerate", "edit"):
+        assert any(sc in c.scenarios and (c.n_predict or 0) > 512 for c in g)
+        assert {c.model for c in cs if sc in c.scenarios} >= set(C.FIXTURES) | {"gemma"}
+
     # speculative decoding (replies decoded in drafted batches), one slot and several, separate and unified caches
     spec = [c for c in g if c.speculative]
     assert spec and {c.n_parallel for c in spec} >= {1, 4} and {bool(c.kv_unified) for c in spec} == {True, False}
@@ -208,3 +216,18 @@ def test_verify_groups_and_row(tmp_path: object) -> None:
         {"path": "/x/c.bin", "verdict": "pass", "levels": {}}, json.loads((d / "c.bin.json").read_text())
     )
     assert bare["margin"] is None and bare["worst"] is None
+
+
+def test_regenerate_and_edit_send_what_a_chat_ui_sends() -> None:
+    regen = C.scenario_requests("regenerate", True, 600)
+    assert regen[0]["messages"] == regen[1]["messages"] and regen[1]["temperature"] == 1.0
+    assert regen[0]["temperature"] == 0.0
+    edit = C.scenario_requests("edit", True, 600, doc_words=50)
+    assert all(r["ignore_eos"] for r in edit)
+    # the last turn's history keeps the first exchange and drops the second: the edited message takes its place
+    past = [(edit[0], "R0"), (edit[1], "R1")]
+    drop = C.SCENARIOS["edit"]["drop_from_last"]
+    body = C.next_request(edit[2], [h for j, h in enumerate(past) if j != drop])
+    assert [m["content"] for m in body["messages"]][1:] == ["R0", "Which section mentions a bridge?"]
+    keep = C.scenario_requests("overflow-keep", False, 700)
+    assert keep[0]["n_keep"] == 40 and keep[0]["ignore_eos"]
