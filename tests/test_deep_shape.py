@@ -104,6 +104,18 @@ def test_zero_run_follows_byte_order():
     assert _zero_run(z, z, transposed=False) == (0, -1)  # zeros where the recompute is zero too
 
 
+def test_zero_run_is_not_cut_by_the_recomputes_own_zeros():
+    """A zeroed q4_0 row: the recompute holds exact zeros too (a quant of 8, one value in 16), which
+    must not split the run (a Gemma chat's zeroed K row of 256 passed as drift when they did)."""
+    y = np.ones((2, 256))
+    y[1, ::12] = 0  # the recompute's own zeros, every 12th value
+    x = y.copy()
+    x[1, :] = 0
+    assert _zero_run(x, y, transposed=False) == (256 - 22, 256)
+    # a clean quantized row keeps its zeros where the recompute has them: nothing
+    assert _zero_run(y, y, transposed=False) == (0, -1)
+
+
 def _cells(layers: dict[tuple[str, int], dict[int, float]], n: int = 40, base: float = 0.5) -> Judgment:
     j = Judgment()
     for (part, layer), hot in layers.items():

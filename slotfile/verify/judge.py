@@ -62,8 +62,9 @@ MIN_FLOOR = {
     "8-bit": {"angle": 2.0, "lnorm": 0.05, "median": 0.5, "element": 2.0 / 64},
     "low-bit": {"angle": 10.0, "lnorm": 0.1, "median": 3.0, "element": 2.0 / 7},
 }
-# A run of at least this many stored values, in byte order, exactly zero where the recompute's
-# are not is damage whatever the floors say (a zeroed 512-byte sector holds 256 f16 values).
+# A run of stored values, in byte order, exactly zero and holding at least this many values where
+# the recompute's are not, is damage whatever the floors say (a zeroed 512-byte sector holds 256
+# f16 values; stats._zero_run).
 ZERO_RUN = 32
 MARGIN_LIMIT = 4.0  # a layer fails when a statistic is more than this many noise floors
 # A cell whose head norm is off the recompute's this many times more (in |ln(norm ratio)|) than
@@ -475,9 +476,9 @@ def _compare_run(
     elif cs.zero_run >= ZERO_RUN:
         zc, ze = cs.zero_at
         msg = (
-            f"{fr.part} layer {fr.index} ({fr.type_name}): {_cell_label(zc, pos)} element {ze} starts {cs.zero_run} "
-            "stored values in a row (file byte order) that are exactly zero where the recompute's are not: "
-            f"zeroed bytes (relative difference {100 * s_st.rel:.3g}%)"
+            f"{fr.part} layer {fr.index} ({fr.type_name}): {_cell_label(zc, pos)} element {ze} starts a run of "
+            f"stored values (file byte order) that are exactly zero, {cs.zero_run} of them where the recompute's are "
+            f"not: zeroed bytes (relative difference {100 * s_st.rel:.3g}%)"
         )
         out.problems.append((ProblemCode.DEEP_MISMATCH, sec, _element_offset(fr, zc, ze), msg))
         out.byte_damage.append(f"{sec} {msg}")

@@ -166,17 +166,24 @@ def _head_stats(x: np.ndarray, y: np.ndarray, head: int) -> tuple[np.ndarray, np
 
 
 def _zero_run(x: np.ndarray, y: np.ndarray, transposed: bool) -> tuple[int, int]:
-    """The longest run, in byte order, of exact zeros in ``x`` where ``y`` is not zero: (length,
-    flat index of its start in that order).  A transposed V stores each element's values of all
-    cells together (``llama_kv_cache::state_write_data``), so its byte order is element-major."""
-    z = (x == 0) & (y != 0)
-    flat = (z.T if transposed else z).ravel()
+    """The run, in byte order, of exact zeros in ``x`` that holds the most values where ``y`` is
+    not zero: (that count, flat index of the run's start in that order).  The recompute's own
+    zeros inside the run do not end it: a quantized cache holds exact zeros (q4_0: about one
+    value in 16, a quant of 8), so counting only consecutive "zero where the recompute is not"
+    cut a zeroed q4_0 row of 256 values into runs under :data:`~slotfile.verify.judge.ZERO_RUN`.
+    A transposed V stores each element's values of all cells together
+    (``llama_kv_cache::state_write_data``), so its byte order is element-major."""
+    xz = x == 0
+    flat = (xz.T if xz.ndim == 2 and transposed else xz).ravel()
     if not flat.any():
         return 0, -1
+    nz = (y != 0).T if transposed else (y != 0)
+    counts = np.concatenate(([0], np.cumsum(nz.ravel(), dtype=np.int64)))
     d = np.diff(np.concatenate(([0], flat.view(np.int8), [0])))
     starts, ends = np.flatnonzero(d == 1), np.flatnonzero(d == -1)
-    k = int(np.argmax(ends - starts))
-    return int(ends[k] - starts[k]), int(starts[k])
+    held = counts[ends] - counts[starts]  # values in each run where the recompute is not zero
+    k = int(np.argmax(held))
+    return (int(held[k]), int(starts[k])) if held[k] else (0, -1)
 
 
 def cell_stats(
