@@ -45,6 +45,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from slotfile.llama.cpu import has_amx  # noqa: E402 - after the sys.path line
+
 FIXTURE_MODELS = ROOT / "fixtures" / "models"
 DEFAULT_OUT = Path(os.environ.get("SLOTFILE_CACHE_DIR", Path.home() / ".cache" / "slotfile")) / "corpus"
 
@@ -154,6 +157,10 @@ def server_args(
         args.append("--context-shift")
     if cfg.speculative:
         args += ["-md", str(model_path), "--spec-type", "draft-simple", "--spec-draft-n-max", str(cfg.speculative)]
+    if has_amx() and not {"-nr", "--no-repack"} & set(extra):
+        # llama.cpp's AMX kernels segfault on Gemma 3's Q4_K weights at the first prefill, in both pinned servers
+        # (slotfile/llama/cpu.py): a native server on such a CPU only runs without weight repacking
+        args.append("--no-repack")
     args += list(extra)
     return args
 

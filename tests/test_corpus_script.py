@@ -28,6 +28,18 @@ def test_server_args_base() -> None:
         assert absent not in args
 
 
+def test_server_args_leave_repacking_off_on_an_amx_cpu(monkeypatch) -> None:
+    """A native llama-server dies at its first prefill of Gemma 3 on a CPU with AMX unless weights are not repacked
+    (slotfile/llama/cpu.py); elsewhere the server's default stays."""
+    cfg = C.Config("x", "gemma")
+    for amx in (True, False):
+        monkeypatch.setattr(C, "has_amx", lambda amx=amx: amx)
+        assert ("--no-repack" in C.server_args(cfg, "m", 1, "d")) is amx
+    monkeypatch.setattr(C, "has_amx", lambda: True)
+    assert C.server_args(cfg, "m", 1, "d", ["-nr"]).count("-nr") == 1
+    assert "--no-repack" not in C.server_args(cfg, "m", 1, "d", ["-nr"])
+
+
 def test_server_args_variants() -> None:
     cfg = C.Config(
         "x",
