@@ -743,3 +743,34 @@ def test_a_recurrent_state_failing_by_its_median_is_not_drift(tmp_path: Path):
     assert d.status == "fail" and d.details["decided_by"] == "shape", d.details["evidence"]
     assert "recurrent state" in d.details["evidence"] and len(d.details["schedules"]) == 1
     assert d.details["margin"] > 4
+
+
+def test_a_replay_of_generated_tokens_that_moves_the_difference_skips_prefill_splits(gemma_bytes, monkeypatch):
+    """A reply replayed one token per call reproduces the state past where the prefill parted
+    (46 -> 50): the server generated those tokens, so the splits that prefill position 46 are not
+    recomputed (an edited 1,607-token chat: 5 recomputes, 30 of 56 seconds), and the drift left
+    passes on that replay, with the first layer agreeing, even in a cache of several streams."""
+    monkeypatch.setattr(shape, "single_stream", lambda body: False)
+    file_body = parse_buffer(gemma_bytes).body
+    first = parse_buffer(drift_from(gemma_bytes, 46, 1.6)).body
+    later = parse_buffer(drift_from(gemma_bytes, 50, 1.6)).body
+    asked: list[Schedule] = []
+
+    def replay(s: Schedule):
+        asked.append(s)
+        return (later if s.decodes_one_per_call(46) else first), ""
+
+    out = judge_with_schedules(
+        file_body, DeepInputs(n_tokens=54), (Schedule(2048, 512), first), replay, replies=lambda: [(46, 54)]
+    )
+    assert asked[0].stepwise == ((46, 54),) and all(s.decodes_one_per_call(46) for s in asked), asked
+    assert (
+        out.drift and out.decided_by == "drift" and "one per call reproduces the state past position 46" in out.evidence
+    )
+    # a replay that does not move the first difference proves nothing: the splits are tried
+    asked.clear()
+    out = judge_with_schedules(
+        file_body, DeepInputs(n_tokens=54), (Schedule(2048, 512), first), lambda s: (asked.append(s), (first, ""))[1],
+        replies=lambda: [(46, 54)],
+    )  # fmt: skip
+    assert any(not s.stepwise for s in asked) and not out.drift and out.decided_by == "shape"

@@ -84,6 +84,10 @@ class Schedule:
     def n_one_per_call(self) -> int:
         return sum(b - a for a, b in self.stepwise)
 
+    def decodes_one_per_call(self, pos: int) -> bool:
+        """Whether this schedule decodes position ``pos`` in a call of its own."""
+        return any(a <= pos < b for a, b in self.stepwise)
+
     def as_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"n_batch": self.n_batch, "n_ubatch": self.n_ubatch, "cuts": list(self.cuts)}
         if self.stepwise:
@@ -492,14 +496,24 @@ def judge_with_schedules(
     # keeps it (a first recompute closer by less, as a -ub 64 server's file at 62 -> 51 floors,
     # is not told from chance, and its split then passes only without it)
     full = False
+    # a position that a replay decoding it one token per call reproduced, past where the first
+    # recompute differed: the server generated it, so no schedule that computes it in a larger
+    # ubatch can agree there (an edited chat's 1,607 tokens: the replies replayed moved the first
+    # difference from 370 to 972, and 5 more recomputes that prefill positions 373-971, 30 of deep's
+    # 56 seconds, came out as far as the first)
+    generated: int | None = None
     for s in todo if recompute else []:
         assert recompute is not None
+        if generated is not None and not s.decodes_one_per_call(generated):
+            continue
         s = dataclasses.replace(s, swa_full=s.swa_full or full)
         got = _judge_schedule(file_body, recompute, s, again, tried)
         if got is None:
             continue
         jr = got[0]
         seen.append(jr)
+        if generated is None and fd is not None:
+            generated = _generated(s, fd, first_difference(jr) or inputs.n_tokens)
         full = full or (s.swa_full and jr.margin * SCHEDULE_DEPENDENT <= j.margin)
         if (len(jr.problems), jr.margin) < (len(best.problems), best.margin):
             best, best_s = jr, s
@@ -512,8 +526,14 @@ def judge_with_schedules(
         return Outcome(best, best_s, "shape", final.evidence, tried)
     # drift that is left must show it: a split that moved it (the state depends on how the
     # prompt was cut), or an onset at the first tokens (another build's kernels differ there)
-    if best.margin * SCHEDULE_DEPENDENT <= j.margin or build:
+    # or a replay that decoded the server's generated tokens one per call reproduced the state past
+    # where the first recompute parted (the later schedules, which prefill those tokens, were not
+    # tried: see ``generated``), with the first layer, a function of the tokens, agreeing throughout
+    replayed = generated is not None and first_layer_agrees(best, first_block)
+    if best.margin * SCHEDULE_DEPENDENT <= j.margin or build or replayed:
         ev = f"{final.evidence}; closest split {best_s.label()} at {best.margin:.3g} floors"
+        if replayed and not (best.margin * SCHEDULE_DEPENDENT <= j.margin or build):
+            ev += f"; decoding the generated tokens one per call reproduces the state past position {fd}"
         return Outcome(best, best_s, "drift", ev, tried, drift=True)
     # or a quantized cache: its coarse steps hide where another build's computation parts (a
     # q8_0 default 4-slot server's 2,136-token file agrees exactly up to position 69 where its
@@ -660,6 +680,15 @@ def first_layer_agrees(j: Judgment, first_block: str | None) -> bool:
     layer is a function of the token and its position alone."""
     runs = [c for c in j.cells if _is_first_layer(c, first_block)]
     return bool(runs) and all(c.positions is not None and bool(np.all(c.ratio <= 1.0)) for c in runs)
+
+
+def _generated(s: Schedule, fd: int, fd2: int) -> int | None:
+    """The first position of ``[fd, fd2)`` that ``s`` decodes one token per call, when ``s``
+    reproduced the state over that range, from the first recompute's first difference ``fd`` to
+    its own ``fd2`` (None: it did not move the first difference, or prefilled the whole range)."""
+    if fd2 <= fd:
+        return None
+    return next((max(a, fd) for a, b in s.stepwise if a < fd2 and b > fd), None)
 
 
 def _judge_schedule(
