@@ -236,16 +236,15 @@ json.dump(out, sys.stdout)
 BARE_LOAD = r"""
 import ctypes, sys
 import llama_cpp as L
+from slotfile.llama.cpu import use_extra_bufts
 model_path, slot_path, n_ctx, n_seq_max, unified, fa, tk, tv = sys.argv[1:9]
 @ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
 def _quiet(level, text, user):
     pass
 L.llama_log_set(_quiet, None)
 L.llama_backend_init()
-mp = L.llama_model_default_params()
+mp = use_extra_bufts(L.llama_model_default_params())  # as slotfile's worker loads it (slotfile/llama/cpu.py)
 mp.n_gpu_layers = 0
-if "amx_tile" in open("/proc/cpuinfo").read() and hasattr(mp, "use_extra_bufts"):
-    mp.use_extra_bufts = False  # as slotfile's worker does: llama.cpp's AMX kernels crash (slotfile/llama/cpu.py)
 model = L.llama_model_load_from_file(model_path.encode(), mp)
 assert model, "model"
 p = L.llama_context_default_params()

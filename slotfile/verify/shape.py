@@ -529,10 +529,11 @@ def judge_with_schedules(
     # or a replay that decoded the server's generated tokens one per call reproduced the state past
     # where the first recompute parted (the later schedules, which prefill those tokens, were not
     # tried: see ``generated``), with the first layer, a function of the tokens, agreeing throughout
+    shown = best.margin * SCHEDULE_DEPENDENT <= j.margin or build
     replayed = generated is not None and first_layer_agrees(best, first_block)
-    if best.margin * SCHEDULE_DEPENDENT <= j.margin or build or replayed:
+    if shown or replayed:
         ev = f"{final.evidence}; closest split {best_s.label()} at {best.margin:.3g} floors"
-        if replayed and not (best.margin * SCHEDULE_DEPENDENT <= j.margin or build):
+        if not shown:
             ev += f"; decoding the generated tokens one per call reproduces the state past position {fd}"
         return Outcome(best, best_s, "drift", ev, tried, drift=True)
     # or a quantized cache: its coarse steps hide where another build's computation parts (a

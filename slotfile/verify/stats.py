@@ -173,12 +173,14 @@ def _zero_run(x: np.ndarray, y: np.ndarray, transposed: bool) -> tuple[int, int]
     cut a zeroed q4_0 row of 256 values into runs under :data:`~slotfile.verify.judge.ZERO_RUN`.
     A transposed V stores each element's values of all cells together
     (``llama_kv_cache::state_write_data``), so its byte order is element-major."""
-    xz = x == 0
-    flat = (xz.T if xz.ndim == 2 and transposed else xz).ravel()
+
+    def in_byte_order(a: np.ndarray) -> np.ndarray:
+        return (a.T if transposed else a).ravel()
+
+    flat = in_byte_order(x == 0)
     if not flat.any():
         return 0, -1
-    nz = (y != 0).T if transposed else (y != 0)
-    counts = np.concatenate(([0], np.cumsum(nz.ravel(), dtype=np.int64)))
+    counts = np.concatenate(([0], np.cumsum(in_byte_order(y != 0), dtype=np.int64)))
     d = np.diff(np.concatenate(([0], flat.view(np.int8), [0])))
     starts, ends = np.flatnonzero(d == 1), np.flatnonzero(d == -1)
     held = counts[ends] - counts[starts]  # values in each run where the recompute is not zero
