@@ -428,6 +428,31 @@ def configs(version: int) -> list[Config]:
             scenarios=("edit",),
         ),
         Config("g-ctx-shift-keep", "gemma", ctx=512, context_shift=True, n_predict=700, scenarios=("overflow-keep",)),
+        # q4_0 caches where the layers drift (replies decoded one per call, a prefix computed in an earlier request):
+        # the clean cells the scaled-row rule (slotfile/verify/judge.py scaled_cell) must not take for damage
+        Config(
+            "g-edit-fa-on-q4",
+            "gemma",
+            doc_words=300,
+            n_predict=600,
+            flash_attn="on",
+            cache_k="q4_0",
+            cache_v="q4_0",
+            scenarios=("edit", "regenerate"),
+        ),
+        Config("g-k-q4-fa-off", "gemma", cache_k="q4_0", n_predict=64, scenarios=("single", "long", "multiturn")),
+        Config(
+            "g-np4-kvu-q4",
+            "gemma",
+            n_parallel=4,
+            ctx=16384,
+            kv_unified=True,
+            flash_attn="on",
+            cache_k="q4_0",
+            cache_v="q4_0",
+            n_predict=64,
+            scenarios=("multiturn",),
+        ),
         # speculative decoding: one slot, 4 separate caches (-fa on) and one unified cache, 48-token replies
         Config("g-spec", "gemma", speculative=8, n_predict=48, scenarios=("single", "long", "multiturn")),
         Config(

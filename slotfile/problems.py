@@ -138,6 +138,7 @@ class ProblemCode(StrEnum):
     DEEP_NONFINITE = "deep-nonfinite"
     DEEP_DRIFT = "deep-drift"
     DEEP_SHIFTED = "deep-shifted"
+    DEEP_UNREPLAYED = "deep-unreplayed"
     RECOMPUTE_CRASHED = "recompute-crashed"
 
 
@@ -221,6 +222,13 @@ _TABLE: tuple[tuple[ProblemCode, Severity, tuple[CheckLevel, ...], ProblemClass,
     (_C.DEEP_NONFINITE, _E, (_D,), _DMG, "non-finite stored values where the recompute has finite ones"),
     (_C.DEEP_DRIFT, _W, (_D,), _NOT, "stored K/V differ from every recompute tried as another split or build makes"),
     (_C.DEEP_SHIFTED, _W, (_D,), _CC, "cells the server shifted (context shift, reused chunk): not compared by value"),
+    (
+        _C.DEEP_UNREPLAYED,
+        _W,
+        (_D,),
+        _CC,
+        "a slot's share of batches with other slots: drift no split replays, not verified",
+    ),
     (_C.RECOMPUTE_CRASHED, _W, (_D,), _CC, "llama.cpp crashed or timed out recomputing tokens of a file that restored"),
 )
 

@@ -12,14 +12,16 @@ import numpy as np
 import pytest
 
 from slotfile.format.reader import open_slot_file, parse_buffer
-from slotfile.problems import ProblemCode
+from slotfile.problems import CheckLevel, ProblemCode
 from slotfile.verify import shape
 from slotfile.verify.judge import ZERO_RUN, DeepInputs, Judgment, RunCells, align_cells, judge_layers
+from slotfile.verify.records import Level
 from slotfile.verify.shape import (
     MAX_RETRIES,
     MAX_STEPWISE,
     Schedule,
     candidate_schedules,
+    commit_outcome,
     drift_shape,
     first_difference,
     judge_with_schedules,
@@ -155,6 +157,26 @@ def test_drift_shape_needs_other_layers_and_a_quiet_first_layer():
     zeros = _cells({("K", 1): {20: 9.0}, ("K", 2): {20: 9.0}})
     zeros.byte_damage.append("V layer 1: zeroed bytes")
     assert drift_shape(zeros).evidence == "bytes: V layer 1: zeroed bytes"
+
+
+def test_a_cell_of_a_layer_that_drifts_as_a_whole_is_not_isolated():
+    # model layer 5 of a 4-slot server's long slot: every cell of it over a floor the noise
+    # recompute set low (a median of 5.4 floors), the layers above within their larger floors, so
+    # no other layer corroborates its worst cells (9.6 and 27.9 floors): drift, not one layer's bytes
+    def judgment(hot: float) -> Judgment:
+        j = _cells({("K", 0): {}, ("K", 2): {}, ("V", 2): {}})
+        r = np.full(40, 5.4)
+        r[20] = hot
+        j.cells.append(RunCells("kv", "V", 1, np.arange(40), r))
+        j.cells.append(RunCells("kv", "K", 1, np.arange(40), np.full(40, 5.0)))
+        return j
+
+    assert drift_shape(judgment(27.9)).drift
+    # a cell far beyond its own layer's level (2 x limit x the layer's median) stays damage
+    s = drift_shape(judgment(60.0))
+    assert not s.drift and s.evidence.startswith("isolated: V layer 1") and "position 20" in s.evidence
+    # and a layer whose cells sit at their floors lends no excuse to its one far cell (above)
+    assert not drift_shape(_cells({("K", 0): {}, ("K", 1): {20: 9.0}, ("V", 2): {35: 3.0}})).drift
 
 
 def test_candidate_schedules_are_bounded_and_ordered():
@@ -648,6 +670,35 @@ def test_unmoved_drift_in_a_one_stream_cache_is_cell_placement(gemma_bytes):
     assert not shape.first_layer_agrees(j, None) and not drift_shape(j).evidence.startswith("first layer")
     out = judge_with_schedules(file_body, inputs, (Schedule(2048, 512), rec), lambda s: (rec, ""))
     assert not out.drift and out.unmoved and "agrees exactly up to position 40" in out.evidence
+
+
+def test_unreplayed_drift_in_a_cache_of_one_stream_per_slot_is_left_unverified(gemma_bytes, monkeypatch):
+    """A cache of one stream per slot (-np N without -kvu): concurrent slots' prompts share the
+    server's batches, cut by llama_batch_allocr::split_equal into per-slot pieces whose sizes the
+    file does not keep (a 4-slot server's long slots: exact up to position 513, then 49.6-66.5
+    floors, 10 recomputes moving none).  With the first layer agreeing it is neither passed nor
+    failed: positions from the first difference are an unchecked part (deep-unreplayed); with the
+    first layer off as well it stays damage.  (The Gemma file, one stream, stands in for such a
+    slot: the 2-stream fixture's model has one layer above the first, which reads as isolated.)"""
+    assert shape.streams_per_slot(parse_buffer((SLOTS / "llama_2stream.slot").read_bytes()).body)
+    file_body = parse_buffer(gemma_bytes).body
+    assert not shape.streams_per_slot(file_body)
+    monkeypatch.setattr(shape, "single_stream", lambda body: False)
+    monkeypatch.setattr(shape, "streams_per_slot", lambda body: True)
+    inputs = DeepInputs(n_tokens=54)
+    drifted = drift_from(gemma_bytes, 40, 1.6)
+    rec = parse_buffer(drifted).body
+    out = judge_with_schedules(file_body, inputs, (Schedule(2048, 512), rec), lambda s: (rec, ""))
+    assert out.drift and out.unreplayed == 40 and "one stream per slot" in out.evidence, out.evidence
+    assert out.details()["unreplayed"] == 40
+    lv = Level(CheckLevel.DEEP)
+    commit_outcome(lv, file_body, out)
+    assert [p.code for p in lv.problems] == [ProblemCode.DEEP_UNREPLAYED] and "positions 40 on" in lv.problems[
+        0
+    ].message
+    rec = parse_buffer(drift_from(drifted, 40, 1.01, first=True)).body
+    out = judge_with_schedules(file_body, inputs, (Schedule(2048, 512), rec), lambda s: (rec, ""))
+    assert not out.drift and out.unreplayed is None and out.unmoved
 
 
 def test_a_swa_full_server_is_replayed_with_a_whole_context_window(gemma_bytes):

@@ -234,6 +234,7 @@ _OLD_SETS = {
         "unscanned-type",
         "deep-shifted",  # new with the registry: deep could not compare the shifted cells' values
         "recompute-crashed",  # new: llama.cpp crashed recomputing the tokens of a file that restored
+        "deep-unreplayed",  # new: drift no split replays in a cache of one stream per slot, left unverified
     },
     ProblemClass.UNSUPPORTED: {"unsupported-layout"},
 }

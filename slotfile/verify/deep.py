@@ -331,6 +331,8 @@ def _judge_deep(
         commit_outcome(lv, body, outcome)
         if outcome.shifted is not None:  # checked there only for tokens and byte damage: say so
             lv.unchecked_parts.append(_shifted_part(body, outcome.shifted, len(tokens)))
+        if outcome.unreplayed is not None:  # drift no recompute replays: not verified from there
+            lv.unchecked_parts.append(_unreplayed_part(body, outcome.unreplayed, len(tokens)))
     rows = outcome.judgment.rows if outcome else []
     worst = max(rows, key=lambda r: r["ratio"], default=None)
     drift = outcome.judgment.margin if outcome is not None and outcome.drift else None
@@ -368,6 +370,17 @@ def _shifted_part(body: Body, p: int, n: int) -> dict[str, Any]:
         f"tokens the file no longer holds: their values are not compared; checked there: {SHIFTED_CHECKS}"
     )
     return {"section": "body", "offset": body.offset, "reason": reason, "hint": "none: no recompute gives them"}
+
+
+def _unreplayed_part(body: Body, p: int, n: int) -> dict[str, Any]:
+    """The deep level's unchecked part for a slot's positions that differ from every recompute
+    tried as a share of other slots' batches does (``Outcome.unreplayed``)."""
+    reason = (
+        f"positions {p}-{n - 1} differ from every recompute tried, as a slot's share of batches with other slots "
+        "(one cache stream per slot) makes and a changed token before the first layer's window would: not verified"
+    )
+    hint = "verify a copy saved by a server that handled this slot's prompt alone, or with the same -b/-ub"
+    return {"section": "body", "offset": body.offset, "reason": reason, "hint": hint}
 
 
 def _closest_logits(first: dict[str, Any], retried: list[tuple[Schedule, dict[str, Any]]]) -> dict[str, Any]:

@@ -501,7 +501,9 @@ def _with_lone(body: Body, outcome: Outcome, final: bool) -> Outcome:
     j.problems = lone + keep
     ev = lone[0][3] + (f" (+{len(lone) - 1} more)" if len(lone) > 1 else "")
     # lone cells are damage whatever else the judgment read (drift, cells the server shifted)
-    return dataclasses.replace(outcome, decided_by=LONE, evidence=ev, drift=False, unmoved=False, shifted=None)
+    return dataclasses.replace(
+        outcome, decided_by=LONE, evidence=ev, drift=False, unmoved=False, shifted=None, unreplayed=None
+    )
 
 
 def _commit(sub: Level, body: Body, outcome: Outcome, final: bool) -> None:

@@ -137,10 +137,20 @@ class Outcome:
     # the position from which the server shifted the cells (llama_kv_cache::seq_add): the state
     # there was computed over tokens the file no longer holds, so it is not compared value by value
     shifted: int | None = None
+    # the position from which a drift no schedule replays, in a cache of one stream per slot, is
+    # left unverified (the slot's share of batches with other slots: streams_per_slot)
+    unreplayed: int | None = None
 
     def details(self) -> dict[str, Any]:
         shifted = {} if self.shifted is None else {"shifted": self.shifted}
-        return {"decided_by": self.decided_by, "evidence": self.evidence, **shifted, "schedules": self.tried}
+        unreplayed = {} if self.unreplayed is None else {"unreplayed": self.unreplayed}
+        return {
+            "decided_by": self.decided_by,
+            "evidence": self.evidence,
+            **shifted,
+            **unreplayed,
+            "schedules": self.tried,
+        }
 
 
 def _position_matrix(cells: list[RunCells]) -> tuple[np.ndarray, list[RunCells]]:
@@ -196,6 +206,9 @@ def drift_shape(
             bg = max(_background(x, runs, i, int(p), held) for x in (r, *alt))
             if not why and bg >= DRIFTING and r[i, p] <= 2 * limit * bg:
                 continue  # as far from the recompute as every layer around it, relative to its floor
+            own = _layer_level(runs, i)
+            if not why and own >= DRIFTING and r[i, p] <= 2 * limit * own:
+                continue  # no further from the recompute than its own layer's typical cell: the layer drifts
             why = why or _isolated(runs, high, i, int(p), float(r[i, p]))
             if why:
                 return Shape(False, why, onset)
@@ -241,6 +254,17 @@ def _background(r: np.ndarray, runs: list[RunCells], i: int, p: int, held: np.nd
     if not rows:
         return 0.0
     return median(r[rows, max(0, p - NEAR) : p + NEAR + 1].max(axis=1))
+
+
+def _layer_level(runs: list[RunCells], i: int) -> float:
+    """The median ratio over every cell of run ``i``'s layer (K and V, each part's cells): how far
+    the layer as a whole sits from the recompute.  Drift whose floor the noise recompute set low
+    moves every cell of a layer alike (a 4-slot server's long slot: model layer 5's V at a median
+    of 5.4 floors, the layers above within theirs), while damage in the bytes leaves the layer's
+    other cells where they were."""
+    key = (runs[i].block, runs[i].layer)
+    cells = [x.ratio for x in runs if (x.block, x.layer) == key and x.ratio.size]
+    return median(np.concatenate(cells)) if cells else 0.0
 
 
 def _isolated(runs: list[RunCells], high: np.ndarray, i: int, p: int, ratio: float) -> str:
@@ -567,6 +591,22 @@ def judge_with_schedules(
             "grouping; the first layer agrees at every position"
         )
         return Outcome(best, best_s, "drift", ev, tried, drift=True)
+    # or a cache of one stream per slot (-np N without a unified cache): concurrent slots' prompts
+    # shared the server's batches (server_context_impl::update_slots fills one batch from every
+    # slot), and llama_batch_allocr::split_equal cuts such a batch into equal per-slot pieces, so
+    # this slot's ubatch sizes depend on when the other requests arrived, which the file does not
+    # keep (a 4-slot server's long slots: the state exact up to position 513, then 49.6 and 66.5
+    # floors, 10 recomputes moving none).  A token changed before the sliding window (which the
+    # first layer would show) looks the same there, so the positions from the first difference
+    # are left unverified (deep-unreplayed, an unchecked part), not passed and not failed
+    if streams_per_slot(file_body) and first_layer_agrees(best, first_block) and recompute is not None:
+        at = next(x for x in (fd, first_difference(best), inputs.n_tokens) if x is not None)  # the first agreed to fd
+        ev = (
+            f"{final.evidence}; closest split {best_s.label()} at {best.margin:.3g} floors; the cache has one stream "
+            "per slot, so concurrent slots' prompts may have shared the server's batches, cut into per-slot pieces "
+            "whose sizes depend on when the requests arrived; the first layer agrees at every position it holds"
+        )
+        return Outcome(best, best_s, "drift", ev, tried, drift=True, unreplayed=at)
     ev = (
         f"spread like drift from position {shape.onset}, but no split tried moves it ({j.margin:.3g} floors "
         f"first, {best.margin:.3g} at best with {len(tried)} recomputes) and the state agrees exactly up to "
@@ -675,6 +715,12 @@ def single_stream(body: Body) -> bool:
     return bool(kv) and all(len(b.streams) == 1 for b in kv)
 
 
+def streams_per_slot(body: Body) -> bool:
+    """Whether a KV block of ``body`` has several streams: a multi-slot server without a unified
+    cache, which writes one stream per slot (``n_stream`` in ``llama_kv_cache::state_write``)."""
+    return any(b.kind == MemoryKind.KV and len(b.streams) > 1 for b in body.blocks)
+
+
 def first_layer_agrees(j: Judgment, first_block: str | None) -> bool:
     """Whether the model's first layer (layer 0 of ``first_block``; unknown: of every block), K
     and V, is within its floors at every position ``j`` holds: no token was changed, since that
@@ -736,6 +782,16 @@ def commit_outcome(lv: Level, body: Body, outcome: Outcome) -> None:
         return
     if not outcome.drift:
         outcome.judgment.commit(lv)
+        return
+    if outcome.unreplayed is not None:
+        lv.warn(
+            ProblemCode.DEEP_UNREPLAYED,
+            "body",
+            body.offset,
+            f"positions {outcome.unreplayed} on not verified: {len(outcome.judgment.problems)} layer(s) differ there "
+            f"from every recompute tried ({outcome.evidence}); a token changed before the first layer's window "
+            "would look the same",
+        )
         return
     lv.warn(
         ProblemCode.DEEP_DRIFT,
