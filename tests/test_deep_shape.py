@@ -161,22 +161,27 @@ def test_drift_shape_needs_other_layers_and_a_quiet_first_layer():
 
 def test_a_cell_of_a_layer_that_drifts_as_a_whole_is_not_isolated():
     # model layer 5 of a 4-slot server's long slot: every cell of it over a floor the noise
-    # recompute set low (a median of 5.4 floors), the layers above within their larger floors, so
-    # no other layer corroborates its worst cells (9.6 and 27.9 floors): drift, not one layer's bytes
-    def judgment(hot: float) -> Judgment:
-        j = _cells({("K", 0): {}, ("K", 2): {}, ("V", 2): {}})
+    # recompute set low (a median of 5.4 floors), the layers above drifting within their larger
+    # floors (1.1-1.5 around its worst cells, 9.6 and 27.9 floors, over 2 x limit x that): drift
+    def judgment(hot: float, around: float) -> Judgment:
+        j = _cells({("K", 0): {}, ("K", 2): {}, ("V", 2): {}}, base=around)
+        for c in j.cells:
+            if c.layer == 0:
+                c.ratio[:] = 0.5  # the first layer agrees
         r = np.full(40, 5.4)
         r[20] = hot
         j.cells.append(RunCells("kv", "V", 1, np.arange(40), r))
         j.cells.append(RunCells("kv", "K", 1, np.arange(40), np.full(40, 5.0)))
         return j
 
-    assert drift_shape(judgment(27.9)).drift
+    assert drift_shape(judgment(27.9, 1.2)).drift
     # a cell far beyond its own layer's level (2 x limit x the layer's median) stays damage
-    s = drift_shape(judgment(60.0))
+    s = drift_shape(judgment(60.0, 1.2))
     assert not s.drift and s.evidence.startswith("isolated: V layer 1") and "position 20" in s.evidence
-    # and a layer whose cells sit at their floors lends no excuse to its one far cell (above)
-    assert not drift_shape(_cells({("K", 0): {}, ("K", 1): {20: 9.0}, ("V", 2): {35: 3.0}})).drift
+    # and outside a drifting region a layer off as a whole lends its cells no excuse (a K layer
+    # scaled; the one layer above the first of a 2-layer model after a context shift)
+    s = drift_shape(judgment(27.9, 0.5))
+    assert not s.drift and s.evidence.startswith("isolated: V layer 1"), s.evidence
 
 
 def test_candidate_schedules_are_bounded_and_ordered():

@@ -204,11 +204,10 @@ def drift_shape(
             if not why and max(seen) > SCHEDULE_DEPENDENT * max(min(seen), 1e-9):
                 continue  # the split moves it: drift
             bg = max(_background(x, runs, i, int(p), held) for x in (r, *alt))
-            if not why and bg >= DRIFTING and r[i, p] <= 2 * limit * bg:
-                continue  # as far from the recompute as every layer around it, relative to its floor
-            own = _layer_level(runs, i)
-            if not why and own >= DRIFTING and r[i, p] <= 2 * limit * own:
-                continue  # no further from the recompute than its own layer's typical cell: the layer drifts
+            if not why and bg >= DRIFTING and r[i, p] <= 2 * limit * max(bg, _layer_level(runs, i)):
+                # as far from the recompute as every layer around it, or as its own layer's typical
+                # cell, relative to its floor: a region and a layer that drift
+                continue
             why = why or _isolated(runs, high, i, int(p), float(r[i, p]))
             if why:
                 return Shape(False, why, onset)
@@ -258,10 +257,12 @@ def _background(r: np.ndarray, runs: list[RunCells], i: int, p: int, held: np.nd
 
 def _layer_level(runs: list[RunCells], i: int) -> float:
     """The median ratio over every cell of run ``i``'s layer (K and V, each part's cells): how far
-    the layer as a whole sits from the recompute.  Drift whose floor the noise recompute set low
-    moves every cell of a layer alike (a 4-slot server's long slot: model layer 5's V at a median
-    of 5.4 floors, the layers above within theirs), while damage in the bytes leaves the layer's
-    other cells where they were."""
+    the layer as a whole sits from the recompute.  In a drifting region, drift whose floor the
+    noise recompute set low moves every cell of a layer alike (a 4-slot server's long slot: model
+    layer 5's V at a median of 5.4 floors, its worst cells 9.6 and 27.9 where the other layers
+    around sit at 1.1-1.5), while damage in the bytes leaves the layer's other cells where they
+    were.  Outside a drifting region a layer off as a whole is not drift (a K layer scaled, the one
+    layer above the first of a 2-layer model after a context shift)."""
     key = (runs[i].block, runs[i].layer)
     cells = [x.ratio for x in runs if (x.block, x.layer) == key and x.ratio.size]
     return median(np.concatenate(cells)) if cells else 0.0
