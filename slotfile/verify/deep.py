@@ -369,7 +369,7 @@ def _shifted_part(body: Body, p: int, n: int) -> dict[str, Any]:
         f"positions {p}-{n - 1} hold cells the server shifted (a context shift or a reused chunk), computed over "
         f"tokens the file no longer holds: their values are not compared; checked there: {SHIFTED_CHECKS}"
     )
-    return {"section": "body", "offset": body.offset, "reason": reason, "hint": "none: no recompute gives them"}
+    return _body_part(body, reason, "none: no recompute gives them")
 
 
 def _unreplayed_part(body: Body, p: int, n: int) -> dict[str, Any]:
@@ -380,6 +380,11 @@ def _unreplayed_part(body: Body, p: int, n: int) -> dict[str, Any]:
         "(one cache stream per slot) makes and a changed token before the first layer's window would: not verified"
     )
     hint = "verify a copy saved by a server that handled this slot's prompt alone, or with the same -b/-ub"
+    return _body_part(body, reason, hint)
+
+
+def _body_part(body: Body, reason: str, hint: str) -> dict[str, Any]:
+    """An entry of the deep level's ``unchecked_parts`` for positions of the body."""
     return {"section": "body", "offset": body.offset, "reason": reason, "hint": hint}
 
 

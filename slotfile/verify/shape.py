@@ -198,16 +198,19 @@ def drift_shape(
     cols = np.flatnonzero(high.any(axis=0))
     onset = int(cols[0]) if cols.size else None
     for i in range(len(runs)):
+        level: float | None = None  # _layer_level(runs, i), once a cell of the run needs it
         for p in np.flatnonzero(r[i] > limit):
             why = _first_layer(m, runs, int(p), limit, first_block)
             seen = [float(a[i, p]) for a in alt] + [float(r[i, p])]
             if not why and max(seen) > SCHEDULE_DEPENDENT * max(min(seen), 1e-9):
                 continue  # the split moves it: drift
             bg = max(_background(x, runs, i, int(p), held) for x in (r, *alt))
-            if not why and bg >= DRIFTING and r[i, p] <= 2 * limit * max(bg, _layer_level(runs, i)):
-                # as far from the recompute as every layer around it, or as its own layer's typical
-                # cell, relative to its floor: a region and a layer that drift
-                continue
+            if not why and bg >= DRIFTING:
+                level = _layer_level(runs, i) if level is None else level
+                if r[i, p] <= 2 * limit * max(bg, level):
+                    # as far from the recompute as every layer around it, or as its own layer's
+                    # typical cell, relative to its floor: a region and a layer that drift
+                    continue
             why = why or _isolated(runs, high, i, int(p), float(r[i, p]))
             if why:
                 return Shape(False, why, onset)
