@@ -354,6 +354,11 @@ def configs(version: int) -> list[Config]:
         ),
         Config("g-np4-long", "gemma", n_parallel=4, ctx=16384, flash_attn="on", scenarios=("long",)),
         Config("g-t1", "gemma", threads=1, scenarios=("single", "long")),
+        # larger micro-batches than the verifier's default (throughput settings): the first recompute's -ub 512
+        # parts from such a file at position 512
+        Config("g-ub1024-b2048", "gemma", batch=2048, ubatch=1024, scenarios=("long", "multiturn")),
+        Config("g-ub2048-fa-on", "gemma", batch=2048, ubatch=2048, flash_attn="on", scenarios=("long",)),
+        Config("g-ub4096-b4096", "gemma", batch=4096, ubatch=4096, n_predict=64, scenarios=("long",)),
         Config("g-cache-reuse", "gemma", cache_reuse=64, scenarios=("multiturn",)),
         # states computed over tokens the file does not hold: a shifted context, a shifted reused chunk
         Config("g-ctx-shift", "gemma", ctx=512, context_shift=True, n_predict=700, scenarios=("overflow",)),
@@ -785,6 +790,8 @@ def verify_row(entry: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any]:
         "verdict": entry.get("verdict"),
         "deep": deep.get("status"),
         "margin": det.get("margin"),
+        "decided_by": det.get("decided_by"),
+        "schedules": [s.get("n_ubatch") for s in det.get("schedules") or []],
         "worst": {k: worst.get(k) for k in ("section", "part", "layer", "ratio", "by", "worst_pos")} if worst else None,
         "logits_ratio": (det.get("logits") or {}).get("ratio"),
         "first_problem": entry.get("first_problem"),

@@ -287,3 +287,47 @@ def test_a_unified_cache_slot_among_other_slots_cells_passes_as_drift(tmp_path):
     assert deep["status"] == "pass" and deep["details"]["decided_by"] == "drift", deep["details"]["evidence"]
     assert "one stream" in deep["details"]["evidence"]
     assert bad["status"] == "fail" and bad["details"]["decided_by"] != "drift", bad["details"]["evidence"]
+
+
+def test_a_larger_ubatch_servers_long_prompt_is_replayed_with_its_split(tmp_path):
+    """A server started with ``-ub 1024`` (a throughput setting) prefills a long prompt in pieces of
+    1,024 and sizes its window cache n_swa + 1,024 cells; deep's first recompute (-ub 512) agrees
+    exactly up to where its own 1,024-cell window starts reusing cells, then parts (a v3 server's
+    2,056-token document: 30.7 floors, 10 recomputes to pass as drift at 4.46).  The prompt here is
+    computed as the server does it (the breaks ``n - 4 - n_ubatch`` and ``n - 4`` where an iSWA
+    memory takes checkpoints): deep replays the -ub 1024 split and passes by it (here, 1,891 tokens:
+    72.5 floors first, 24.9 with a whole-context window, then -ub 1024 exact; without the larger -ub
+    it passed only as drift at 24.9)."""
+    from bench import deep_noise as dn
+    from slotfile.verify import Verifier, VerifyOptions
+
+    model_path = str(gemma.assemble())
+    L = dn.lib()
+    model = L.llama_model_load_from_file(model_path.encode(), use_extra_bufts(L.llama_model_default_params()))
+    path = tmp_path / "ub1024.slot"
+    text = " ".join(
+        f"Section {i}: the river {name} runs {i * 7 % 90 + 10} kilometres through valleys, towns and old mills."
+        for i, name in enumerate(["Rhine", "Danube", "Loire", "Elbe", "Oder", "Po", "Tagus", "Vistula"] * 11)
+    )
+    try:
+        toks = dn.tokenize(model, "<start_of_turn>user\n" + text + "<end_of_turn>\n<start_of_turn>model\n", True)
+        n = len(toks)
+        assert 1600 < n < 2048, n  # well past n_swa + 512, within one -b 2048 call
+        ctx = dn.Ctx(model, dn.TYPES["f16"], False, 2048, 1024, dn.THREADS, n_ctx=4096)
+        for a, b in zip((0, n - 4 - 1024, n - 4), (n - 4 - 1024, n - 4, n), strict=True):
+            ctx.decode(toks[a:b])
+        words = [-1, 1, n, *toks, 0]  # server_tokens::serialize, text only
+        arr = (L.llama_token * len(words))(*words)
+        assert L.llama_state_seq_save_file(ctx.ptr, str(path).encode(), 0, arr, len(words))
+        ctx.free()
+    finally:
+        L.llama_model_free(model)
+    with Verifier(VerifyOptions(model=model_path, deep=True)) as v:
+        deep = v.verify(path).to_dict()["levels"]["deep"]
+    d = deep["details"]
+    assert deep["status"] == "pass", d["evidence"]
+    if not d["schedules"][0]["problems"]:
+        return  # a CPU whose sums do not depend on the window's cell order: the prefill agrees
+    assert d["schedules"][0]["first_difference"] >= 512 and d["decided_by"] == "schedule", d["evidence"]
+    assert d["schedules"][1:3] and d["schedules"][-1]["n_ubatch"] == 1024 and d["schedules"][-1]["problems"] == 0
+    assert len(d["schedules"]) <= 3  # the whole-context window, then -ub 1024

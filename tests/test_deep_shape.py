@@ -17,6 +17,7 @@ from slotfile.verify import shape
 from slotfile.verify.judge import ZERO_RUN, DeepInputs, Judgment, RunCells, align_cells, judge_layers
 from slotfile.verify.records import Level
 from slotfile.verify.shape import (
+    LARGER_UBATCH,
     MAX_RETRIES,
     MAX_STEPWISE,
     Schedule,
@@ -25,6 +26,7 @@ from slotfile.verify.shape import (
     drift_shape,
     first_difference,
     judge_with_schedules,
+    larger_schedules,
     out_of_order_from,
     reply_schedules,
 )
@@ -197,6 +199,51 @@ def test_candidate_schedules_are_bounded_and_ordered():
     assert [s.n_ubatch for s in candidate_schedules(first, 38, 34, checkpoints=False)] == [32]
 
 
+def test_larger_ubatch_schedules_where_the_recompute_agrees_past_its_first_ubatch():
+    """A -ub 1024 server's 2,056-token file (v3, a document and a question) agreed exactly with the
+    first recompute (-ub 512) up to position 1,026: a larger -ub computes the first 512 tokens alike,
+    and sizes the window cache n_swa + n_ubatch.  Its split replays it (1.56 floors, 30.7 before)."""
+    first = Schedule(2048, 512)
+    assert larger_schedules(first, 2056, True, 1027) == [
+        Schedule(2048, 1024, (1028, 2052)),
+        Schedule(2048, 2048, (4, 2052)),
+    ]
+    assert larger_schedules(Schedule(512, 512), 2056, False, 600) == [Schedule(1024, 1024), Schedule(2048, 2048)]
+    # parting inside the first micro-batch: a larger -ub would have agreed there; nothing to try
+    assert larger_schedules(first, 2056, True, 300) == [] and larger_schedules(first, 2056, True, None) == []
+    # one micro-batch of 1,024 holds all 900 tokens: 2,048 would split them alike
+    assert larger_schedules(first, 900, False, 600) == [Schedule(2048, 1024)]
+    assert larger_schedules(Schedule(2048, 2048), 4000, False, 3000) == []
+    # first when the recompute parts at its second micro-batch boundary, at a break of theirs last, else none
+    c = candidate_schedules(first, 2056, 1030, True, 1027)
+    assert c[:2] == larger_schedules(first, 2056, True, 1027)
+    c = candidate_schedules(first, 2205, 2083, True, 1490)
+    assert c[:2] == reply_schedules(first, 2205, 2083, True, 1490) and all(s.n_ubatch <= 512 for s in c)
+    # parting at a larger -ub's checkpoint break n - 4 - 1024 (a memory that takes checkpoints): that one, last
+    c = candidate_schedules(first, 2205, 1180, True, 1177)
+    assert c[-1] == Schedule(2048, 1024, (1177, 2201)) and all(s.n_ubatch != 2048 for s in c)
+    c = candidate_schedules(first, 2056, 780, True, 776)  # a -ub 128 server's file: no larger -ub
+    assert Schedule(2048, 128, (1924, 2052)) in c and all(s.n_ubatch <= 512 for s in c)
+
+
+def test_a_larger_ubatch_is_replayed_with_its_own_window(gemma_bytes):
+    """The whole-context window that brought the state closer is kept for the later retries, but
+    not for a larger -ub's: its own window (n_swa + n_ubatch cells) is the one it replays."""
+    file_body = parse_buffer(gemma_bytes).body
+    drifted = parse_buffer(drift_from(gemma_bytes, 46)).body
+    closer = parse_buffer(drift_from(gemma_bytes, 46, 1.1)).body
+    asked: list[Schedule] = []
+
+    def replay(s: Schedule):
+        asked.append(s)
+        return (file_body if s.n_ubatch > 24 and not s.swa_full else closer if s.swa_full else drifted), ""
+
+    # parting at position 46, near the second boundary (48) of a -ub 24 recompute: a larger -ub comes first
+    out = judge_with_schedules(file_body, DeepInputs(n_tokens=54), (Schedule(2048, 24), drifted), replay)
+    assert asked == [Schedule(2048, 24, swa_full=True), Schedule(2048, 1024)]
+    assert out.decided_by == "schedule" and out.schedule == Schedule(2048, 1024) and "-ub 1024" in out.evidence
+
+
 def test_reply_schedules_start_where_the_computations_parted():
     first = Schedule(2048, 512)
     # a 2,006-token prompt and a 199-token reply on a memory with checkpoints: the first difference is
@@ -214,7 +261,7 @@ def test_reply_schedules_start_where_the_computations_parted():
     assert reply_schedules(first, MAX_STEPWISE + 1000, 900, False, 500) == []
     # replies come before the splits, which stay bounded
     c = candidate_schedules(first, 2205, 2083, True, 1490)
-    assert c[:2] == reply_schedules(first, 2205, 2083, True, 1490) and len(c) <= 2 + MAX_RETRIES
+    assert c[:2] == reply_schedules(first, 2205, 2083, True, 1490) and len(c) <= 2 + len(LARGER_UBATCH) + MAX_RETRIES
     assert not Schedule(2048, 512).as_dict().get("stepwise")
 
 

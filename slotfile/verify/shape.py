@@ -52,6 +52,11 @@ MAX_STEPWISE = 2048
 # many floors: clean layers stay below 1.2 on the real-server corpus (bench/corpus.md)
 CORROBORATE = 2.0
 USUAL_UBATCH = (256, 128, 64, 32)  # llama-server -ub values tried below the first recompute's
+# larger -ub values (throughput settings, a GPU server's usual) tried when the first recompute
+# agrees exactly past its own first micro-batch: a server that cut the prompt in larger pieces
+# agrees with it there (a -ub 1024 server's 2,056-token file: exact up to position 1,026, where
+# the recompute's n_swa + 512-cell window starts reusing cells and the server's 1,536 do not)
+LARGER_UBATCH = (1024, 2048)
 NEAR = 8  # positions either side where another layer's difference corroborates a cell's
 SCHEDULE_DEPENDENT = 2.0  # a cell's ratio moving this many times between recomputes: drift
 # a drifting region: the other layers' largest ratios within NEAR positions have a median of at
@@ -330,7 +335,9 @@ def candidate_schedules(
     cannot explain it (another build's kernels differ from the first token on) and is left out.
     Before them, when the recompute agrees exactly up to ``first_diff`` and drifts from a later
     onset, up to two replays of an earlier turn's reply (:func:`reply_schedules`); before those, the
-    replies the chat template's text shows (``replies``, :func:`turn_schedules`)."""
+    replies the chat template's text shows (``replies``, :func:`turn_schedules`).  The splits of a
+    larger ``-ub`` (:func:`larger_schedules`) come first when the recompute parts at its second
+    micro-batch boundary, last when it parts at one of their checkpoint breaks, else not at all."""
     us = [u for u in USUAL_UBATCH if u < first.n_ubatch and u < n_tokens]
     us.sort(key=lambda u: (onset is not None and onset % u != 0, -u))
     out = [Schedule(first.n_batch, u, _breaks(n_tokens, u) if checkpoints else ()) for u in us]
@@ -340,7 +347,36 @@ def candidate_schedules(
         out = [s for s in out if min((s.n_ubatch, *s.cuts)) <= onset + NEAR]
     turns = turn_schedules(first, n_tokens, replies, checkpoints)
     found = [s for s in reply_schedules(first, n_tokens, onset, checkpoints, first_diff) if s not in turns]
-    return [*turns, *found, *[s for s in out if s != first][:MAX_RETRIES]]
+    larger = larger_schedules(first, n_tokens, checkpoints, first_diff)
+    rest = [s for s in out if s != first][:MAX_RETRIES]
+    if first_diff is not None and abs(first_diff - 2 * first.n_ubatch) <= NEAR:
+        # parting at the recompute's second micro-batch boundary (Gemma 3, n_swa 512: where its
+        # window of n_swa + n_ubatch cells starts reusing cells), not at a reply: a larger -ub first
+        return [*larger, *turns, *found, *rest]
+    # elsewhere only a larger -ub whose own checkpoint break the state parts at (a -ub 128 server's
+    # 2,056-token file parts at 776, a 4-slot server's long slot at 513: two more recomputes each,
+    # 10-15 s, that moved neither)
+    near = [s for s in larger if any(abs(first_diff - c) <= NEAR for c in s.cuts)] if first_diff is not None else []
+    return [*turns, *found, *rest, *near]
+
+
+def larger_schedules(first: Schedule, n_tokens: int, checkpoints: bool, first_diff: int | None) -> list[Schedule]:
+    """The splits of a server whose ``-ub`` is larger than the first recompute's
+    (:data:`LARGER_UBATCH`), when that recompute agrees exactly up to ``first_diff`` at or past
+    its own first micro-batch boundary: a smaller ``-ub`` would have parted there, a larger one
+    computes the first ``n_ubatch`` tokens as the recompute did.  Its batch is at least its
+    micro-batch (``llama_context``: ``n_ubatch <= n_batch``); with checkpoints, the server's breaks
+    for that ``-ub`` (``n - 4 - n_ubatch``, ``n - 4``).  Besides the split, the ``-ub`` sizes an
+    iSWA model's window cache (``n_swa + n_ubatch`` cells, llama_kv_cache_iswa), so where that
+    window starts reusing cells moves with it."""
+    if first_diff is None or first_diff < first.n_ubatch:
+        return []
+    out: list[Schedule] = []
+    for u in (u for u in LARGER_UBATCH if u > first.n_ubatch):
+        out.append(Schedule(max(first.n_batch, u), u, _breaks(n_tokens, u) if checkpoints else ()))
+        if u >= n_tokens:
+            break  # one micro-batch holds every token, and its window every cell: a larger -ub is the same
+    return out
 
 
 def turn_schedules(
@@ -534,7 +570,8 @@ def judge_with_schedules(
         assert recompute is not None
         if generated is not None and not s.decodes_one_per_call(generated):
             continue
-        s = dataclasses.replace(s, swa_full=s.swa_full or full)
+        # a larger -ub's own window (n_swa + n_ubatch cells) is what it replays: not a full one
+        s = dataclasses.replace(s, swa_full=s.swa_full or (full and s.n_ubatch <= sched.n_ubatch))
         got = _judge_schedule(file_body, recompute, s, again, tried)
         if got is None:
             continue
