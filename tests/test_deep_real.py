@@ -297,7 +297,7 @@ def test_a_larger_ubatch_servers_long_prompt_is_replayed_with_its_split(tmp_path
     computed as the server does it (the breaks ``n - 4 - n_ubatch`` and ``n - 4`` where an iSWA
     memory takes checkpoints): deep replays the -ub 1024 split and passes by it (here, 1,891 tokens:
     72.5 floors first, 24.9 with a whole-context window, then -ub 1024 exact; without the larger -ub
-    it passed only as drift at 24.9)."""
+    it passed only as drift at 24.9).  A token changed before the window fails (changed_token_at)."""
     from bench import deep_noise as dn
     from slotfile.verify import Verifier, VerifyOptions
 
@@ -331,3 +331,15 @@ def test_a_larger_ubatch_servers_long_prompt_is_replayed_with_its_split(tmp_path
     assert d["schedules"][0]["first_difference"] >= 512 and d["decided_by"] == "schedule", d["evidence"]
     assert d["schedules"][1:3] and d["schedules"][-1]["n_ubatch"] == 1024 and d["schedules"][-1]["problems"] == 0
     assert len(d["schedules"]) <= 3  # the whole-context window, then -ub 1024
+    # a token changed before the 512-token window (only model layer 5 holds it): the state agrees
+    # exactly with a recompute up to it and jumps there in that layer's K and V
+    at = n - 700
+    raw = bytearray(path.read_bytes())
+    off = raw.find(np.array(toks, np.int32).tobytes()) + 4 * at
+    raw[off : off + 4] = np.int32(toks[at] + 1 if toks[at] + 1 != toks[at + 1] else toks[at] + 2).tobytes()
+    changed = tmp_path / "token.slot"
+    changed.write_bytes(bytes(raw))
+    with Verifier(VerifyOptions(model=model_path, deep=True)) as v:
+        deep = v.verify(changed).to_dict()["levels"]["deep"]
+    assert deep["status"] == "fail" and deep["details"]["decided_by"] == "shape", deep["details"]["evidence"]
+    assert deep["details"]["evidence"].startswith("changed token") and f"at {at} " in deep["details"]["evidence"]

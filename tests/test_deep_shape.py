@@ -22,6 +22,7 @@ from slotfile.verify.shape import (
     MAX_STEPWISE,
     Schedule,
     candidate_schedules,
+    changed_token_at,
     commit_outcome,
     drift_shape,
     first_difference,
@@ -242,6 +243,42 @@ def test_a_larger_ubatch_is_replayed_with_its_own_window(gemma_bytes):
     out = judge_with_schedules(file_body, DeepInputs(n_tokens=54), (Schedule(2048, 24), drifted), replay)
     assert asked == [Schedule(2048, 24, swa_full=True), Schedule(2048, 1024)]
     assert out.decided_by == "schedule" and out.schedule == Schedule(2048, 1024) and "-ub 1024" in out.evidence
+
+
+def _token_judgment(p: int, k_at: float, after: float, window_k: float) -> Judgment:
+    """An iSWA state exact before ``p`` against its recompute: the base block (model layer 5 and up)
+    holds positions 0..199, the window block 150..199; at ``p`` the base block's layer 0 differs by
+    ``k_at`` floors in K and 20 in V, ``after`` at the positions after it; the window's first
+    layer K ``window_k`` from 150 on (0: exact; a shift rotates K a second time)."""
+    j = Judgment()
+    for part in ("K", "V"):
+        for layer in (0, 1):
+            r = np.zeros(200)
+            r[p] = k_at if part == "K" else 20.0
+            r[p + 1 :] = after
+            j.cells.append(RunCells("kv-base", part, layer, np.arange(200), r))
+        w = np.full(50, window_k if part == "K" else 0.0)
+        j.cells.append(RunCells("kv-swa", part, 0, np.arange(150, 200), w))
+        j.cells.append(RunCells("kv-swa", part, 1, np.arange(150, 200), np.full(50, after)))
+    return j
+
+
+def test_a_changed_token_before_the_window_is_its_lowest_layers_jump(gemma_bytes):
+    """Exact up to a position, then the lowest layer holding it off in K and V by more than the
+    limit while the later positions come back: that position's own token (a v3 -ub 1024 file's
+    token at 1,362: 5.6 and 23.7 floors in model layer 5, exact before; clean files: at most 0.80)."""
+    body = parse_buffer(gemma_bytes).body
+    assert changed_token_at(_token_judgment(100, 6.0, 1.0, 0.0), body, "kv-swa") == 100
+    # within the limit in K (a split's or a placement's rounding), or in the first tokens (another build)
+    assert changed_token_at(_token_judgment(100, 3.0, 1.0, 0.0), body, "kv-swa") is None
+    assert changed_token_at(_token_judgment(10, 6.0, 1.0, 0.0), body, "kv-swa") is None
+    # every later position as far off (cells computed in another context: shifted), or the window's
+    # first layer K rotated a second time: a context shift, not a token
+    assert changed_token_at(_token_judgment(100, 6.0, 6.0, 0.0), body, "kv-swa") is None
+    assert changed_token_at(_token_judgment(100, 6.0, 1.0, 0.04), body, "kv-swa") is None
+    # a block whose lowest layer holds the position and agrees there (the window's first layer): no token changed
+    j = _token_judgment(160, 6.0, 1.0, 0.0)
+    assert changed_token_at(j, body, "kv-swa") is None
 
 
 def test_reply_schedules_start_where_the_computations_parted():
