@@ -336,8 +336,9 @@ def candidate_schedules(
     Before them, when the recompute agrees exactly up to ``first_diff`` and drifts from a later
     onset, up to two replays of an earlier turn's reply (:func:`reply_schedules`); before those, the
     replies the chat template's text shows (``replies``, :func:`turn_schedules`).  The splits of a
-    larger ``-ub`` (:func:`larger_schedules`) come first when the recompute parts at its second
-    micro-batch boundary, last when it parts at one of their checkpoint breaks, else not at all."""
+    larger ``-ub`` (:func:`larger_schedules`) come right after the text's replies when the recompute
+    parts at its second micro-batch boundary, last when it parts at one of their checkpoint
+    breaks, else not at all."""
     us = [u for u in USUAL_UBATCH if u < first.n_ubatch and u < n_tokens]
     us.sort(key=lambda u: (onset is not None and onset % u != 0, -u))
     out = [Schedule(first.n_batch, u, _breaks(n_tokens, u) if checkpoints else ()) for u in us]
@@ -351,8 +352,9 @@ def candidate_schedules(
     rest = [s for s in out if s != first][:MAX_RETRIES]
     if first_diff is not None and abs(first_diff - 2 * first.n_ubatch) <= NEAR:
         # parting at the recompute's second micro-batch boundary (Gemma 3, n_swa 512: where its
-        # window of n_swa + n_ubatch cells starts reusing cells), not at a reply: a larger -ub first
-        return [*larger, *turns, *found, *rest]
+        # window of n_swa + n_ubatch cells starts reusing cells), not at a reply: a larger -ub
+        # first after the replies the text shows (a difference before them may have another cause)
+        return [*turns, *larger, *found, *rest]
     # elsewhere only a larger -ub whose own checkpoint break the state parts at (a -ub 128 server's
     # 2,056-token file parts at 776, a 4-slot server's long slot at 513: two more recomputes each,
     # 10-15 s, that moved neither)
