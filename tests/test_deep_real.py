@@ -174,6 +174,25 @@ def test_worker_replays_a_reply_one_token_per_call(real):
     sf.close()
 
 
+def _save_text_slot(ctx: Any, path: Path, toks: list[int]) -> None:
+    """Save sequence 0 of ``ctx`` (a bench.deep_noise.Ctx) as a slot file of text tokens, then free it."""
+    from bench import deep_noise as dn
+
+    L = dn.lib()
+    words = [-1, 1, len(toks), *toks, 0]  # server_tokens::serialize, text only
+    arr = (L.llama_token * len(words))(*words)
+    assert L.llama_state_seq_save_file(ctx.ptr, str(path).encode(), 0, arr, len(words))
+    ctx.free()
+
+
+def _deep_level(model_path: str, path: Path) -> dict[str, Any]:
+    """The deep level of ``verify --deep`` on ``path``, as JSON."""
+    from slotfile.verify import Verifier, VerifyOptions
+
+    with Verifier(VerifyOptions(model=model_path, deep=True)) as v:
+        return v.verify(path).to_dict()["levels"]["deep"]
+
+
 def test_a_chat_whose_last_reply_was_generated_passes_by_replaying_it(tmp_path):
     """A real server's three-turn chat (fixtures/real/v3-gemma-chat-713-tokens.json: its tokens
     and schedule): its last turn rebuilt the way llama-server computed it, the prompt prefilled
@@ -183,7 +202,6 @@ def test_a_chat_whose_last_reply_was_generated_passes_by_replaying_it(tmp_path):
     import json
 
     from bench import deep_noise as dn
-    from slotfile.verify import Verifier, VerifyOptions
 
     spec = json.loads((Path(__file__).parent.parent / "fixtures/real/v3-gemma-chat-713-tokens.json").read_text())
     toks = spec["tokens"]
@@ -198,14 +216,10 @@ def test_a_chat_whose_last_reply_was_generated_passes_by_replaying_it(tmp_path):
         ctx.decode(toks[: p1 - 4])  # the prompt up to the server's checkpoint break
         ctx.decode(toks[p1 - 4 : p1])
         ctx.decode(toks[r0:r1], 1)  # the generated reply
-        words = [-1, 1, len(toks), *toks, 0]  # server_tokens::serialize, text only
-        arr = (L.llama_token * len(words))(*words)
-        assert L.llama_state_seq_save_file(ctx.ptr, str(path).encode(), 0, arr, len(words))
-        ctx.free()
+        _save_text_slot(ctx, path, toks)
     finally:
         L.llama_model_free(model)
-    with Verifier(VerifyOptions(model=model_path, deep=True)) as v:
-        deep = v.verify(path).to_dict()["levels"]["deep"]
+    deep = _deep_level(model_path, path)
     tried = deep["details"]["schedules"]
     if not tried[0]["problems"]:
         # this CPU's prefill keeps position 704 within its floors (a Xeon with AMX, the plain ggml-cpu kernels:
@@ -299,7 +313,6 @@ def test_a_larger_ubatch_servers_long_prompt_is_replayed_with_its_split(tmp_path
     72.5 floors first, 24.9 with a whole-context window, then -ub 1024 exact; without the larger -ub
     it passed only as drift at 24.9).  A token changed before the window fails (changed_token_at)."""
     from bench import deep_noise as dn
-    from slotfile.verify import Verifier, VerifyOptions
 
     model_path = str(gemma.assemble())
     L = dn.lib()
@@ -316,14 +329,10 @@ def test_a_larger_ubatch_servers_long_prompt_is_replayed_with_its_split(tmp_path
         ctx = dn.Ctx(model, dn.TYPES["f16"], False, 2048, 1024, dn.THREADS, n_ctx=4096)
         for a, b in zip((0, n - 4 - 1024, n - 4), (n - 4 - 1024, n - 4, n), strict=True):
             ctx.decode(toks[a:b])
-        words = [-1, 1, n, *toks, 0]  # server_tokens::serialize, text only
-        arr = (L.llama_token * len(words))(*words)
-        assert L.llama_state_seq_save_file(ctx.ptr, str(path).encode(), 0, arr, len(words))
-        ctx.free()
+        _save_text_slot(ctx, path, toks)
     finally:
         L.llama_model_free(model)
-    with Verifier(VerifyOptions(model=model_path, deep=True)) as v:
-        deep = v.verify(path).to_dict()["levels"]["deep"]
+    deep = _deep_level(model_path, path)
     d = deep["details"]
     assert deep["status"] == "pass", d["evidence"]
     if not d["schedules"][0]["problems"]:
@@ -339,7 +348,6 @@ def test_a_larger_ubatch_servers_long_prompt_is_replayed_with_its_split(tmp_path
     raw[off : off + 4] = np.int32(toks[at] + 1 if toks[at] + 1 != toks[at + 1] else toks[at] + 2).tobytes()
     changed = tmp_path / "token.slot"
     changed.write_bytes(bytes(raw))
-    with Verifier(VerifyOptions(model=model_path, deep=True)) as v:
-        deep = v.verify(changed).to_dict()["levels"]["deep"]
+    deep = _deep_level(model_path, changed)
     assert deep["status"] == "fail" and deep["details"]["decided_by"] == "shape", deep["details"]["evidence"]
     assert deep["details"]["evidence"].startswith("changed token") and f"at {at} " in deep["details"]["evidence"]

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from slotfile.format.reader import open_slot_file, parse_buffer
+from slotfile.format.records import Body
 from slotfile.problems import CheckLevel, ProblemCode
 from slotfile.verify import shape
 from slotfile.verify.judge import ZERO_RUN, DeepInputs, Judgment, RunCells, align_cells, judge_layers
@@ -230,9 +231,7 @@ def test_larger_ubatch_schedules_where_the_recompute_agrees_past_its_first_ubatc
 def test_a_larger_ubatch_is_replayed_with_its_own_window(gemma_bytes):
     """The whole-context window that brought the state closer is kept for the later retries, but
     not for a larger -ub's: its own window (n_swa + n_ubatch cells) is the one it replays."""
-    file_body = parse_buffer(gemma_bytes).body
-    drifted = parse_buffer(drift_from(gemma_bytes, 46)).body
-    closer = parse_buffer(drift_from(gemma_bytes, 46, 1.1)).body
+    file_body, drifted, closer = _bodies_drifting_from_46(gemma_bytes)
     asked: list[Schedule] = []
 
     def replay(s: Schedule):
@@ -243,6 +242,15 @@ def test_a_larger_ubatch_is_replayed_with_its_own_window(gemma_bytes):
     out = judge_with_schedules(file_body, DeepInputs(n_tokens=54), (Schedule(2048, 24), drifted), replay)
     assert asked == [Schedule(2048, 24, swa_full=True), Schedule(2048, 1024)]
     assert out.decided_by == "schedule" and out.schedule == Schedule(2048, 1024) and "-ub 1024" in out.evidence
+
+
+def _bodies_drifting_from_46(data: bytes) -> tuple[Body, Body, Body]:
+    """The file's body, a recompute drifting from position 46, and one closer (1.1 times, not 1.3)."""
+    return (
+        parse_buffer(data).body,
+        parse_buffer(drift_from(data, 46)).body,
+        parse_buffer(drift_from(data, 46, 1.1)).body,
+    )
 
 
 def _token_judgment(p: int, k_at: float, after: float, window_k: float) -> Judgment:
@@ -817,9 +825,7 @@ def test_the_whole_context_window_is_kept_for_the_later_retries(gemma_bytes):
     """A --swa-full server's chat with a generated reply: the whole-context window alone brings the
     state closer, and the reply's replay passes only with it (a v3 long document: 74.98 floors,
     20.3 with --swa-full, 1.16 with --swa-full and both replies replayed)."""
-    file_body = parse_buffer(gemma_bytes).body
-    drifted = parse_buffer(drift_from(gemma_bytes, 46)).body
-    closer = parse_buffer(drift_from(gemma_bytes, 46, 1.1)).body
+    file_body, drifted, closer = _bodies_drifting_from_46(gemma_bytes)
     asked: list[Schedule] = []
 
     def replay(s: Schedule):
