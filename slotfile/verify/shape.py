@@ -531,7 +531,7 @@ def judge_with_schedules(
                 ev = f"replaying the replies ({s.label()}) leaves every layer within its floors"
                 return Outcome(got[0], s, "schedule", ev, tried)
         return Outcome(j, sched, "bytes" if j.byte_damage else "shape", shape.evidence, tried)
-    best, best_s, seen = j, sched, [j]
+    best, best_s = j, sched
     judged = [(j, sched)]  # every recompute's judgment with its schedule
     fd = first_difference(j)
     swa = any(b.role == "kv-swa" for b in file_body.blocks)
@@ -579,7 +579,6 @@ def judge_with_schedules(
         if got is None:
             continue
         jr = got[0]
-        seen.append(jr)
         judged.append((jr, s))
         if generated is None and fd is not None:
             generated = _generated(s, fd, first_difference(jr) or inputs.n_tokens)
@@ -599,7 +598,7 @@ def judge_with_schedules(
                 "it less: that position's own input differs, not the sums over the cells before it"
             )
             return Outcome(jt, st, "shape", ev, tried)
-    final = drift_shape(best, others=tuple(x for x in seen if x is not best), first_block=first_block)
+    final = drift_shape(best, others=tuple(x for x, _ in judged if x is not best), first_block=first_block)
     if not final.drift:
         return Outcome(best, best_s, "shape", final.evidence, tried)
     # drift that is left must show it: a split that moved it (the state depends on how the
@@ -745,7 +744,7 @@ def changed_token_at(j: Judgment, body: Body, first_block: str | None, limit: fl
         if after.size and 2 * median(after) > float(np.min(m[ks, p])):
             return None
     firsts = [k for k, x in enumerate(runs) if _is_first_layer(x, first_block) and x.part == "K"]
-    if any(float(np.nanmax(np.nan_to_num(m[k, p:]))) > EXACT for k in firsts):
+    if any(float(np.nan_to_num(m[k, p:]).max()) > EXACT for k in firsts):
         return None
     return p
 
