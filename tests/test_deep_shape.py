@@ -31,6 +31,7 @@ from slotfile.verify.shape import (
     larger_schedules,
     out_of_order_from,
     reply_schedules,
+    spiked_tokens,
 )
 from slotfile.verify.stats import _zero_run
 
@@ -289,6 +290,51 @@ def test_a_changed_token_before_the_window_is_its_lowest_layers_jump(gemma_bytes
     assert changed_token_at(j, body, "kv-swa") is None
 
 
+def _spike_judgment(
+    p: int, v_at: float, k_next: float, background: float, after: float, k_background: float | None = None
+) -> Judgment:
+    """A drifting iSWA state (another build's: every position off by ``background`` floors, K by
+    ``k_background`` if given, with a seeded spread) against its recompute: the base block holds
+    0..199, the window block 150..199; the base block's layer 0 off by ``v_at`` in V at ``p`` and
+    ``k_next`` in K at ``p + 1``, and by ``after`` from ``p + 8`` on."""
+    rng = np.random.default_rng(7)
+    j = Judgment()
+    for part in ("K", "V"):
+        for layer in (0, 1):
+            bg = k_background if part == "K" and k_background is not None else background
+            r = bg * rng.uniform(0.5, 1.5, 200)
+            if layer == 0:
+                r[p + 8 :] = np.maximum(r[p + 8 :], after)
+                if part == "V":
+                    r[p] = v_at
+                else:
+                    r[p + 1] = k_next
+            j.cells.append(RunCells("kv-base", part, layer, np.arange(200), r))
+        j.cells.append(RunCells("kv-swa", part, 0, np.arange(150, 200), background * rng.uniform(0.5, 1.5, 50)))
+    return j
+
+
+def test_a_changed_token_in_a_drifting_state_stands_out_of_its_background():
+    """Another build's state drifts from the first tokens, so no exact prefix shows where a token
+    changed; the lowest layer holding it does, in V at the token and in K at the next cell, far
+    above the positions before (v4 files of this machine's server against the portable library,
+    a token changed before Gemma 3's window: 15.7-285 times their background in 13 of 14 copies;
+    no clean position of 33 long files meets the rule's other conditions)."""
+    assert spiked_tokens(_spike_judgment(100, 20.0, 20.0, 0.7, 1.0), "kv-swa") == [100]
+    # as much in a drift that large (a background of 3: 6.7 times), in V or in K, or in V alone, or in K alone
+    assert spiked_tokens(_spike_judgment(100, 20.0, 20.0, 3.0, 1.0), "kv-swa") == []
+    assert spiked_tokens(_spike_judgment(100, 20.0, 20.0, 3.0, 1.0, k_background=0.7), "kv-swa") == []
+    assert spiked_tokens(_spike_judgment(100, 20.0, 20.0, 0.7, 1.0, k_background=3.0), "kv-swa") == []
+    assert spiked_tokens(_spike_judgment(100, 20.0, 0.7, 0.7, 1.0), "kv-swa") == []
+    assert spiked_tokens(_spike_judgment(100, 0.7, 20.0, 0.7, 1.0), "kv-swa") == []
+    # the later positions as far off (cells a context shift moved), or a position the first layer holds
+    assert spiked_tokens(_spike_judgment(100, 20.0, 20.0, 0.7, 15.0), "kv-swa") == []
+    assert spiked_tokens(_spike_judgment(160, 20.0, 20.0, 0.7, 1.0), "kv-swa") == []
+    # nor without a background before it, or without the first layer's block
+    assert spiked_tokens(_spike_judgment(20, 20.0, 20.0, 0.7, 1.0), "kv-swa") == []
+    assert spiked_tokens(_spike_judgment(100, 20.0, 20.0, 0.7, 1.0), None) == []
+
+
 def test_reply_schedules_start_where_the_computations_parted():
     first = Schedule(2048, 512)
     # a 2,006-token prompt and a 199-token reply on a memory with checkpoints: the first difference is
@@ -516,6 +562,15 @@ def test_cells_out_of_position_order_explain_drift_from_there(gemma_bytes, monke
         sf.body, inputs, (Schedule(2048, 512), rec), lambda s: pytest.fail("retried"), logits_ok=True
     )
     assert out.drift and len(out.tried) == 1 and "not retried" in out.evidence
+    # unless the state parts where a token changed (a 4-slot unified q8_0 slot, out of order from
+    # position 0, exact up to 314, its token at 315 changed): that is no order of sums
+    with monkeypatch.context() as m:
+        m.setattr(shape, "changed_token_at", lambda j, body, first_block: 45)
+        m.setattr(shape, "shifted_from", lambda *a, **k: None)  # this drift starts where the order breaks
+        out = judge_with_schedules(
+            sf.body, inputs, (Schedule(2048, 512), rec), lambda s: pytest.fail("retried"), logits_ok=True
+        )
+    assert not out.drift and out.decided_by == "shape" and out.evidence.startswith("changed token:")
     # the same drift in a file whose cells are in order, in a cache of one stream per slot (one
     # stream: test_unmoved_drift_in_a_one_stream_cache_is_cell_placement): no split moves it, damage
     monkeypatch.setattr(shape, "single_stream", lambda body: False)

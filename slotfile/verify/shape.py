@@ -72,6 +72,13 @@ PEAK = 4.0  # a layer peaks at a position: this many times the median of its nei
 # files out today is V: their layer-0 K reaches 3.7-4.5 floors at a few tokens with large
 # activations (BOS), V stays under 0.7 (bench/corpus.md)
 STANDOUT = 3.0
+# a changed token in a state drifting from the first tokens (another build's), at a position no
+# first layer holds: the lowest layer holding it stands this many times above the median of the
+# BACKGROUND positions before it, in V at the token and in K at the next position (calibrated in
+# bench/detect-cross-build-token.md)
+TOKEN_SPIKE = 10.0
+BACKGROUND = 32
+MIN_BACKGROUND = 0.05  # floors: the background of a state exact before the position
 
 
 @dataclass(frozen=True)
@@ -549,6 +556,12 @@ def judge_with_schedules(
     # out-of-order unified-cache slot took 5 retries to pass so: 4.4 times a bare prefill)
     shuffled = out_of_order_from(file_body)
     if logits_ok and recompute is not None and shuffled is not None and fd is not None and fd >= shuffled:
+        # but not a changed token: the order of sums moves the cell where the state parts by
+        # rounding only (a 4-slot unified q8_0 slot, out of order from position 0, exact up to
+        # 314; its token at 315 changed: 6.6 floors in K and 21.5 in V of model layer 5)
+        changed = _changed_token([(j, sched)], file_body, first_block, tried)
+        if changed is not None:
+            return changed
         return Outcome(j, sched, "drift", f"{shape.evidence}; {_shuffled(shuffled)}; not retried", tried, drift=True)
     todo = candidate_schedules(
         sched, inputs.n_tokens, shape.onset, checkpoints, None if settled else fd, () if settled else spans
@@ -589,15 +602,9 @@ def judge_with_schedules(
             return Outcome(
                 jr, s, "schedule", f"replaying the split {s.label()} leaves every layer within its floors", tried
             )
-    for jt, st in judged:
-        at = changed_token_at(jt, file_body, first_block)
-        if at is not None:
-            ev = (
-                f"changed token: the state agrees exactly with the recompute ({st.label()}) up to position {at - 1}, "
-                f"and at {at} the lowest layer holding it differs beyond the limit in K and V, the positions after "
-                "it less: that position's own input differs, not the sums over the cells before it"
-            )
-            return Outcome(jt, st, "shape", ev, tried)
+    changed = _changed_token(judged, file_body, first_block, tried)
+    if changed is not None:
+        return changed
     final = drift_shape(best, others=tuple(x for x, _ in judged if x is not best), first_block=first_block)
     if not final.drift:
         return Outcome(best, best_s, "shape", final.evidence, tried)
@@ -710,6 +717,102 @@ def shifted_from(j: Judgment, body: Body, first_block: str | None, limit: float 
     has_v = {(x.block, x.layer) for x in runs if x.part == "V"}
     whole = all((b, ly, "K") in differs and ((b, ly) not in has_v or (b, ly, "V") in differs) for b, ly in layers)
     return onset if whole and len(layers) >= min(2, len(above)) and layers else None
+
+
+def _changed_token(
+    judged: Sequence[tuple[Judgment, Schedule]], file_body: Body, first_block: str | None, tried: list[dict[str, Any]]
+) -> Outcome | None:
+    """The first of ``judged`` (judgments with their schedules) that shows a changed token
+    (:func:`changed_token_at`), as the outcome that fails the state; None: none does."""
+    for jt, st in judged:
+        at = changed_token_at(jt, file_body, first_block)
+        if at is not None:
+            ev = (
+                f"changed token: the state agrees exactly with the recompute ({st.label()}) up to position {at - 1}, "
+                f"and at {at} the lowest layer holding it differs beyond the limit in K and V, the positions after "
+                "it less: that position's own input differs, not the sums over the cells before it"
+            )
+            return Outcome(jt, st, "shape", ev, tried)
+    spikes = [set(spiked_tokens(jt, first_block)) for jt, _ in judged]
+    common = sorted(set.intersection(*spikes)) if spikes else []
+    if common:
+        at = common[0]
+        jt, st = judged[0]
+        ev = (
+            f"changed token: at position {at}, which no first layer holds, the lowest layer holding it differs "
+            f"beyond the limit and at least {TOKEN_SPIKE:g} times the median of the {BACKGROUND} positions before "
+            f"it, in V there and in K at {at + 1}, in every recompute ({len(judged)}), the positions after it "
+            "closer: that position's own input differs, not the drift of the sums before it"
+        )
+        return Outcome(jt, st, "shape", ev, tried)
+    return None
+
+
+def spiked_tokens(j: Judgment, first_block: str | None, limit: float = MARGIN_LIMIT) -> list[int]:
+    """Positions whose own token differs in a state that drifts (another build's computation,
+    which parts from this one's at the first tokens, so :func:`changed_token_at` finds no exact
+    prefix), where no first layer holds them (before Gemma 3's sliding window).  The lowest
+    layer of a block holding position ``p``: its V at ``p`` and its K at ``p + 1`` (the next cell
+    attends to the changed one in every window layer below) each beyond ``limit`` and
+    :data:`TOKEN_SPIKE` times the median of the :data:`BACKGROUND` positions before ``p``, and
+    the positions 8-32 after it at most half as far off (a context shift keeps them as far:
+    ``seq_add`` moved every cell from there).  Measured on v4 Gemma 3 files of this machine's
+    native server against the portable library (bench/detect-cross-build-token.md): no position of
+    33 clean long files (1,604-2,176 tokens, 72 recomputes) is over the limit in V and in K at the
+    next one and comes back after (the nearest: the first positions of a drift that grows, 32-62,
+    whose later positions stay 1.3 times as far off or more); without the limit, the clean maximum of the
+    ratio is 2.3.  Changed tokens before the window: 15.7-285 times (13 of 14 copies; the 14th has
+    a q4_0 K cache, whose K at the next position stays at 2.2 floors)."""
+    m, runs = _position_matrix(j.cells)
+    if first_block is None or not runs or m.shape[1] <= BACKGROUND + 1:
+        return []
+    first = [k for k, x in enumerate(runs) if _is_first_layer(x, first_block)]
+    held_first = np.zeros(m.shape[1], bool)
+    for k in first:
+        held_first |= ~np.isnan(m[k])
+    found: set[int] = set()
+    for block in {x.block for x in runs if x.block != first_block}:
+        kk = [k for k, x in enumerate(runs) if x.block == block and x.layer == 0 and x.part == "K"]
+        kv = [k for k, x in enumerate(runs) if x.block == block and x.layer == 0 and x.part == "V"]
+        if len(kk) != 1 or len(kv) != 1:
+            continue
+        found |= _spikes(m[kk[0]], m[kv[0]], held_first, limit)
+    return sorted(found)
+
+
+def _spikes(k: np.ndarray, v: np.ndarray, held_first: np.ndarray, limit: float) -> set[int]:
+    """The positions ``p`` of :func:`spiked_tokens` in one block's lowest layer (``k``, ``v``:
+    its ratios by position, NaN where not held)."""
+    s = spike_scores(k, v, held_first)
+    ok = (s["v_at"] > limit) & (s["k_next"] > limit) & (np.minimum(s["v_times"], s["k_times"]) >= TOKEN_SPIKE)
+    ok &= 2 * np.nan_to_num(s["after"]) <= np.minimum(s["v_at"], s["k_next"])
+    return {int(p) for p in s["p"][ok]}
+
+
+def spike_scores(k: np.ndarray, v: np.ndarray, held_first: np.ndarray) -> dict[str, np.ndarray]:
+    """What :func:`spiked_tokens` weighs at each position ``p`` that no first layer holds
+    (``held_first``), with :data:`BACKGROUND` positions before it and one after, in one block's
+    lowest layer (``k``, ``v``: its ratios by position, NaN where not held): ``v_at`` (V at
+    ``p``), ``k_next`` (K at ``p + 1``), each over the median of the background before ``p``
+    (``v_times``, ``k_times``; the median taken at least :data:`MIN_BACKGROUND`), and ``after``,
+    the median of K and V's larger at the positions 8-32 after ``p`` (NaN: none held)."""
+    q = np.arange(BACKGROUND, k.size - 1)
+    q = q[~held_first[q]]
+    win = np.lib.stride_tricks.sliding_window_view
+    with np.errstate(all="ignore"):
+        bk = np.nanmedian(win(k, BACKGROUND)[q - BACKGROUND], axis=1)
+        bv = np.nanmedian(win(v, BACKGROUND)[q - BACKGROUND], axis=1)
+        top = np.concatenate([np.fmax(k, v), np.full(4 * NEAR, np.nan)])
+        ahead = np.nanmedian(win(top, 3 * NEAR)[q + NEAR], axis=1)
+    v_at, k_next = np.nan_to_num(v[q]), np.nan_to_num(k[q + 1])
+    return {
+        "p": q,
+        "v_at": v_at,
+        "k_next": k_next,
+        "v_times": v_at / np.maximum(np.nan_to_num(bv), MIN_BACKGROUND),
+        "k_times": k_next / np.maximum(np.nan_to_num(bk), MIN_BACKGROUND),
+        "after": ahead,
+    }
 
 
 def changed_token_at(j: Judgment, body: Body, first_block: str | None, limit: float = MARGIN_LIMIT) -> int | None:
