@@ -36,20 +36,10 @@ def _views(j: Any, first_block: str | None) -> list[dict[str, Any]]:
     whose V and K (next) are over the limit, with their scores."""
     from slotfile.verify import shape
 
-    m, runs = shape._position_matrix(j.cells)
-    if first_block is None or not runs:
-        return []
-    held = np.zeros(m.shape[1], bool)
-    for k, x in enumerate(runs):
-        if shape._is_first_layer(x, first_block):
-            held |= ~np.isnan(m[k])
+    held, lowest = shape.lowest_layers(j, first_block)
     out = []
-    for block in sorted({x.block for x in runs if x.block != first_block}):
-        kk = [k for k, x in enumerate(runs) if (x.block, x.layer, x.part) == (block, 0, "K")]
-        kv = [k for k, x in enumerate(runs) if (x.block, x.layer, x.part) == (block, 0, "V")]
-        if len(kk) != 1 or len(kv) != 1:
-            continue
-        s = shape.spike_scores(m[kk[0]], m[kv[0]], held)
+    for block, k, v in lowest:
+        s = shape.spike_scores(k, v, held)
         over = (s["v_at"] > shape.MARGIN_LIMIT) & (s["k_next"] > shape.MARGIN_LIMIT)
         back = 2 * np.nan_to_num(s["after"]) <= np.minimum(s["v_at"], s["k_next"])
         times = np.minimum(s["v_times"], s["k_times"])

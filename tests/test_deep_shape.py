@@ -318,7 +318,7 @@ def test_a_changed_token_in_a_drifting_state_stands_out_of_its_background():
     """Another build's state drifts from the first tokens, so no exact prefix shows where a token
     changed; the lowest layer holding it does, in V at the token and in K at the next cell, far
     above the positions before (v4 files of this machine's server against the portable library,
-    a token changed before Gemma 3's window: 15.7-285 times their background in 13 of 14 copies;
+    a token changed before Gemma 3's window: 12-283 times their background in 13 of 14 copies;
     no clean position of 33 long files meets the rule's other conditions)."""
     assert spiked_tokens(_spike_judgment(100, 20.0, 20.0, 0.7, 1.0), "kv-swa") == [100]
     # as much in a drift that large (a background of 3: 6.7 times), in V or in K, or in V alone, or in K alone

@@ -761,23 +761,33 @@ def spiked_tokens(j: Judgment, first_block: str | None, limit: float = MARGIN_LI
     33 clean long files (1,604-2,176 tokens, 72 recomputes) is over the limit in V and in K at the
     next one and comes back after (the nearest: the first positions of a drift that grows, 32-62,
     whose later positions stay 1.3 times as far off or more); without the limit, the clean maximum of the
-    ratio is 2.3.  Changed tokens before the window: 15.7-285 times (13 of 14 copies; the 14th has
-    a q4_0 K cache, whose K at the next position stays at 2.2 floors)."""
-    m, runs = _position_matrix(j.cells)
-    if first_block is None or not runs or m.shape[1] <= BACKGROUND + 1:
+    ratio is 2.3.  Changed tokens before the window: 12-283 times, the lowest over each copy's
+    recomputes (13 of 14 copies; the 14th has a q4_0 K cache, whose K at the next position stays
+    at 2.2 floors)."""
+    held_first, lowest = lowest_layers(j, first_block)
+    if held_first.size <= BACKGROUND + 1:
         return []
-    first = [k for k, x in enumerate(runs) if _is_first_layer(x, first_block)]
+    return sorted({p for _block, k, v in lowest for p in _spikes(k, v, held_first, limit)})
+
+
+def lowest_layers(j: Judgment, first_block: str | None) -> tuple[np.ndarray, list[tuple[str, np.ndarray, np.ndarray]]]:
+    """Where the model's first layer (layer 0 of ``first_block``) holds a position, by position,
+    and the lowest layer (layer 0) of every other block with K and V: its block, K and V ratios
+    by position (NaN where not held).  None of either without ``first_block``."""
+    m, runs = _position_matrix(j.cells)
+    if first_block is None or not runs:
+        return np.zeros(0, bool), []
     held_first = np.zeros(m.shape[1], bool)
-    for k in first:
-        held_first |= ~np.isnan(m[k])
-    found: set[int] = set()
-    for block in {x.block for x in runs if x.block != first_block}:
-        kk = [k for k, x in enumerate(runs) if x.block == block and x.layer == 0 and x.part == "K"]
-        kv = [k for k, x in enumerate(runs) if x.block == block and x.layer == 0 and x.part == "V"]
-        if len(kk) != 1 or len(kv) != 1:
-            continue
-        found |= _spikes(m[kk[0]], m[kv[0]], held_first, limit)
-    return sorted(found)
+    for k, x in enumerate(runs):
+        if _is_first_layer(x, first_block):
+            held_first |= ~np.isnan(m[k])
+    out = []
+    for block in sorted({x.block for x in runs if x.block != first_block}):
+        kk = [k for k, x in enumerate(runs) if (x.block, x.layer, x.part) == (block, 0, "K")]
+        kv = [k for k, x in enumerate(runs) if (x.block, x.layer, x.part) == (block, 0, "V")]
+        if len(kk) == 1 and len(kv) == 1:
+            out.append((block, m[kk[0]], m[kv[0]]))
+    return held_first, out
 
 
 def _spikes(k: np.ndarray, v: np.ndarray, held_first: np.ndarray, limit: float) -> set[int]:
