@@ -351,3 +351,43 @@ def test_a_larger_ubatch_servers_long_prompt_is_replayed_with_its_split(tmp_path
     deep = _deep_level(model_path, changed)
     assert deep["status"] == "fail" and deep["details"]["decided_by"] == "shape", deep["details"]["evidence"]
     assert deep["details"]["evidence"].startswith("changed token") and f"at {at} " in deep["details"]["evidence"]
+
+
+def test_a_smaller_ubatch_servers_window_is_replayed_with_its_split(tmp_path):
+    """A server started with ``-ub 128 -b 256`` sizes its window cache n_swa + 128 cells, which
+    reuse cells long before the first recompute's (-ub 512: 1,024 cells), so the state parts
+    there; a whole-context window brings it closer without replaying it (a v3 server's
+    2,056-token document: 57 floors first, 5.9 with it), and a smaller split that kept that
+    window came out as far (it passed only as drift, at 4.96 floors, after 10 recomputes).  With
+    its own window, the smaller split is the first retry and replays it (there: -ub 256, 1.27).
+    The prompt here is computed as that server does it (the checkpoint breaks ``n - 4 - 128`` and
+    ``n - 4``)."""
+    from bench import deep_noise as dn
+
+    model_path = str(gemma.assemble())
+    L = dn.lib()
+    model = L.llama_model_load_from_file(model_path.encode(), use_extra_bufts(L.llama_model_default_params()))
+    path = tmp_path / "ub128.slot"
+    text = " ".join(
+        f"Entry {i}: the harbour {name} loads {i * 11 % 70 + 20} ships a week, mostly grain, timber and salt."
+        for i, name in enumerate(["Genoa", "Bruges", "Lubeck", "Bergen", "Riga", "Cadiz", "Naples", "Danzig"] * 9)
+    )
+    try:
+        toks = dn.tokenize(model, "<start_of_turn>user\n" + text + "<end_of_turn>\n<start_of_turn>model\n", True)
+        n = len(toks)
+        assert 1100 < n < 2048, n  # past n_swa + 512, where the first recompute's own window reuses cells
+        ctx = dn.Ctx(model, dn.TYPES["f16"], False, 256, 128, dn.THREADS, n_ctx=4096)
+        for a, b in zip((0, n - 4 - 128, n - 4), (n - 4 - 128, n - 4, n), strict=True):
+            ctx.decode(toks[a:b])
+        _save_text_slot(ctx, path, toks)
+    finally:
+        L.llama_model_free(model)
+    d = _deep_level(model_path, path)
+    assert d["status"] == "pass", d["details"]["evidence"]
+    first = d["details"]["schedules"][0]
+    if not first["problems"]:
+        return  # a CPU whose sums do not depend on the split or the window's cell order
+    tried = d["details"]["schedules"][1:]
+    assert d["details"]["decided_by"] == "schedule", d["details"]["evidence"]
+    if 512 <= first["first_difference"] < 1024:  # where only a smaller window reuses cells
+        assert tried[0]["n_ubatch"] < 512 and not tried[0].get("swa_full") and tried[0]["problems"] == 0, tried

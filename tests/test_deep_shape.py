@@ -892,6 +892,37 @@ def test_the_whole_context_window_is_kept_for_the_later_retries(gemma_bytes):
     assert out.decided_by == "schedule" and out.schedule == asked[1]
 
 
+def test_a_smaller_window_is_replayed_with_its_own_split(gemma_bytes):
+    """A state that parts before the first recompute's own sliding window reuses a cell (n_swa +
+    n_ubatch: 8 + 40 here) was written with a smaller window: a smaller -ub's split comes first,
+    with that split's own window, not a whole-context one, even after a whole-context retry
+    brought the state closer (a -ub 128 v3 server's 2,056-token file: exact up to 776 against
+    -ub 512's 1,024 cells, 57 floors; 5.9 with --swa-full; 1.27 with -ub 256 and its own window)."""
+    file_body, drifted, closer = _bodies_drifting_from_46(gemma_bytes)
+    assert shape.window_wraps(file_body, 40) == 48 and shape.window_wraps(file_body, 512) == 520
+    asked: list[Schedule] = []
+
+    def replay(s: Schedule):
+        asked.append(s)
+        return (file_body if s.n_ubatch == 32 and not s.swa_full else closer if s.swa_full else drifted), ""
+
+    out = judge_with_schedules(file_body, DeepInputs(n_tokens=54), (Schedule(2048, 40), drifted), replay)
+    assert asked == [Schedule(2048, 32)] and out.decided_by == "schedule"
+    # a reply the text shows starting there: the replies first, and the whole-context window that
+    # brought the state closer is kept for them, but not for the smaller split
+    asked.clear()
+    out = judge_with_schedules(
+        file_body, DeepInputs(n_tokens=54), (Schedule(2048, 40), drifted), replay, replies=lambda: [(46, 54)]
+    )
+    assert asked[0] == Schedule(2048, 40, swa_full=True) and asked[1].swa_full and asked[1].stepwise
+    assert asked[-1] == Schedule(2048, 32) and out.decided_by == "schedule" and out.schedule == Schedule(2048, 32)
+    # parting past that window (a --swa-full server's, or a larger -ub's): the smaller split keeps it
+    asked.clear()
+    judge_with_schedules(file_body, DeepInputs(n_tokens=54), (Schedule(2048, 36), drifted), replay)
+    assert asked[0] == Schedule(2048, 36, swa_full=True) and Schedule(2048, 32, swa_full=True) in asked
+    assert Schedule(2048, 32) not in asked
+
+
 def test_quantized_kv_is_every_k_and_v_layer_quantized():
     """A q8_0 cache (a default 4-slot server's 2,136-token q8_0 file agrees exactly up to position
     69 with a recompute where its f16 twin parts at 3) against f16 and an f16 K with a q8_0 V."""

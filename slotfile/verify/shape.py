@@ -572,9 +572,25 @@ def judge_with_schedules(
         # it saves the window's cells either way): a --swa-full long document agrees exactly up
         # to position 1,027 with the default cache and in 2,045 of 2,048 cells with a full one
         todo.insert(0, Schedule(sched.n_batch, sched.n_ubatch, sched.cuts, sched.stepwise, True))
+    # parting before the first recompute's own window reuses a cell, past where a smaller -ub's
+    # would (n_swa + n_ubatch cells each): the server's window reused cells first, so it was
+    # smaller, not whole (a -ub 128 server's 2,056-token file: exact up to position 776 against
+    # -ub 512's window of 1,024 cells; a whole-context window took it from 57 to 5.9 floors, and
+    # so did every smaller split that kept one, while -ub 256, 128 or 64, each with its own
+    # window, pass at 1.27-1.39).  Such a split comes first where the state parts past the first
+    # recompute's first micro-batch (as for the whole-context retry; within it, a reply from
+    # the first difference comes first, then the splits by their boundaries), unless a reply
+    # the text shows starts there
+    wraps = window_wraps(file_body, sched.n_ubatch)
+    smaller_window = wraps is not None and fd is not None and fd < wraps
+    split = _smaller_window_split(todo, sched, fd, wraps) if smaller_window else None
+    if split is not None and fd is not None and fd >= sched.n_ubatch and not any(abs(fd - a) <= NEAR for a, _ in spans):
+        todo.remove(split)
+        todo.insert(0, split)
     # the whole-context window moved the state (its margin at least halved): every later retry
     # keeps it (a first recompute closer by less, as a -ub 64 server's file at 62 -> 51 floors,
-    # is not told from chance, and its split then passes only without it)
+    # is not told from chance, and its split then passes only without it), but a smaller -ub's
+    # where the server's window was smaller (above)
     full = False
     # a position that a replay decoding it one token per call reproduced, past where the first
     # recompute differed: the server generated it, so no schedule that computes it in a larger
@@ -587,7 +603,8 @@ def judge_with_schedules(
         if generated is not None and not s.decodes_one_per_call(generated):
             continue
         # a larger -ub's own window (n_swa + n_ubatch cells) is what it replays: not a full one
-        s = dataclasses.replace(s, swa_full=s.swa_full or (full and s.n_ubatch <= sched.n_ubatch))
+        keeps = s.n_ubatch == sched.n_ubatch or (s.n_ubatch < sched.n_ubatch and not smaller_window)
+        s = dataclasses.replace(s, swa_full=s.swa_full or (full and keeps))
         got = _judge_schedule(file_body, recompute, s, again, tried)
         if got is None:
             continue
@@ -906,6 +923,37 @@ def out_of_order_from(body: Body) -> int | None:
                 if bad.size:
                     first = int(bad[0]) if first is None else min(first, int(bad[0]))
     return first
+
+
+def _smaller_window_split(todo: list[Schedule], first: Schedule, fd: int | None, wraps: int | None) -> Schedule | None:
+    """The first split of ``todo`` with a smaller ``-ub`` than ``first`` whose own window (``n_swa
+    + n_ubatch`` cells, ``first``'s reusing cells from ``wraps``) reuses cells by the first
+    difference ``fd`` (NEAR allowed); None: none, or no window."""
+    if fd is None or wraps is None:
+        return None
+    n_swa = wraps - first.n_ubatch
+    return next(
+        (
+            s
+            for s in todo
+            if s.n_ubatch < first.n_ubatch and not s.stepwise and not s.swa_full and n_swa + s.n_ubatch <= fd + NEAR
+        ),
+        None,
+    )
+
+
+def window_wraps(body: Body, n_ubatch: int) -> int | None:
+    """The position from which a sliding-window cache of ``n_ubatch``'s size reuses cells: its
+    ``n_swa + n_ubatch`` cells (``llama_kv_cache_iswa``: ``n_pad`` 1, and ``n_swa * n_seq_max``
+    in a unified cache, so this is the earliest it can be), with the file's window standing for
+    ``n_swa``: ``llama_kv_cache::state_write`` keeps the cells within ``n_swa`` of the last
+    position, all of them once the slot is longer than that.  None: no sliding window, or a
+    slot no longer than it (no window of any ``-ub`` reused a cell)."""
+    kv = [b for b in body.blocks if b.kind == MemoryKind.KV]
+    swa = [s for b in kv if b.role == "kv-swa" for s in b.active_streams()]
+    longest = max((s.cell_count for b in kv if b.role != "kv-swa" for s in b.active_streams()), default=0)
+    n_swa = max((s.cell_count for s in swa), default=0)
+    return n_swa + n_ubatch if swa and longest > n_swa else None
 
 
 def single_stream(body: Body) -> bool:
