@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from slotfile.format.reader import parse_buffer
 from slotfile.llama.cpu import use_extra_bufts
 
 pytestmark = [pytest.mark.llama, pytest.mark.slow]
@@ -391,3 +392,18 @@ def test_a_smaller_ubatch_servers_window_is_replayed_with_its_split(tmp_path):
     assert d["details"]["decided_by"] == "schedule", d["details"]["evidence"]
     if 512 <= first["first_difference"] < 1024:  # where only a smaller window reuses cells
         assert tried[0]["n_ubatch"] < 512 and not tried[0].get("swa_full") and tried[0]["problems"] == 0, tried
+    # 16 bytes of a window layer's V zeroed (transposed: one dimension of 8 cells) where the first
+    # recompute drifts: the split that replays the state leaves them alone, damage (the later
+    # retries would drown them in drift again)
+    st = next(b for b in parse_buffer(path.read_bytes()).body.blocks if b.role == "kv-swa").active_streams()[0]
+    run, cell = st.v[7], int(np.flatnonzero(st.positions == n - 200)[0])
+    assert run.transposed
+    raw = bytearray(path.read_bytes())
+    off = run.data.offset + (10 * run.n_cells + cell) * 2
+    raw[off : off + 16] = bytes(16)
+    zeroed = tmp_path / "zeroed.slot"
+    zeroed.write_bytes(bytes(raw))
+    z = _deep_level(model_path, zeroed)
+    assert z["status"] == "fail" and z["details"]["decided_by"] in ("shape", "bytes"), z["details"]["evidence"]
+    if len(tried) == 1:  # as soon as the split that replays the clean file shows them: no more retries
+        assert len(z["details"]["schedules"]) == 2 and "replays the rest" in z["details"]["evidence"]

@@ -923,6 +923,31 @@ def test_a_smaller_window_is_replayed_with_its_own_split(gemma_bytes):
     assert Schedule(2048, 32) not in asked
 
 
+def test_damage_a_retry_leaves_alone_is_damage(gemma_bytes):
+    """Damage inside a drifting region reads as drift against the first recompute; a retry that
+    replays the drift away leaves it alone, shaped like damage, and the file fails there (before:
+    the later retries drowned it in drift again, and its ratio moving between recomputes read as
+    drift: a -ub 128 server's file with 16 bytes of a SWA V layer zeroed passed after 9)."""
+    bad = parse_buffer(_scale_cell(gemma_bytes, [("kv-base", "V", 1)], 50, 1.2)).body
+    clean = parse_buffer(gemma_bytes).body
+    drifted = parse_buffer(drift_from(gemma_bytes, 46)).body
+    assert drift_shape(judge_layers(bad, drifted, DeepInputs(n_tokens=54))).drift
+    asked: list[Schedule] = []
+
+    def replay(s: Schedule):
+        asked.append(s)
+        return (clean if s.stepwise else drifted), ""
+
+    out = judge_with_schedules(bad, DeepInputs(n_tokens=54), (Schedule(2048, 512), drifted), replay)
+    assert out.decided_by == "shape" and not out.drift and len(asked) == 1, out.evidence
+    assert (
+        out.evidence.startswith("isolated: V layer 1 of kv-base at position 50") and "replays the rest" in out.evidence
+    )
+    # the clean file: that retry leaves nothing, a pass by it
+    out = judge_with_schedules(clean, DeepInputs(n_tokens=54), (Schedule(2048, 512), drifted), replay)
+    assert out.decided_by == "schedule" and not out.judgment.problems
+
+
 def test_quantized_kv_is_every_k_and_v_layer_quantized():
     """A q8_0 cache (a default 4-slot server's 2,136-token q8_0 file agrees exactly up to position
     69 with a recompute where its f16 twin parts at 3) against f16 and an f16 K with a q8_0 V."""
