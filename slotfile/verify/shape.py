@@ -620,7 +620,7 @@ def judge_with_schedules(
             # the file, would drown it in their drift again, and a cell whose ratio moves between
             # recomputes reads as drift (a -ub 128 server's long file with 16 bytes of a SWA V
             # layer zeroed: 4.7 floors alone with -ub 256, passed as drift after 9 recomputes).
-            # No retry of the clean files left such a shape (41 files, 120 retries, v3 and v4)
+            # No retry of the clean files left such a shape (41 files, 127 retries, v3 and v4)
             ev = f"{alone.evidence}; the recompute {s.label()} replays the rest of the state"
             return Outcome(jr, s, "bytes" if jr.byte_damage else "shape", ev, tried)
         if (len(jr.problems), jr.margin) < (len(best.problems), best.margin):
