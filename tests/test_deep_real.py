@@ -304,6 +304,26 @@ def test_a_unified_cache_slot_among_other_slots_cells_passes_as_drift(tmp_path):
     assert bad["status"] == "fail" and bad["details"]["decided_by"] != "drift", bad["details"]["evidence"]
 
 
+def _server_prompt_slot(model_path: str, path: Path, text: str, n_batch: int, n_ubatch: int) -> list[int]:
+    """A Gemma 3 user turn of ``text`` prefilled as a llama-server with ``-b n_batch -ub n_ubatch``
+    does it (f16, flash attention off; the checkpoint breaks ``n - 4 - n_ubatch`` and ``n - 4``
+    where an iSWA memory takes checkpoints), saved to ``path``; its tokens."""
+    from bench import deep_noise as dn
+
+    L = dn.lib()
+    model = L.llama_model_load_from_file(model_path.encode(), use_extra_bufts(L.llama_model_default_params()))
+    try:
+        toks = dn.tokenize(model, "<start_of_turn>user\n" + text + "<end_of_turn>\n<start_of_turn>model\n", True)
+        n = len(toks)
+        ctx = dn.Ctx(model, dn.TYPES["f16"], False, n_batch, n_ubatch, dn.THREADS, n_ctx=4096)
+        for a, b in zip((0, n - 4 - n_ubatch, n - 4), (n - 4 - n_ubatch, n - 4, n), strict=True):
+            ctx.decode(toks[a:b])
+        _save_text_slot(ctx, path, toks)
+    finally:
+        L.llama_model_free(model)
+    return toks
+
+
 def test_a_larger_ubatch_servers_long_prompt_is_replayed_with_its_split(tmp_path):
     """A server started with ``-ub 1024`` (a throughput setting) prefills a long prompt in pieces of
     1,024 and sizes its window cache n_swa + 1,024 cells; deep's first recompute (-ub 512) agrees
@@ -313,26 +333,15 @@ def test_a_larger_ubatch_servers_long_prompt_is_replayed_with_its_split(tmp_path
     memory takes checkpoints): deep replays the -ub 1024 split and passes by it (here, 1,891 tokens:
     72.5 floors first, 24.9 with a whole-context window, then -ub 1024 exact; without the larger -ub
     it passed only as drift at 24.9).  A token changed before the window fails (changed_token_at)."""
-    from bench import deep_noise as dn
-
     model_path = str(gemma.assemble())
-    L = dn.lib()
-    model = L.llama_model_load_from_file(model_path.encode(), use_extra_bufts(L.llama_model_default_params()))
     path = tmp_path / "ub1024.slot"
     text = " ".join(
         f"Section {i}: the river {name} runs {i * 7 % 90 + 10} kilometres through valleys, towns and old mills."
         for i, name in enumerate(["Rhine", "Danube", "Loire", "Elbe", "Oder", "Po", "Tagus", "Vistula"] * 11)
     )
-    try:
-        toks = dn.tokenize(model, "<start_of_turn>user\n" + text + "<end_of_turn>\n<start_of_turn>model\n", True)
-        n = len(toks)
-        assert 1600 < n < 2048, n  # well past n_swa + 512, within one -b 2048 call
-        ctx = dn.Ctx(model, dn.TYPES["f16"], False, 2048, 1024, dn.THREADS, n_ctx=4096)
-        for a, b in zip((0, n - 4 - 1024, n - 4), (n - 4 - 1024, n - 4, n), strict=True):
-            ctx.decode(toks[a:b])
-        _save_text_slot(ctx, path, toks)
-    finally:
-        L.llama_model_free(model)
+    toks = _server_prompt_slot(model_path, path, text, 2048, 1024)
+    n = len(toks)
+    assert 1600 < n < 2048, n  # well past n_swa + 512, within one -b 2048 call
     deep = _deep_level(model_path, path)
     d = deep["details"]
     assert deep["status"] == "pass", d["evidence"]
@@ -363,26 +372,14 @@ def test_a_smaller_ubatch_servers_window_is_replayed_with_its_split(tmp_path):
     its own window, the smaller split is the first retry and replays it (there: -ub 256, 1.27).
     The prompt here is computed as that server does it (the checkpoint breaks ``n - 4 - 128`` and
     ``n - 4``)."""
-    from bench import deep_noise as dn
-
     model_path = str(gemma.assemble())
-    L = dn.lib()
-    model = L.llama_model_load_from_file(model_path.encode(), use_extra_bufts(L.llama_model_default_params()))
     path = tmp_path / "ub128.slot"
     text = " ".join(
         f"Entry {i}: the harbour {name} loads {i * 11 % 70 + 20} ships a week, mostly grain, timber and salt."
         for i, name in enumerate(["Genoa", "Bruges", "Lubeck", "Bergen", "Riga", "Cadiz", "Naples", "Danzig"] * 9)
     )
-    try:
-        toks = dn.tokenize(model, "<start_of_turn>user\n" + text + "<end_of_turn>\n<start_of_turn>model\n", True)
-        n = len(toks)
-        assert 1100 < n < 2048, n  # past n_swa + 512, where the first recompute's own window reuses cells
-        ctx = dn.Ctx(model, dn.TYPES["f16"], False, 256, 128, dn.THREADS, n_ctx=4096)
-        for a, b in zip((0, n - 4 - 128, n - 4), (n - 4 - 128, n - 4, n), strict=True):
-            ctx.decode(toks[a:b])
-        _save_text_slot(ctx, path, toks)
-    finally:
-        L.llama_model_free(model)
+    n = len(_server_prompt_slot(model_path, path, text, 256, 128))
+    assert 1100 < n < 2048, n  # past n_swa + 512, where the first recompute's own window reuses cells
     d = _deep_level(model_path, path)
     assert d["status"] == "pass", d["details"]["evidence"]
     first = d["details"]["schedules"][0]
