@@ -583,10 +583,11 @@ def judge_with_schedules(
     # the text shows starts there
     wraps = window_wraps(file_body, sched.n_ubatch)
     smaller_window = wraps is not None and fd is not None and fd < wraps
-    split = _smaller_window_split(todo, sched, fd, wraps) if smaller_window else None
-    if split is not None and fd is not None and fd >= sched.n_ubatch and not any(abs(fd - a) <= NEAR for a, _ in spans):
-        todo.remove(split)
-        todo.insert(0, split)
+    if smaller_window and fd is not None and wraps is not None and fd >= sched.n_ubatch:
+        split = _smaller_window_split(todo, sched, fd, wraps - sched.n_ubatch)
+        if split is not None and not any(abs(fd - a) <= NEAR for a, _ in spans):
+            todo.remove(split)
+            todo.insert(0, split)
     # the whole-context window moved the state (its margin at least halved): every later retry
     # keeps it (a first recompute closer by less, as a -ub 64 server's file at 62 -> 51 floors,
     # is not told from chance, and its split then passes only without it), but a smaller -ub's
@@ -935,13 +936,9 @@ def out_of_order_from(body: Body) -> int | None:
     return first
 
 
-def _smaller_window_split(todo: list[Schedule], first: Schedule, fd: int | None, wraps: int | None) -> Schedule | None:
+def _smaller_window_split(todo: list[Schedule], first: Schedule, fd: int, n_swa: int) -> Schedule | None:
     """The first split of ``todo`` with a smaller ``-ub`` than ``first`` whose own window (``n_swa
-    + n_ubatch`` cells, ``first``'s reusing cells from ``wraps``) reuses cells by the first
-    difference ``fd`` (NEAR allowed); None: none, or no window."""
-    if fd is None or wraps is None:
-        return None
-    n_swa = wraps - first.n_ubatch
+    + n_ubatch`` cells) reuses cells by the first difference ``fd`` (NEAR allowed); None: none."""
     return next(
         (
             s
@@ -954,11 +951,11 @@ def _smaller_window_split(todo: list[Schedule], first: Schedule, fd: int | None,
 
 def window_wraps(body: Body, n_ubatch: int) -> int | None:
     """The position from which a sliding-window cache of ``n_ubatch``'s size reuses cells: its
-    ``n_swa + n_ubatch`` cells (``llama_kv_cache_iswa``: ``n_pad`` 1, and ``n_swa * n_seq_max``
-    in a unified cache, so this is the earliest it can be), with the file's window standing for
-    ``n_swa``: ``llama_kv_cache::state_write`` keeps the cells within ``n_swa`` of the last
-    position, all of them once the slot is longer than that.  None: no sliding window, or a
-    slot no longer than it (no window of any ``-ub`` reused a cell)."""
+    ``n_swa + n_ubatch`` cells (``llama_kv_cache_iswa``: padded up to ``n_pad`` where a tree
+    pads, and ``n_swa * n_seq_max`` in a unified cache, so this is the earliest it can be), with
+    the file's window standing for ``n_swa``: ``llama_kv_cache::state_write`` keeps the cells
+    within ``n_swa`` of the last position, all of them once the slot is longer than that.  None:
+    no sliding window, or a slot no longer than it (no window of any ``-ub`` reused a cell)."""
     kv = [b for b in body.blocks if b.kind == MemoryKind.KV]
     swa = [s for b in kv if b.role == "kv-swa" for s in b.active_streams()]
     longest = max((s.cell_count for b in kv if b.role != "kv-swa" for s in b.active_streams()), default=0)
