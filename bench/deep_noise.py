@@ -83,14 +83,23 @@ def lib() -> Any:
 
 class Ctx:
     def __init__(
-        self, model: Any, type_id: int, fa: bool, n_batch: int, n_ubatch: int, threads: int, n_ctx: int = 1024
+        self,
+        model: Any,
+        type_id: int,
+        fa: bool,
+        n_batch: int,
+        n_ubatch: int,
+        threads: int,
+        n_ctx: int = 1024,
+        type_v: int | None = None,
     ) -> None:
         L = lib()
         p = L.llama_context_default_params()
         p.n_ctx, p.n_batch, p.n_ubatch = n_ctx, n_batch, n_ubatch
         p.n_threads = p.n_threads_batch = threads
         p.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED if fa else L.LLAMA_FLASH_ATTN_TYPE_DISABLED
-        p.type_k = p.type_v = type_id
+        p.type_k = type_id
+        p.type_v = type_id if type_v is None else type_v  # another V type: a -ctk q4_0 -ctv f16 server
         p.swa_full = False
         p.no_perf = True
         self.ptr = L.llama_init_from_model(model, p)

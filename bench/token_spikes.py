@@ -43,6 +43,7 @@ def _views(j: Any, first_block: str | None) -> list[dict[str, Any]]:
         over = (s["v_at"] > shape.MARGIN_LIMIT) & (s["k_next"] > shape.MARGIN_LIMIT)
         back = 2 * np.nan_to_num(s["after"]) <= np.minimum(s["v_at"], s["k_next"])
         times = np.minimum(s["v_times"], s["k_times"])
+        floors = (s["v_at"] > 1.0) & (s["k_next"] > 1.0)
         out.append(
             {
                 "block": block,
@@ -60,6 +61,17 @@ def _views(j: Any, first_block: str | None) -> list[dict[str, Any]]:
                     for i in np.flatnonzero(over)
                 ],
                 "max_times_back": float(times[back].max()) if bool(back.any()) else 0.0,
+                # the low-bit K rule's view (TOKEN_SPIKE_LOW_BIT): over the floors, coming back
+                "over_floors": [
+                    {
+                        "p": int(s["p"][i]),
+                        "times": float(times[i]),
+                        "v_at": float(s["v_at"][i]),
+                        "k_next": float(s["k_next"][i]),
+                        "after": float(s["after"][i]),
+                    }
+                    for i in np.flatnonzero(floors & back)
+                ],
             }
         )
     return out
@@ -142,7 +154,7 @@ def capture(files: list[Path], out: Path, model: str | None, copies: int, seed: 
 
 def report(paths: list[Path]) -> None:
     """The clean margin and each copy's ratio (markdown)."""
-    from slotfile.verify.shape import TOKEN_SPIKE
+    from slotfile.verify.shape import TOKEN_SPIKE, TOKEN_SPIKE_LOW_BIT
 
     clean = [(f, r) for p in paths for f, r in json.loads(p.read_text()).items() if not r["changed"]]
     made = [(f, r) for p in paths for f, r in json.loads(p.read_text()).items() if r["changed"]]
@@ -157,6 +169,11 @@ def report(paths: list[Path]) -> None:
     loose = max((v["max_times_back"] for v in views), default=0.0)
     print(f"- without the limit, the largest ratio coming back: {loose:.3g}")
 
+    low = [o for v in views for o in v.get("over_floors", [])]
+    top = max(low, key=lambda o: o["times"], default=None)
+    print(f"- over their floors (the low-bit K rule) and coming back: {len(low)}", end="")
+    print(f", the largest ratio {top['times']:.3g} at {top['p']} (rule: {TOKEN_SPIKE_LOW_BIT:g})" if top else "")
+
     def back_ratio(o: dict[str, Any]) -> float:
         return min(o["v_at"], o["k_next"]) / max(2 * o["after"], 1e-9)
 
@@ -170,11 +187,14 @@ def report(paths: list[Path]) -> None:
     for f, r in made:
         p = r["changed"]["position"]
         at = [o for rec in r["recomputes"] for v in rec for o in v["over"] if o["p"] == p]
+        if len(at) < len(r["recomputes"]):  # under the limit: the low-bit K rule's view
+            floors = [o for rec in r["recomputes"] for v in rec for o in v.get("over_floors", [])]
+            at = [dict(o, back=True) for o in floors if o["p"] == p]
         low = min(at, key=lambda o: o["times"]) if len(at) == len(r["recomputes"]) else None
         cells = (
             f"{low['v_at']:.3g} | {low['k_next']:.3g} | {low['times']:.3g} | {'yes' if low['back'] else 'no'}"
             if low
-            else "under the limit in a recompute | | |"
+            else "under the floors or not coming back in a recompute | | |"
         )
         print(f"| {Path(f).name} | {p} | {cells} | {r['status']} ({r['decided_by']}) |")
 

@@ -304,10 +304,12 @@ def test_a_unified_cache_slot_among_other_slots_cells_passes_as_drift(tmp_path):
     assert bad["status"] == "fail" and bad["details"]["decided_by"] != "drift", bad["details"]["evidence"]
 
 
-def _server_prompt_slot(model_path: str, path: Path, text: str, n_batch: int, n_ubatch: int) -> list[int]:
+def _server_prompt_slot(
+    model_path: str, path: Path, text: str, n_batch: int, n_ubatch: int, type_k: str = "f16"
+) -> list[int]:
     """A Gemma 3 user turn of ``text`` prefilled as a llama-server with ``-b n_batch -ub n_ubatch``
-    does it (f16, flash attention off; the checkpoint breaks ``n - 4 - n_ubatch`` and ``n - 4``
-    where an iSWA memory takes checkpoints), saved to ``path``; its tokens."""
+    does it (K cache ``type_k``, V f16, flash attention off; the checkpoint breaks ``n - 4 -
+    n_ubatch`` and ``n - 4`` where an iSWA memory takes checkpoints), saved to ``path``; its tokens."""
     from bench import deep_noise as dn
 
     L = dn.lib()
@@ -315,7 +317,7 @@ def _server_prompt_slot(model_path: str, path: Path, text: str, n_batch: int, n_
     try:
         toks = dn.tokenize(model, "<start_of_turn>user\n" + text + "<end_of_turn>\n<start_of_turn>model\n", True)
         n = len(toks)
-        ctx = dn.Ctx(model, dn.TYPES["f16"], False, n_batch, n_ubatch, dn.THREADS, n_ctx=4096)
+        ctx = dn.Ctx(model, dn.TYPES[type_k], False, n_batch, n_ubatch, dn.THREADS, n_ctx=4096, type_v=dn.TYPES["f16"])
         for a, b in zip((0, n - 4 - n_ubatch, n - 4), (n - 4 - n_ubatch, n - 4, n), strict=True):
             ctx.decode(toks[a:b])
         _save_text_slot(ctx, path, toks)
@@ -404,3 +406,35 @@ def test_a_smaller_ubatch_servers_window_is_replayed_with_its_split(tmp_path):
     assert z["status"] == "fail" and z["details"]["decided_by"] in ("shape", "bytes"), z["details"]["evidence"]
     if len(tried) == 1:  # as soon as the split that replays the clean file shows them: no more retries
         assert len(z["details"]["schedules"]) == 2 and "replays the rest" in z["details"]["evidence"]
+
+
+def test_a_changed_token_in_a_low_bit_k_cache_fails(tmp_path):
+    """A ``-ctk q4_0 -ctv f16 -fa off`` server's state: the K floor is the quantization's, and so is
+    V's (attention reads that K), so a token changed before Gemma 3's window moves the lowest layer
+    holding it (model layer 5) by only 1.5-15 floors in V and 2.1-4.8 in K at the next position,
+    under the limit of 4 in K (v3 and v4 servers' 2,168-token files, 15 copies: 10 passed as drift,
+    three of them after 9-10 recomputes with the state exact up to the token).  Both still stand
+    4.7-89 times above the positions before, and the later positions come back: ``spiked_tokens``
+    with ``low_bit`` fails it (without it, this copy passes); the clean file passes."""
+    model_path = str(gemma.assemble())
+    path = tmp_path / "kq4.slot"
+    text = " ".join(
+        f"Line {i}: the orchard {name} grows {i * 13 % 60 + 15} kinds of apple, pear and plum on the hills."
+        for i, name in enumerate(["Alder", "Birch", "Cedar", "Dogwood", "Elm", "Fir", "Gum", "Hazel"] * 6)
+    )
+    toks = _server_prompt_slot(model_path, path, text, 2048, 512, type_k="q4_0")
+    n = len(toks)
+    assert 1100 < n < 1600, n  # a position before the 1,024-cell window with 32 before it
+    clean = _deep_level(model_path, path)
+    assert clean["status"] == "pass", clean["details"]["evidence"]
+    at = n - 1060
+    raw = bytearray(path.read_bytes())
+    off = raw.find(np.array(toks, np.int32).tobytes()) + 4 * at
+    raw[off : off + 4] = np.int32(toks[at] + 1 if toks[at] + 1 != toks[at + 1] else toks[at] + 2).tobytes()
+    changed = tmp_path / "token.slot"
+    changed.write_bytes(bytes(raw))
+    deep = _deep_level(model_path, changed)
+    d = deep["details"]
+    assert deep["status"] == "fail" and d["decided_by"] == "shape", d["evidence"]
+    assert d["evidence"].startswith(f"changed token: at position {at},"), d["evidence"]
+    assert "beyond its floors (a low-bit K cache)" in d["evidence"], d["evidence"]

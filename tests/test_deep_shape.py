@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -29,6 +31,7 @@ from slotfile.verify.shape import (
     first_difference,
     judge_with_schedules,
     larger_schedules,
+    low_bit_k,
     out_of_order_from,
     reply_schedules,
     spiked_tokens,
@@ -333,6 +336,34 @@ def test_a_changed_token_in_a_drifting_state_stands_out_of_its_background():
     # nor without a background before it, or without the first layer's block
     assert spiked_tokens(_spike_judgment(20, 20.0, 20.0, 0.7, 1.0), "kv-swa") == []
     assert spiked_tokens(_spike_judgment(100, 20.0, 20.0, 0.7, 1.0), None) == []
+
+
+def test_a_changed_token_under_a_low_bit_k_caches_limit_stands_out_of_its_floors():
+    """A low-bit K cache (q4_0 K beside an f16 V): the lowest layer's floors are the
+    quantization's, so a changed token reaches 1.5-15 floors in V and 2.1-4.8 in K at the next
+    position, under the limit, while it stands 4.7-89 times above the positions before (15 copies of
+    v3 and v4 servers' files); no clean position over its floors that comes back stands more than
+    2.62 times (33 v4 and 17 v3 files of another build)."""
+    weak = _spike_judgment(100, 3.0, 2.5, 0.3, 0.5)  # V 10 times, K 8.3 times its background
+    assert spiked_tokens(weak, "kv-swa") == []
+    assert spiked_tokens(weak, "kv-swa", low_bit=True) == [100]
+    # under 4 times the background (0.8: 3.75 and 3.1 times), within the floors, or not coming back
+    assert spiked_tokens(_spike_judgment(100, 3.0, 2.5, 0.8, 0.5), "kv-swa", low_bit=True) == []
+    assert spiked_tokens(_spike_judgment(100, 3.0, 0.9, 0.1, 0.3), "kv-swa", low_bit=True) == []
+    assert spiked_tokens(_spike_judgment(100, 0.9, 2.5, 0.1, 0.3), "kv-swa", low_bit=True) == []
+    assert spiked_tokens(_spike_judgment(100, 3.0, 2.5, 0.3, 1.5), "kv-swa", low_bit=True) == []
+
+
+def test_low_bit_k_names_the_k_caches_that_cannot_reach_the_limit():
+    """``low_bit_k``: a q4_0 K (any layer) is low-bit; f16 and q8_0 K are not, whatever V is."""
+
+    def body(type_k: int) -> Any:
+        run = SimpleNamespace(type_id=type_k)
+        stream = SimpleNamespace(k=[run], v=[SimpleNamespace(type_id=1)])
+        return SimpleNamespace(blocks=[SimpleNamespace(active_streams=lambda: [stream])])
+
+    assert low_bit_k(body(2))  # q4_0
+    assert not low_bit_k(body(1)) and not low_bit_k(body(8))  # f16, q8_0
 
 
 def test_reply_schedules_start_where_the_computations_parted():

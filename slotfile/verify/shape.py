@@ -77,6 +77,13 @@ STANDOUT = 3.0
 # BACKGROUND positions before it, in V at the token and in K at the next position (calibrated in
 # bench/detect-cross-build-token.md)
 TOKEN_SPIKE = 10.0
+# the same where the K cache is low-bit (q4_0 K beside an f16 V, ``-fa off``): the lowest layer's K
+# floor is the quantization's, and so is its V's (attention reads that K), so a changed token
+# reaches only 1.5-15 floors in V and 2.1-4.8 in K at the next position, under the limit, yet
+# stands 4.7-89 times above the background in both (15 copies of v3 and v4 servers' files,
+# bench/detect-low-bit-token.md); over their floors and coming back after, no clean position of
+# 50 long files of another build stands out more than 2.62 times
+TOKEN_SPIKE_LOW_BIT = 4.0
 BACKGROUND = 32
 MIN_BACKGROUND = 0.05  # floors: the background of a state exact before the position
 
@@ -761,14 +768,17 @@ def _changed_token(
                 "it less: that position's own input differs, not the sums over the cells before it"
             )
             return Outcome(jt, st, "shape", ev, tried)
-    spikes = [set(spiked_tokens(jt, first_block)) for jt, _ in judged]
+    low_bit = low_bit_k(file_body)
+    spikes = [set(spiked_tokens(jt, first_block, low_bit=low_bit)) for jt, _ in judged]
     common = sorted(set.intersection(*spikes)) if spikes else []
     if common:
         at = common[0]
         jt, st = judged[0]
+        beyond = "beyond its floors (a low-bit K cache)" if low_bit else "beyond the limit"
+        times = TOKEN_SPIKE_LOW_BIT if low_bit else TOKEN_SPIKE
         ev = (
             f"changed token: at position {at}, which no first layer holds, the lowest layer holding it differs "
-            f"beyond the limit and at least {TOKEN_SPIKE:g} times the median of the {BACKGROUND} positions before "
+            f"{beyond} and at least {times:g} times the median of the {BACKGROUND} positions before "
             f"it, in V there and in K at {at + 1}, in every recompute ({len(judged)}), the positions after it "
             "closer: that position's own input differs, not the drift of the sums before it"
         )
@@ -776,7 +786,9 @@ def _changed_token(
     return None
 
 
-def spiked_tokens(j: Judgment, first_block: str | None, limit: float = MARGIN_LIMIT) -> list[int]:
+def spiked_tokens(
+    j: Judgment, first_block: str | None, limit: float = MARGIN_LIMIT, low_bit: bool = False
+) -> list[int]:
     """Positions whose own token differs in a state that drifts (another build's computation,
     which parts from this one's at the first tokens, so :func:`changed_token_at` finds no exact
     prefix), where no first layer holds them (before Gemma 3's sliding window).  The lowest
@@ -791,11 +803,17 @@ def spiked_tokens(j: Judgment, first_block: str | None, limit: float = MARGIN_LI
     whose later positions stay 1.3 times as far off or more); without the limit, the clean maximum of the
     ratio is 2.3.  Changed tokens before the window: 12-283 times, the lowest over each copy's
     recomputes (13 of 14 copies; the 14th has a q4_0 K cache, whose K at the next position stays
-    at 2.2 floors)."""
+    at 2.2 floors).  ``low_bit``: the K cache is low-bit (:func:`low_bit_k`), whose floors are the
+    quantization's, so a changed token's K at the next position need not reach the limit (nor its
+    V): beyond one floor each and :data:`TOKEN_SPIKE_LOW_BIT` times the background instead."""
     held_first, lowest = lowest_layers(j, first_block)
     if held_first.size <= BACKGROUND + 1:
         return []
-    return sorted({p for _block, k, v in lowest for p in _spikes(k, v, held_first, limit)})
+    if low_bit:
+        limit, times = 1.0, TOKEN_SPIKE_LOW_BIT
+    else:
+        times = TOKEN_SPIKE
+    return sorted({p for _block, k, v in lowest for p in _spikes(k, v, held_first, limit, times)})
 
 
 def lowest_layers(j: Judgment, first_block: str | None) -> tuple[np.ndarray, list[tuple[str, np.ndarray, np.ndarray]]]:
@@ -818,11 +836,11 @@ def lowest_layers(j: Judgment, first_block: str | None) -> tuple[np.ndarray, lis
     return held_first, out
 
 
-def _spikes(k: np.ndarray, v: np.ndarray, held_first: np.ndarray, limit: float) -> set[int]:
+def _spikes(k: np.ndarray, v: np.ndarray, held_first: np.ndarray, limit: float, times: float) -> set[int]:
     """The positions ``p`` of :func:`spiked_tokens` in one block's lowest layer (``k``, ``v``:
-    its ratios by position, NaN where not held)."""
+    its ratios by position, NaN where not held): beyond ``limit`` and ``times`` the background."""
     s = spike_scores(k, v, held_first)
-    ok = (s["v_at"] > limit) & (s["k_next"] > limit) & (np.minimum(s["v_times"], s["k_times"]) >= TOKEN_SPIKE)
+    ok = (s["v_at"] > limit) & (s["k_next"] > limit) & (np.minimum(s["v_times"], s["k_times"]) >= times)
     ok &= 2 * np.nan_to_num(s["after"]) <= np.minimum(s["v_at"], s["k_next"])
     return {int(p) for p in s["p"][ok]}
 
@@ -1014,6 +1032,12 @@ def _tried(s: Schedule, j: Judgment) -> dict[str, Any]:
     """One ``schedules[]`` entry: the schedule, its margin, its problem count and the first position
     where a cell differs from that recompute (``first_difference``; None: none does)."""
     return {**s.as_dict(), "margin": j.margin, "problems": len(j.problems), "first_difference": first_difference(j)}
+
+
+def low_bit_k(body: Body) -> bool:
+    """Whether the body's K cache is stored in a low-bit type (q4_0, q5_1...: ``tolerance_class``
+    "low-bit"), in any layer."""
+    return any(tolerance_class(r.type_id) == "low-bit" for b in body.blocks for st in b.active_streams() for r in st.k)
 
 
 def quantized_kv(body: Body) -> bool:
