@@ -228,6 +228,32 @@ def test_kv_swap_among_noisy_layers_is_named(gemma_bytes, monkeypatch):
     assert find_misplaced(body, clean, j) == []
 
 
+def test_cell_swap_far_from_its_recompute_is_named_as_an_exchange(gemma_bytes, monkeypatch):
+    """Two cells' rows exchanged where every value is also far from its recompute (noise of 0.3 of
+    each value: the moved row sits 0.3 from the other cell's recompute, a quarter of its distance
+    to its own, as a q4_0 K swap in another build's file sat at 0.27 and 0.32): two rows each
+    nearer the other's recompute match from half their own distance (MATCH_EXCHANGE), and the same
+    noise alone matches nothing.  At a quarter it would pass, and so it would if the rows were not
+    each distinctly nearest the other's recompute (DISTINCT: a near-tie of several rows)."""
+    import slotfile.verify.misplaced as mp
+
+    clean = parse_buffer(gemma_bytes).body
+    body = parse_buffer(cell_swap(noised(gemma_bytes, 0.3))).body
+    j = judge_layers(body, clean)
+    found = find_misplaced(body, clean, j)
+    assert found and found[0][3].startswith(
+        "K layer 1 (f16): cell 7 (position 7) holds the row recomputed for position 30"
+    )
+    assert found[0][3].endswith("rows exchanged")
+    noisy = parse_buffer(noised(gemma_bytes, 0.3)).body
+    assert find_misplaced(noisy, clean, judge_layers(noisy, clean)) == []
+    monkeypatch.setattr(mp, "DISTINCT", 0.0)
+    assert find_misplaced(body, clean, j) == []
+    monkeypatch.setattr(mp, "DISTINCT", 0.7)
+    monkeypatch.setattr(mp, "MATCH_EXCHANGE", MATCH)
+    assert find_misplaced(body, clean, j) == []
+
+
 def test_clean_file_has_nothing_misplaced(gemma_bytes):
     body = parse_buffer(gemma_bytes).body
     j = judge_layers(body, body)

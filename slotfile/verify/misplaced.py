@@ -38,6 +38,15 @@ from slotfile.verify.stats import CHUNK_CELLS, dequant_rows, median
 # recomputed layer at 8.8 times its own distance or more; among the 64 worst cells of each layer
 # (confined, corroborated) 0.94 or more (two positions with near-equal rows).  A move: 0 to 0.05.
 MATCH = 0.25
+# two cells' rows each nearer the other's recompute (exchanged) match from this fraction on when
+# each is also distinctly nearest that one (DISTINCT): a q4_0 K cell swap in a file of another
+# build (the rows 0.18-0.23 from their own recomputes, by q4_0's steps and the drift) sat at 0.27
+# and 0.32 of their own distances, missed at MATCH, each row 0.48-0.52 of the way to its next
+# nearest.  Clean q4_0 files hold near-ties closer than MATCH's calibration said: 0.51 and 0.53
+# (V rows of -fa on q4_0 edited chats, 74 v4 files against the portable library), each row about
+# as near other rows (0.80-1.0 of the way): several near-equal rows, not a move
+MATCH_EXCHANGE = 0.5
+DISTINCT = 0.7
 # a whole layer has far more room: no clean layer came nearer another's recompute than 8.8 times
 # its own distance, so a layer matches from half its own distance on.  A K/V swap of a q4_0 SWA
 # layer in a CUDA-written Gemma file (every layer drifting, q4_0's own distance 0.2-0.35) sat at
@@ -295,7 +304,9 @@ def _cell_matches(g: Group, runs: tuple[LayerRun, LayerRun], rc: RunCells, bad: 
     """The layer's cells ``bad`` (suspect, in this layer alone: the :data:`MAX_CELLS`
     worst) against every recomputed row of the layer: a problem naming the first cell whose row
     is within :data:`MATCH` of its own distance of another cell's recomputed row, corroborated
-    by that cell's stored row (:func:`corroborate`)."""
+    by that cell's stored row (:func:`corroborate`: the same values), or within
+    :data:`MATCH_EXCHANGE` where that row lies as near this cell's recompute (exchanged) and each
+    row is distinctly nearest the other's recompute (:func:`_distinct`)."""
     fr, rr = runs
     if bad.size < 1 or fr.n_cells < 2:
         return None
@@ -310,9 +321,18 @@ def _cell_matches(g: Group, runs: tuple[LayerRun, LayerRun], rc: RunCells, bad: 
     if g.align is not None:
         file_cell[g.align] = np.arange(fr.n_cells)  # the file's cell of each recomputed cell
     hits: list[tuple[int, int, str]] = []
-    for h in np.flatnonzero(d[np.arange(bad.size), near] < MATCH * own):
+    dn = d[np.arange(bad.size), near]
+    for h in np.flatnonzero(dn < MATCH_EXCHANGE * own):
         rx, ry = _rows(rr, np.array([own_cells[h], near[h]]))
-        how = corroborate(x[h], _rows(fr, file_cell[[near[h]]])[0], rx, ry)
+        y = _rows(fr, file_cell[[near[h]]])[0]
+        how = corroborate(x[h], y, rx, ry, MATCH_EXCHANGE)
+        if how == "copied" and dn[h] >= MATCH * own[h]:
+            how = ""
+        elif how == "exchanged" and not (dn[h] < MATCH * own[h] and corroborate(x[h], y, rx, ry) == "exchanged"):
+            # past MATCH: each row distinctly nearest the other's recompute, not one of several
+            dy = _row_distances(y[None, :], rr)[0]
+            dy[near[h]] = np.inf  # that row's own recompute
+            how = how if _distinct(d[h]) and _distinct(dy) else ""
         if how:
             hits.append((int(h), int(near[h]), how))
     if not hits:
@@ -329,6 +349,13 @@ def _cell_matches(g: Group, runs: tuple[LayerRun, LayerRun], rc: RunCells, bad: 
     elsize = fr.row_size // max(int(fr.elements or 1), 1)
     off = fr.data.offset + (c * elsize if fr.transposed else c * fr.row_size)
     return (ProblemCode.DEEP_MISMATCH, g.section, off, msg)
+
+
+def _distinct(dist: np.ndarray) -> bool:
+    """Whether the nearest of a row's distances to the recomputed rows (its own left out as inf)
+    is under :data:`DISTINCT` of the next nearest."""
+    two = np.partition(dist, 1)[:2] if dist.size > 1 else np.array([0.0, np.inf])
+    return bool(two[0] < DISTINCT * two[1])
 
 
 def _rows(run: LayerRun, cells: np.ndarray) -> np.ndarray:
