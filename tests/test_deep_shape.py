@@ -343,7 +343,7 @@ def test_a_changed_token_under_a_low_bit_k_caches_limit_stands_out_of_its_floors
     quantization's, so a changed token reaches 1.5-15 floors in V and 2.1-4.8 in K at the next
     position, under the limit, while it stands 4.7-89 times above the positions before (15 copies of
     v3 and v4 servers' files); no clean position over its floors that comes back stands more than
-    2.62 times (33 v4 and 17 v3 files of another build)."""
+    2.62 times (51 files, most of them another build's: bench/detect-low-bit-token.md)."""
     weak = _spike_judgment(100, 3.0, 2.5, 0.3, 0.5)  # V 10 times, K 8.3 times its background
     assert spiked_tokens(weak, "kv-swa") == []
     assert spiked_tokens(weak, "kv-swa", low_bit=True) == [100]

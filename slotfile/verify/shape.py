@@ -82,7 +82,7 @@ TOKEN_SPIKE = 10.0
 # reaches only 1.5-15 floors in V and 2.1-4.8 in K at the next position, under the limit, yet
 # stands 4.7-89 times above the background in both (15 copies of v3 and v4 servers' files,
 # bench/detect-low-bit-token.md); over their floors and coming back after, no clean position of
-# 50 long files of another build stands out more than 2.62 times
+# 51 files (101 recomputes, most of them another build's) stands out more than 2.62 times
 TOKEN_SPIKE_LOW_BIT = 4.0
 BACKGROUND = 32
 MIN_BACKGROUND = 0.05  # floors: the background of a state exact before the position
