@@ -326,6 +326,16 @@ def _server_prompt_slot(
     return toks
 
 
+def _token_changed(path: Path, toks: list[int], at: int, dest: Path) -> Path:
+    """A copy of slot file ``path`` (stored tokens ``toks``) at ``dest`` with the token at ``at``
+    replaced by the next id (one more again where that is the following token)."""
+    raw = bytearray(path.read_bytes())
+    off = raw.find(np.array(toks, np.int32).tobytes()) + 4 * at
+    raw[off : off + 4] = np.int32(toks[at] + 1 if toks[at] + 1 != toks[at + 1] else toks[at] + 2).tobytes()
+    dest.write_bytes(bytes(raw))
+    return dest
+
+
 def test_a_larger_ubatch_servers_long_prompt_is_replayed_with_its_split(tmp_path):
     """A server started with ``-ub 1024`` (a throughput setting) prefills a long prompt in pieces of
     1,024 and sizes its window cache n_swa + 1,024 cells; deep's first recompute (-ub 512) agrees
@@ -355,12 +365,7 @@ def test_a_larger_ubatch_servers_long_prompt_is_replayed_with_its_split(tmp_path
     # a token changed before the 512-token window (only model layer 5 holds it): the state agrees
     # exactly with a recompute up to it and jumps there in that layer's K and V
     at = n - 700
-    raw = bytearray(path.read_bytes())
-    off = raw.find(np.array(toks, np.int32).tobytes()) + 4 * at
-    raw[off : off + 4] = np.int32(toks[at] + 1 if toks[at] + 1 != toks[at + 1] else toks[at] + 2).tobytes()
-    changed = tmp_path / "token.slot"
-    changed.write_bytes(bytes(raw))
-    deep = _deep_level(model_path, changed)
+    deep = _deep_level(model_path, _token_changed(path, toks, at, tmp_path / "token.slot"))
     assert deep["status"] == "fail" and deep["details"]["decided_by"] == "shape", deep["details"]["evidence"]
     assert deep["details"]["evidence"].startswith("changed token") and f"at {at} " in deep["details"]["evidence"]
 
@@ -428,12 +433,7 @@ def test_a_changed_token_in_a_low_bit_k_cache_fails(tmp_path):
     clean = _deep_level(model_path, path)
     assert clean["status"] == "pass", clean["details"]["evidence"]
     at = n - 1060
-    raw = bytearray(path.read_bytes())
-    off = raw.find(np.array(toks, np.int32).tobytes()) + 4 * at
-    raw[off : off + 4] = np.int32(toks[at] + 1 if toks[at] + 1 != toks[at + 1] else toks[at] + 2).tobytes()
-    changed = tmp_path / "token.slot"
-    changed.write_bytes(bytes(raw))
-    deep = _deep_level(model_path, changed)
+    deep = _deep_level(model_path, _token_changed(path, toks, at, tmp_path / "token.slot"))
     d = deep["details"]
     assert deep["status"] == "fail" and d["decided_by"] == "shape", d["evidence"]
     assert d["evidence"].startswith(f"changed token: at position {at},"), d["evidence"]
