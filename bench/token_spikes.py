@@ -43,7 +43,8 @@ def _views(j: Any, first_block: str | None) -> list[dict[str, Any]]:
         over = (s["v_at"] > shape.MARGIN_LIMIT) & (s["k_next"] > shape.MARGIN_LIMIT)
         back = 2 * np.nan_to_num(s["after"]) <= np.minimum(s["v_at"], s["k_next"])
         times = np.minimum(s["v_times"], s["k_times"])
-        floors = (s["v_at"] > 1.0) & (s["k_next"] > 1.0)
+        floor = shape.token_spike_rule(True)[0]
+        floors = (s["v_at"] > floor) & (s["k_next"] > floor)
         out.append(
             {
                 "block": block,

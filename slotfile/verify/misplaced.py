@@ -325,14 +325,12 @@ def _cell_matches(g: Group, runs: tuple[LayerRun, LayerRun], rc: RunCells, bad: 
     for h in np.flatnonzero(dn < MATCH_EXCHANGE * own):
         rx, ry = _rows(rr, np.array([own_cells[h], near[h]]))
         y = _rows(fr, file_cell[[near[h]]])[0]
-        how = corroborate(x[h], y, rx, ry, MATCH_EXCHANGE)
-        if how == "copied" and dn[h] >= MATCH * own[h]:
-            how = ""
-        elif how == "exchanged" and not (dn[h] < MATCH * own[h] and corroborate(x[h], y, rx, ry) == "exchanged"):
+        how = corroborate(x[h], y, rx, ry) if dn[h] < MATCH * own[h] else ""
+        if not how and corroborate(x[h], y, rx, ry, MATCH_EXCHANGE) == "exchanged":
             # past MATCH: each row distinctly nearest the other's recompute, not one of several
             dy = _row_distances(y[None, :], rr)[0]
             dy[near[h]] = np.inf  # that row's own recompute
-            how = how if _distinct(d[h]) and _distinct(dy) else ""
+            how = "exchanged" if _distinct(d[h]) and _distinct(dy) else ""
         if how:
             hits.append((int(h), int(near[h]), how))
     if not hits:

@@ -84,6 +84,16 @@ TOKEN_SPIKE = 10.0
 # bench/detect-low-bit-token.md); over their floors and coming back after, no clean position of
 # 51 files (101 recomputes, most of them another build's) stands out more than 2.62 times
 TOKEN_SPIKE_LOW_BIT = 4.0
+
+
+def token_spike_rule(low_bit: bool) -> tuple[float, float]:
+    """How far (floors) and how many times its background a changed token's lowest layer must
+    stand in V and in K at the next position (:func:`spiked_tokens`): beyond the limit and
+    :data:`TOKEN_SPIKE` times, or for a low-bit K cache beyond one floor and
+    :data:`TOKEN_SPIKE_LOW_BIT` times."""
+    return (1.0, TOKEN_SPIKE_LOW_BIT) if low_bit else (MARGIN_LIMIT, TOKEN_SPIKE)
+
+
 BACKGROUND = 32
 MIN_BACKGROUND = 0.05  # floors: the background of a state exact before the position
 
@@ -775,7 +785,7 @@ def _changed_token(
         at = common[0]
         jt, st = judged[0]
         beyond = "beyond its floors (a low-bit K cache)" if low_bit else "beyond the limit"
-        times = TOKEN_SPIKE_LOW_BIT if low_bit else TOKEN_SPIKE
+        times = token_spike_rule(low_bit)[1]
         ev = (
             f"changed token: at position {at}, which no first layer holds, the lowest layer holding it differs "
             f"{beyond} and at least {times:g} times the median of the {BACKGROUND} positions before "
@@ -786,14 +796,12 @@ def _changed_token(
     return None
 
 
-def spiked_tokens(
-    j: Judgment, first_block: str | None, limit: float = MARGIN_LIMIT, low_bit: bool = False
-) -> list[int]:
+def spiked_tokens(j: Judgment, first_block: str | None, low_bit: bool = False) -> list[int]:
     """Positions whose own token differs in a state that drifts (another build's computation,
     which parts from this one's at the first tokens, so :func:`changed_token_at` finds no exact
     prefix), where no first layer holds them (before Gemma 3's sliding window).  The lowest
     layer of a block holding position ``p``: its V at ``p`` and its K at ``p + 1`` (the next cell
-    attends to the changed one in every window layer below) each beyond ``limit`` and
+    attends to the changed one in every window layer below) each beyond the limit and
     :data:`TOKEN_SPIKE` times the median of the :data:`BACKGROUND` positions before ``p``, and
     the positions 8-32 after it at most half as far off (a context shift keeps them as far:
     ``seq_add`` moved every cell from there).  Measured on v4 Gemma 3 files of this machine's
@@ -809,10 +817,7 @@ def spiked_tokens(
     held_first, lowest = lowest_layers(j, first_block)
     if held_first.size <= BACKGROUND + 1:
         return []
-    if low_bit:
-        limit, times = 1.0, TOKEN_SPIKE_LOW_BIT
-    else:
-        times = TOKEN_SPIKE
+    limit, times = token_spike_rule(low_bit)
     return sorted({p for _block, k, v in lowest for p in _spikes(k, v, held_first, limit, times)})
 
 
