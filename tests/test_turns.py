@@ -4,7 +4,14 @@ that replay them (slotfile.verify.shape.turn_schedules)."""
 from __future__ import annotations
 
 from slotfile.llama.worker.calls import stepwise_ranges
-from slotfile.verify.shape import MAX_STEPWISE, Schedule, candidate_schedules, turn_schedules
+from slotfile.verify.shape import (
+    MAX_STEPWISE,
+    Schedule,
+    candidate_schedules,
+    reply_schedules,
+    starts_in_a_reply,
+    turn_schedules,
+)
 from slotfile.verify.turns import reply_spans
 
 
@@ -78,6 +85,27 @@ def test_turn_schedules_break_each_prompt_where_the_server_took_checkpoints():
     assert candidate_schedules(first, 2440, 1078, True, 1027, spans)[:2] == turn_schedules(first, 2440, spans, True)
     # another build's drift from the first tokens: every replay stays a candidate
     assert candidate_schedules(first, 2440, 3, True, 3, spans)[:2] == turn_schedules(first, 2440, spans, True)
+
+
+def test_no_reply_is_replayed_from_inside_a_users_turn():
+    """A 4-slot server's 2,092-token slot (a document, a question, two 3-4 token replies) parts from the
+    first recompute at 513, where its window cache starts reusing cells: the replays found from there
+    (:func:`reply_schedules`: 1,063 and 1,579 tokens one per call, most of deep's 57 seconds) start
+    inside the document, which the server prefilled; the text's replies stay."""
+    first = Schedule(2048, 512)
+    spans = [(2050, 2054), (2089, 2092)]
+    found = reply_schedules(first, 2092, 575, True, 513)
+    assert [s.stepwise[0][0] for s in found] == [1029, 513]
+    c = candidate_schedules(first, 2092, 575, True, 513, spans)
+    assert c[:2] == turn_schedules(first, 2092, spans, True)
+    assert all(s not in c for s in found) and not any(starts_in_a_reply(s, 2092, spans) for s in found)
+    # the text shows no replies (a raw /completion prompt): the found replays stay
+    assert all(s in candidate_schedules(first, 2092, 575, True, 513) for s in found)
+    # a difference a few tokens before a reply the text shows, or inside the last one (which runs to the
+    # end of the file), may be that reply's
+    assert starts_in_a_reply(Schedule(2048, 512, (), ((2045, 2092),)), 2092, spans)
+    assert starts_in_a_reply(Schedule(2048, 512, (), ((2091, 2092),)), 2092, [(2050, 2054), (2089, 2090)])
+    assert not starts_in_a_reply(Schedule(2048, 512, (), ((2060, 2092),)), 2092, spans)
 
 
 def test_worker_stepwise_ranges_are_clipped_merged_and_ordered():

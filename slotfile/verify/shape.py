@@ -358,7 +358,8 @@ def candidate_schedules(
     changes nothing before its first boundary: one that starts after the onset (NEAR allowed)
     cannot explain it (another build's kernels differ from the first token on) and is left out.
     Before them, when the recompute agrees exactly up to ``first_diff`` and drifts from a later
-    onset, up to two replays of an earlier turn's reply (:func:`reply_schedules`); before those, the
+    onset, up to two replays of an earlier turn's reply (:func:`reply_schedules`) where the text
+    allows one (:func:`starts_in_a_reply`); before those, the
     replies the chat template's text shows (``replies``, :func:`turn_schedules`).  The splits of a
     larger ``-ub`` (:func:`larger_schedules`) come right after the text's replies when the recompute
     parts at its second micro-batch boundary, last when it parts at one of their checkpoint
@@ -371,7 +372,11 @@ def candidate_schedules(
     if onset is not None:
         out = [s for s in out if min((s.n_ubatch, *s.cuts)) <= onset + NEAR]
     turns = turn_schedules(first, n_tokens, replies, checkpoints)
-    found = [s for s in reply_schedules(first, n_tokens, onset, checkpoints, first_diff) if s not in turns]
+    found = [
+        s
+        for s in reply_schedules(first, n_tokens, onset, checkpoints, first_diff)
+        if s not in turns and starts_in_a_reply(s, n_tokens, replies)
+    ]
     larger = larger_schedules(first, n_tokens, checkpoints, first_diff)
     rest = [s for s in out if s != first][:MAX_RETRIES]
     if first_diff is not None and abs(first_diff - 2 * first.n_ubatch) <= NEAR:
@@ -432,6 +437,25 @@ def turn_schedules(
     if len(spans) > 1:
         out.append(Schedule(first.n_batch, first.n_ubatch, cuts, tuple(spans)))
     return [s for s in out if s.n_one_per_call <= MAX_STEPWISE]
+
+
+def starts_in_a_reply(s: Schedule, n_tokens: int, replies: Sequence[tuple[int, int]]) -> bool:
+    """Whether a replay found from the first difference (:func:`reply_schedules`) starts its one-per-call
+    decoding where the text could hold a reply: inside a reply the chat template's text shows
+    (``replies``, the last one running to the end of the file, as in :func:`turn_schedules`) or up to
+    :data:`NEAR` positions before one; anywhere when the text shows none (a raw ``/completion``
+    prompt).  A difference inside a user's turn of a chat whose replies the text shows is not a
+    reply's: the server prefilled that turn (``update_slots``), so replaying it one token per call
+    cannot agree.  On the real-server corpus such replays were never the split that passed, and
+    cost most of deep's time on long files: a 4-slot server's 2,092-token slot parts at 513, where
+    its window cache starts reusing cells, and the two replays from there decode 1,063 and 1,579
+    tokens one per call (measured: bench/corpus.md, "Replays the text rules out")."""
+    spans = [(a, b) for a, b in replies if 0 < a < b <= n_tokens]
+    if not spans or not s.stepwise:
+        return True
+    spans[-1] = (spans[-1][0], n_tokens)
+    start = s.stepwise[0][0]
+    return any(a - NEAR <= start < b for a, b in spans)
 
 
 def reply_schedules(
