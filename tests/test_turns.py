@@ -89,7 +89,7 @@ def test_turn_schedules_break_each_prompt_where_the_server_took_checkpoints():
 
 def test_no_reply_is_replayed_from_inside_a_users_turn():
     """A 4-slot server's 2,092-token slot (a document, a question, two 3-4 token replies) parts from the
-    first recompute at 513, where its window cache starts reusing cells: the replays found from there
+    first recompute at 513, where Gemma 3's window of 512 first leaves a cell out: the replays found from there
     (:func:`reply_schedules`: 1,063 and 1,579 tokens one per call, most of deep's 57 seconds) start
     inside the document, which the server prefilled; the text's replies stay."""
     first = Schedule(2048, 512)

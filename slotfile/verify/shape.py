@@ -448,7 +448,7 @@ def starts_in_a_reply(s: Schedule, n_tokens: int, replies: Sequence[tuple[int, i
     reply's: the server prefilled that turn (``update_slots``), so replaying it one token per call
     cannot agree.  On the real-server corpus such replays were never the split that passed, and
     cost most of deep's time on long files: a 4-slot server's 2,092-token slot parts at 513, where
-    its window cache starts reusing cells, and the two replays from there decode 1,063 and 1,579
+    Gemma 3's window of 512 first leaves a cell out, and the two replays from there decode 1,063 and 1,579
     tokens one per call (measured: bench/detect-found-replays.md)."""
     spans = [(a, b) for a, b in replies if 0 < a < b <= n_tokens]
     if not spans or not s.stepwise:
