@@ -410,6 +410,16 @@ def larger_schedules(first: Schedule, n_tokens: int, checkpoints: bool, first_di
     return out
 
 
+def saved_replies(replies: Sequence[tuple[int, int]], n_tokens: int) -> list[tuple[int, int]]:
+    """The reply spans the text shows (``replies``) that lie within the file's ``n_tokens``, the last
+    one running to the end of the file even where its text holds a template's markers (a small model
+    repeating them): the slot was saved after it was generated."""
+    spans = [(a, b) for a, b in replies if 0 < a < b <= n_tokens]
+    if spans:
+        spans[-1] = (spans[-1][0], n_tokens)
+    return spans
+
+
 def turn_schedules(
     first: Schedule, n_tokens: int, replies: Sequence[tuple[int, int]], checkpoints: bool
 ) -> list[Schedule]:
@@ -422,12 +432,9 @@ def turn_schedules(
     reaches back to it, after the reply before).  Measured on a two-reply 2,440-token file of a
     ``-fa on`` v4 server: with a library of the server's instruction set, this replay is exact
     up to the second prompt and passes at 3.7 floors (a prefill: 76.8)."""
-    spans = [(a, b) for a, b in replies if 0 < a < b <= n_tokens]
+    spans = saved_replies(replies, n_tokens)
     if not spans:
         return []
-    # the last reply runs to the end of the file even where its text holds a template's markers
-    # (a small model repeating them): the slot was saved after it was generated
-    spans[-1] = (spans[-1][0], n_tokens)
     cuts: tuple[int, ...] = ()
     if checkpoints:
         ends = [0, *(b for _a, b in spans[:-1])]
@@ -442,7 +449,7 @@ def turn_schedules(
 def starts_in_a_reply(s: Schedule, n_tokens: int, replies: Sequence[tuple[int, int]]) -> bool:
     """Whether a replay found from the first difference (:func:`reply_schedules`) starts its one-per-call
     decoding where the text could hold a reply: inside a reply the chat template's text shows
-    (``replies``, the last one running to the end of the file, as in :func:`turn_schedules`) or up to
+    (``replies``, the last one running to the end of the file: :func:`saved_replies`) or up to
     :data:`NEAR` positions before one; anywhere when the text shows none (a raw ``/completion``
     prompt).  A difference inside a user's turn of a chat whose replies the text shows is not a
     reply's: the server prefilled that turn (``update_slots``), so replaying it one token per call
@@ -450,10 +457,9 @@ def starts_in_a_reply(s: Schedule, n_tokens: int, replies: Sequence[tuple[int, i
     cost most of deep's time on long files: a 4-slot server's 2,092-token slot parts at 513, where
     Gemma 3's window of 512 first leaves a cell out, and the two replays from there decode 1,063 and 1,579
     tokens one per call (measured: bench/detect-found-replays.md)."""
-    spans = [(a, b) for a, b in replies if 0 < a < b <= n_tokens]
+    spans = saved_replies(replies, n_tokens)
     if not spans or not s.stepwise:
         return True
-    spans[-1] = (spans[-1][0], n_tokens)
     start = s.stepwise[0][0]
     return any(a - NEAR <= start < b for a, b in spans)
 
