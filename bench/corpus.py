@@ -791,7 +791,7 @@ def verify_row(entry: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any]:
         "deep": deep.get("status"),
         "margin": det.get("margin"),
         "decided_by": det.get("decided_by"),
-        "schedules": [s.get("n_ubatch") for s in det.get("schedules") or []],
+        "schedules": [s.get("n_ubatch") for s in det.get("schedules") or [] if "skipped" not in s],
         "worst": {k: worst.get(k) for k in ("section", "part", "layer", "ratio", "by", "worst_pos")} if worst else None,
         "logits_ratio": (det.get("logits") or {}).get("ratio"),
         "first_problem": entry.get("first_problem"),

@@ -91,7 +91,7 @@ def _verdict(out: str) -> dict[str, Any] | None:
         "deep": deep.get("status"),
         "decided_by": d.get("decided_by"),
         "margin": d.get("margin"),
-        "schedules": len(d.get("schedules") or []),
+        "schedules": sum(1 for s in d.get("schedules") or [] if "skipped" not in s),
     }
 
 

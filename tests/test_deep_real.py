@@ -175,6 +175,41 @@ def test_worker_replays_a_reply_one_token_per_call(real):
     sf.close()
 
 
+def test_schedules_alike_up_to_a_micro_batch_give_the_same_state_before_it(real):
+    """What lets deep skip a retry (``shape.computes_alike_until``): two recomputes that decode the
+    same micro-batches up to a position, in the same context, hold the same state there bit for bit,
+    on the machine's threads, so a layer over the limit there fails both.  Here a cut and a reply
+    replayed one token per call near the end, with -ub 32."""
+    import tempfile
+
+    from slotfile.format.reader import open_slot_file
+    from slotfile.llama.loader import LoaderPool
+    from slotfile.verify.judge import judge_layers
+    from slotfile.verify.shape import Schedule, computes_alike_until, first_difference
+
+    path = str(real["files"][_name("f16", False, 512)])
+    sf = open_slot_file(path)
+    toks = [int(t) for t in sf.tokens.tokens]
+    n, k = len(toks), 12
+    first = Schedule(2048, 32)
+    later = Schedule(2048, 32, (n - 2 * k,), ((n - k, n),))
+    until = computes_alike_until(first, later, n)
+    assert until == (n - 2 * k) // 32 * 32 and 0 < until < n - 2 * k
+    with LoaderPool(real["model"]) as pool, tempfile.TemporaryDirectory() as d:
+        a = pool.deep(path, toks, toks[-1], f"{d}/a.slot", batch=2048, n_ubatch=32)
+        b = pool.deep(
+            path, toks, toks[-1], f"{d}/b.slot", batch=2048, n_ubatch=32, cuts=[n - 2 * k], stepwise=[(n - k, n)]
+        )
+        assert a.ok and b.ok
+        ra, rb = open_slot_file(f"{d}/a.slot"), open_slot_file(f"{d}/b.slot")
+        fd = first_difference(judge_layers(rb.body, ra.body))
+        # the reply decoded one token per call differs from the prefill inside it (real weights)
+        assert fd is not None and until <= fd < n, (fd, until)
+        ra.close()
+        rb.close()
+    sf.close()
+
+
 def _save_text_slot(ctx: Any, path: Path, toks: list[int]) -> None:
     """Save sequence 0 of ``ctx`` (a bench.deep_noise.Ctx) as a slot file of text tokens, then free it."""
     from bench import deep_noise as dn

@@ -27,12 +27,15 @@ from slotfile.verify.shape import (
     candidate_schedules,
     changed_token_at,
     commit_outcome,
+    computes_alike_until,
     drift_shape,
     first_difference,
     judge_with_schedules,
     larger_schedules,
     low_bit_k,
+    micro_batches,
     out_of_order_from,
+    over_limit_before,
     reply_schedules,
     spiked_tokens,
 )
@@ -454,6 +457,63 @@ def test_drift_is_replayed_then_accepted(gemma_bytes, monkeypatch):
     damaged = parse_buffer(flip_exponent(gemma_bytes)).body
     out = judge_with_schedules(damaged, inputs, (Schedule(2048, 512), file_body), replay)
     assert out.decided_by == "bytes" and len(out.tried) == 1 and out.judgment.problems
+
+
+def test_micro_batches_are_the_workers_calls_cut_by_the_ubatch():
+    """The worker decodes the pieces between cuts and the replies' ends in calls of -b tokens, a
+    reply one token per call; llama.cpp cuts each call into -ub pieces.  Two schedules compute alike
+    up to their first differing micro-batch, from 0 in another context (-b, -ub, window)."""
+    first = Schedule(2048, 512)
+    assert micro_batches(first, 1100) == [(0, 512), (512, 1024), (1024, 1100)]
+    assert micro_batches(Schedule(256, 512), 600) == [(0, 256), (256, 512), (512, 600)]  # -ub is at most -b
+    reply = Schedule(2048, 512, (1000,), ((1090, 1093),))
+    assert micro_batches(reply, 1100)[1:] == [
+        (512, 1000),
+        (1000, 1090),
+        (1090, 1091),
+        (1091, 1092),
+        (1092, 1093),
+        (1093, 1100),
+    ]
+    assert computes_alike_until(first, reply, 1100) == 512
+    assert computes_alike_until(first, Schedule(2048, 512, (1030,)), 1100) == 1024
+    assert computes_alike_until(first, first, 1100) == 1100
+    assert computes_alike_until(first, Schedule(2048, 256), 1100) == 0
+    assert computes_alike_until(first, Schedule(2048, 512, swa_full=True), 1100) == 0
+
+
+def test_a_replay_that_computes_alike_where_the_first_recompute_fails_is_skipped(gemma_bytes):
+    """A retry recomputes nothing otherwise before its first differing micro-batch, so the layers the
+    first recompute fails there fail it too: a reply replayed after the drift is over the limit in
+    several layers is not recomputed, and ``schedules[]`` says so."""
+    file_body = parse_buffer(gemma_bytes).body
+    drifted = parse_buffer(drift_from(gemma_bytes, 46)).body
+    j = judge_layers(file_body, drifted)
+    assert over_limit_before(j, 46) == (0, 0.0)
+    layers, worst = over_limit_before(j, 48)
+    assert layers >= 3 and worst == pytest.approx(j.margin, rel=1e-3)
+    asked: list[Schedule] = []
+
+    def replay(s: Schedule):
+        asked.append(s)
+        return drifted, ""
+
+    first = Schedule(2048, 24)  # micro-batches 0-23, 24-47, 48-53
+    out = judge_with_schedules(
+        file_body, DeepInputs(n_tokens=54), (first, drifted), replay, replies=lambda: [(10, 20), (50, 54)]
+    )
+    last_only = Schedule(2048, 24, (), ((50, 54),))
+    assert last_only not in asked and Schedule(2048, 24, (), ((10, 20), (50, 54))) in asked
+    (skipped,) = [t for t in out.tried if "skipped" in t]
+    assert skipped["stepwise"] == [[50, 54]] and "up to position 48" in skipped["skipped"]
+    assert len(asked) == len(out.tried) - 2  # the first recompute is not asked of ``replay``
+    # with the first recompute within its floors before 48, the replay is tried
+    asked.clear()
+    late = parse_buffer(drift_from(gemma_bytes, 49)).body
+    judge_with_schedules(
+        file_body, DeepInputs(n_tokens=54), (first, late), replay, replies=lambda: [(10, 20), (50, 54)]
+    )
+    assert last_only in asked
 
 
 def test_cells_in_another_order_are_the_same_cells(gemma_bytes):

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Concatenate, ParamSpec
@@ -505,6 +506,49 @@ def _breaks(n: int, n_ubatch: int) -> tuple[int, ...]:
     return tuple(c for c in (n - 4 - n_ubatch, n - 4) if 0 < c < n)
 
 
+def micro_batches(s: Schedule, n: int) -> list[tuple[int, int]]:
+    """The ``[a, b)`` positions of each micro-batch a recompute of ``n`` tokens with ``s`` computes,
+    in order, as the worker's ``deep`` decodes them: pieces between the cuts and the replies' ends,
+    a reply one token per call, any other piece in calls of ``n_batch`` tokens, which
+    llama_batch_allocr::split_simple cuts into ``n_ubatch`` pieces (one sequence)."""
+    bounds = sorted({c for c in (*s.cuts, *(p for r in s.stepwise for p in r)) if 0 < c < n} | {0, n})
+    out: list[tuple[int, int]] = []
+    u = max(1, min(s.n_ubatch, s.n_batch))
+    for a, b in itertools.pairwise(bounds):
+        if any(ra <= a and b <= rb for ra, rb in s.stepwise):
+            out.extend((p, p + 1) for p in range(a, b))
+            continue
+        for c in range(a, b, max(1, s.n_batch)):
+            e = min(b, c + max(1, s.n_batch))
+            out.extend((x, min(e, x + u)) for x in range(c, e, u))
+    return out
+
+
+def computes_alike_until(first: Schedule, s: Schedule, n: int) -> int:
+    """The first position whose micro-batch ``s`` computes otherwise than ``first`` (``n``: none
+    does).  Up to there the two recomputes are the same computation in the same context (the same
+    micro-batches over the same cells, on the same threads), so their states agree bit for bit; a
+    context of another ``-b``/``-ub`` or window (``swa_full``) may differ from position 0."""
+    if (first.n_batch, first.n_ubatch, first.swa_full) != (s.n_batch, s.n_ubatch, s.swa_full):
+        return 0
+    a, b = micro_batches(first, n), micro_batches(s, n)
+    return next((x[0] for x, y in zip(a, b, strict=False) if x != y), n)
+
+
+def over_limit_before(j: Judgment, p: int) -> tuple[int, float]:
+    """The layers holding a cell over :data:`MARGIN_LIMIT` floors at a position before ``p``, and
+    the largest such cell ratio there (0 layers: none, or no layer keeps positions)."""
+    layers, worst = 0, 0.0
+    for c in j.cells:
+        if c.positions is None:
+            continue
+        r = c.ratio[c.positions < p]
+        if r.size and float(r.max()) > MARGIN_LIMIT:
+            layers += 1
+            worst = max(worst, float(r.max()))
+    return layers, worst
+
+
 def as_shifted(out: Outcome, file_body: Body, caches: Caches) -> Outcome | None:
     """``out`` as cells the server shifted (decided_by ``shifted``), when its judgment has that
     shape (:func:`shifted_from`); None when it does not."""
@@ -580,6 +624,11 @@ def judge_with_schedules(
         # retry a damage-shaped difference gets, and it passes only if every layer then agrees
         for s in turn_schedules(sched, inputs.n_tokens, spans, checkpoints) if recompute else []:
             assert recompute is not None
+            until = computes_alike_until(sched, s, inputs.n_tokens)
+            if over_limit_before(j, until)[0]:
+                # a layer over the limit before the replay computes anything otherwise keeps it
+                _skipped(s, until, tried)
+                continue
             got = _judge_schedule(file_body, recompute, s, again, tried)
             if got is not None and not got[0].problems and not find_misplaced(file_body, got[1], got[0]):
                 ev = f"replaying the replies ({s.label()}) leaves every layer within its floors"
@@ -653,6 +702,15 @@ def judge_with_schedules(
         # a larger -ub's own window (n_swa + n_ubatch cells) is what it replays: not a full one
         keeps = s.n_ubatch == sched.n_ubatch or (s.n_ubatch < sched.n_ubatch and not smaller_window)
         s = dataclasses.replace(s, swa_full=s.swa_full or (full and keeps))
+        until = computes_alike_until(sched, s, inputs.n_tokens)
+        layers, worst = over_limit_before(j, until)
+        if layers >= COHERENT_LAYERS and worst * SCHEDULE_DEPENDENT > j.margin:
+            # the drift is already over the limit in several layers before this schedule computes
+            # anything otherwise (a reply replayed at the end of a long document, parting at
+            # 17 or 513): its recompute agrees with the first there bit for bit, so it keeps those
+            # layers failing, cannot halve the margin, and leaves no lone damage-shaped layer
+            _skipped(s, until, tried)
+            continue
         got = _judge_schedule(file_body, recompute, s, again, tried)
         if got is None:
             continue
@@ -744,7 +802,7 @@ def judge_with_schedules(
         return Outcome(best, best_s, "drift", ev, tried, drift=True, unreplayed=at)
     ev = (
         f"spread like drift from position {shape.onset}, but no split tried moves it ({j.margin:.3g} floors "
-        f"first, {best.margin:.3g} at best with {len(tried)} recomputes) and the state agrees exactly up to "
+        f"first, {best.margin:.3g} at best with {recomputes(tried)} recomputes) and the state agrees exactly up to "
         f"position {fd}, where another build's drift starts at the first tokens: damage"
     )
     return Outcome(best, best_s, "shape", ev, tried, unmoved=True)
@@ -1061,6 +1119,18 @@ def _judge_schedule(
     j = judge_layers(file_body, rec, inputs)
     tried.append(_tried(s, j))
     return j, rec
+
+
+def _skipped(s: Schedule, until: int, tried: list[dict[str, Any]]) -> None:
+    """Note in ``tried`` a schedule not recomputed: up to ``until`` it computes as the first
+    recompute did, which fails there (:func:`computes_alike_until`, :func:`over_limit_before`)."""
+    why = f"computes as the first recompute up to position {until}, which fails before it"
+    tried.append({**s.as_dict(), "skipped": why})
+
+
+def recomputes(tried: Sequence[dict[str, Any]]) -> int:
+    """How many of the schedules in ``tried`` were recomputed (not skipped)."""
+    return sum(1 for t in tried if "skipped" not in t)
 
 
 def _tried(s: Schedule, j: Judgment) -> dict[str, Any]:
