@@ -514,6 +514,15 @@ def test_a_replay_that_computes_alike_where_the_first_recompute_fails_is_skipped
         file_body, DeepInputs(n_tokens=54), (first, late), replay, replies=lambda: [(10, 20), (50, 54)]
     )
     assert last_only in asked
+    # a damage-shaped difference gets only the replays that could leave every layer agreeing: a zeroed
+    # sector before position 48 rules out the last reply's, not the one from position 10
+    asked.clear()
+    damaged = parse_buffer(zero_512(gemma_bytes)).body
+    out = judge_with_schedules(
+        damaged, DeepInputs(n_tokens=54), (first, file_body), replay, replies=lambda: [(10, 20), (50, 54)]
+    )
+    assert out.decided_by == "bytes" and asked == [Schedule(2048, 24, (), ((10, 20), (50, 54)))]
+    assert [t.get("stepwise") for t in out.tried if "skipped" in t] == [[[50, 54]]]
 
 
 def test_cells_in_another_order_are_the_same_cells(gemma_bytes):
