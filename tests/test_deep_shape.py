@@ -514,6 +514,17 @@ def test_a_replay_that_computes_alike_where_the_first_recompute_fails_is_skipped
         file_body, DeepInputs(n_tokens=54), (first, late), replay, replies=lambda: [(10, 20), (50, 54)]
     )
     assert last_only in asked
+    # over the limit in 4 layers before 48, but at 7.5 floors, under half the margin (55): the replay could
+    # still halve it, so it is tried
+    asked.clear()
+    mild = parse_buffer(drift_from(drift_from(gemma_bytes, 46, 1.1), 48, 1.6)).body
+    j = judge_layers(file_body, mild)
+    layers, worst = over_limit_before(j, 48)
+    assert layers >= 3 and 4 < worst < j.margin / 2
+    judge_with_schedules(
+        file_body, DeepInputs(n_tokens=54), (first, mild), replay, replies=lambda: [(10, 20), (50, 54)]
+    )
+    assert last_only in asked
     # a damage-shaped difference gets only the replays that could leave every layer agreeing: a zeroed
     # sector before position 48 rules out the last reply's, not the one from position 10
     asked.clear()
