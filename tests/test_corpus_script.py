@@ -243,3 +243,24 @@ def test_regenerate_and_edit_send_what_a_chat_ui_sends() -> None:
     assert [m["content"] for m in body["messages"]][1:] == ["R0", "Which section mentions a bridge?"]
     keep = C.scenario_requests("overflow-keep", False, 700)
     assert keep[0]["n_keep"] == 40 and keep[0]["ignore_eos"]
+
+
+def test_slot_calls_reads_each_slots_prompt_calls_from_the_log() -> None:
+    """bench/slot_calls.py: the positions each slot's prompt calls start at, from the lines a v3 server logs at
+    ``-lv 4`` (``update_slots``), and the sidecar's server flags with another port and slot-save path."""
+    from pathlib import Path
+
+    from bench import slot_calls as S
+
+    log = (
+        "0.01.535.659 I slot   operator(): id  1 | task 1 | cached n_tokens = 0, memory_seq_rm [0, end)\n"
+        "0.01.569.060 I slot   operator(): id  0 | task 3 | cached n_tokens = 0, memory_seq_rm [0, end)\n"
+        "0.01.569.112 I slot   operator(): id  1 | task 1 | cached n_tokens = 1, memory_seq_rm [1, end)\n"
+        "0.05.816.542 I slot create_check: id  0 | task 3 | created context checkpoint 2 of 32 (n_tokens = 1498)\n"
+        "0.05.816.585 I slot   operator(): id  1 | task 1 | cached n_tokens = 552, memory_seq_rm [552, end)\n"
+    )
+    assert S.calls_per_slot(log) == {1: [0, 1, 552], 0: [0]}
+    side = {"server_argv": ["/bin/llama-server", "-m", "m.gguf", "--port", "1", "--slot-save-path", "/a", "-np", "4"]}
+    binary, args = S.server_argv(side, Path("/out"), 8124, ["-t", "1"])
+    assert binary == Path("/bin/llama-server")
+    assert args == ["-m", "m.gguf", "--port", "8124", "--slot-save-path", "/out", "-np", "4", "-lv", "4", "-t", "1"]
