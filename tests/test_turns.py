@@ -3,7 +3,7 @@ that replay them (slotfile.verify.shape.turn_schedules)."""
 
 from __future__ import annotations
 
-from slotfile.llama.worker.calls import stepwise_ranges
+from slotfile.llama.worker.pieces import stepwise_ranges
 from slotfile.verify.shape import (
     MAX_STEPWISE,
     Schedule,

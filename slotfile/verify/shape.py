@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Concatenate, ParamSpec
@@ -29,6 +28,7 @@ from typing import Any, Concatenate, ParamSpec
 import numpy as np
 
 from slotfile.format.records import Body, MemoryKind
+from slotfile.llama.worker.pieces import prompt_pieces, stepwise_ranges
 from slotfile.problems import ProblemCode
 from slotfile.verify.judge import (
     MARGIN_LIMIT,
@@ -508,18 +508,17 @@ def _breaks(n: int, n_ubatch: int) -> tuple[int, ...]:
 
 def micro_batches(s: Schedule, n: int) -> list[tuple[int, int]]:
     """The ``[a, b)`` positions of each micro-batch a recompute of ``n`` tokens with ``s`` computes,
-    in order, as the worker's ``deep`` decodes them: pieces between the cuts and the replies' ends,
-    a reply one token per call, any other piece in calls of ``n_batch`` tokens, which
+    in order: the worker's calls (:func:`~slotfile.llama.worker.pieces.prompt_pieces`), a reply one
+    token per call, any other piece in calls of ``n_batch`` tokens, which
     llama_batch_allocr::split_simple cuts into ``n_ubatch`` pieces (one sequence)."""
-    bounds = sorted({c for c in (*s.cuts, *(p for r in s.stepwise for p in r)) if 0 < c < n} | {0, n})
+    step, u = max(1, s.n_batch), max(1, min(s.n_ubatch, s.n_batch))
     out: list[tuple[int, int]] = []
-    u = max(1, min(s.n_ubatch, s.n_batch))
-    for a, b in itertools.pairwise(bounds):
-        if any(ra <= a and b <= rb for ra, rb in s.stepwise):
+    for a, b, one in prompt_pieces(n, list(s.cuts), stepwise_ranges(s.stepwise, n)):
+        if one:
             out.extend((p, p + 1) for p in range(a, b))
             continue
-        for c in range(a, b, max(1, s.n_batch)):
-            e = min(b, c + max(1, s.n_batch))
+        for c in range(a, b, step):
+            e = min(b, c + step)
             out.extend((x, min(e, x + u)) for x in range(c, e, u))
     return out
 

@@ -2,6 +2,8 @@
 
 * :mod:`slotfile.llama.worker.settings`: the context settings record both sides share
   (:class:`LoadSettings`, its dict form, the n_ctx rounding, cache type names to ids).
+* :mod:`slotfile.llama.worker.pieces`: how a recompute cuts its prompt into llama_decode calls, which
+  both sides share (the worker decodes them, the deep check derives a schedule's micro-batches).
 * :mod:`slotfile.llama.worker.program`: the program run in the child (``python -m slotfile.llama.worker``):
   the requests and ``main``; :mod:`~slotfile.llama.worker.runtime` (bindings, protocol, log,
   model, contexts, versions) and :mod:`~slotfile.llama.worker.calls` (the llama.cpp state

@@ -4,7 +4,6 @@ file, decode), each wrapped so that a refusal becomes :class:`Failed` with llama
 from __future__ import annotations
 
 import ctypes
-import itertools
 from typing import Any
 
 from slotfile.llama.worker import runtime as rt
@@ -100,23 +99,3 @@ def decode_one_thread(ctx: Any, tokens: list[int], pos0: int, seq: int, outputs:
 def pos_range(ctx: Any, seq: int) -> tuple[int, int]:
     mem = rt.L.llama_get_memory(ctx)
     return int(rt.L.llama_memory_seq_pos_min(mem, seq)), int(rt.L.llama_memory_seq_pos_max(mem, seq))
-
-
-def stepwise_ranges(spec: Any, n: int) -> list[tuple[int, int]]:
-    """A request's ``stepwise`` ranges ``[[a, b], ...]`` clipped to ``0..n``, empty ones dropped,
-    overlapping ones merged, in order."""
-    rs = sorted((max(0, int(a)), min(n, int(b))) for a, b in spec or [])
-    out: list[tuple[int, int]] = []
-    for a, b in rs:
-        if a >= b:
-            continue
-        if out and a <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], b))
-        else:
-            out.append((a, b))
-    return out
-
-
-def segments(n: int, cuts: list[int]) -> list[tuple[int, int]]:
-    bounds = sorted({c for c in cuts if 0 < c < n} | {0, n})
-    return list(itertools.pairwise(bounds))

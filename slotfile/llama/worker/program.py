@@ -73,10 +73,9 @@ from slotfile.llama.worker.calls import (
     load_seq_file,
     pos_range,
     save_seq_file,
-    segments,
     set_blob,
-    stepwise_ranges,
 )
+from slotfile.llama.worker.pieces import prompt_pieces, segments, stepwise_ranges
 from slotfile.llama.worker.runtime import (
     BATCH,
     DEEP_N_BATCH,
@@ -248,7 +247,6 @@ class Worker:
         n_stepwise = min(int(req.get("n_stepwise") or 0), n // 2) if req.get("out_floor") else 0
         replies = stepwise_ranges(req.get("stepwise"), n)  # generated replies: one token per call
         asked = [int(c) for c in req.get("cuts") or []]
-        cuts = asked + [p for r in replies for p in r]
         seq = s.seq_id
         out: dict[str, Any] = {"ok": False, "message": ""}
         try:
@@ -273,8 +271,7 @@ class Worker:
             # the server's checkpoint breaks and reused prefix: each piece in its own calls; a
             # reply the server generated (reused as the prefix of the next turn's prompt), one
             # token per call, on the context's threads as a server's -t
-            for a, b in segments(n, cuts):
-                one = any(ra <= a and b <= rb for ra, rb in replies)
+            for a, b, one in prompt_pieces(n, asked, replies):
                 decode(ctx, tokens[a:b], a, seq, False, 1 if one else n_batch)
             self._write_state(ctx, seq, req["out"])
             decode_one_thread(ctx, [probe], n, seq, True)
