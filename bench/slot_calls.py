@@ -15,6 +15,8 @@ requests sent alone give a file that passes on statistics. ``llama_batch_allocr:
 shared by k slots into n_ubatch / k tokens per slot, so the slot's pieces depend on the other slots'
 prompts and on when they arrived, which the file does not keep.
 
+Exit 1 (with a ``FAILED`` line on stderr each) when a request or a save got another answer than 200.
+
 Stdlib only, like bench/corpus.py, whose server helpers it uses.
 """
 
@@ -86,15 +88,25 @@ def main(argv: Sequence[str] | None = None) -> int:
                 t.start()
             for t in threads:
                 t.join()
+        failed = [
+            f"slot {slot}: request {i} answered {r}"
+            for slot, rs in results.items()
+            for i, r in enumerate(rs)
+            if isinstance(r, int)
+        ]
         for sd in sides:
             slot = int(sd["slot"])
             status, resp = _http("POST", f"{base}/slots/{slot}?action=save", {"filename": f"s{slot}.bin"})
             print(f"slot {slot}: saved {status} {resp}")
+            if status != 200:
+                failed.append(f"slot {slot}: save answered {status}")
     calls = calls_per_slot(log_path.read_text(errors="replace"))
     for slot in sorted(results):
         print(f"slot {slot}: timings {results[slot]}")
         print(f"slot {slot}: prompt calls start at {calls.get(slot, [])}")
-    return 0
+    for line in failed:  # a run that did not replay every request or save every slot says so, and exits 1
+        print(f"FAILED {line}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
