@@ -274,6 +274,7 @@ def test_worker_is_self_contained():
         "slotfile.llama.cpu",  # the AMX check (standard library only)
         "slotfile.llama.worker",
         "slotfile.llama.worker.calls",
+        "slotfile.llama.worker.pieces",  # how a recompute cuts its prompt (standard library only)
         "slotfile.llama.worker.program",
         "slotfile.llama.worker.runtime",
         "slotfile.llama.worker.settings",
