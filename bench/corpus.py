@@ -354,6 +354,20 @@ def configs(version: int) -> list[Config]:
         ),
         Config("g-np4-long", "gemma", n_parallel=4, ctx=16384, flash_attn="on", scenarios=("long",)),
         Config("g-t1", "gemma", threads=1, scenarios=("single", "long")),
+        # more threads than the verifier's (a server's -t defaults to the machine's cores): flash attention splits a
+        # one-token decode over 512 or more cells into one chunk per thread, and a prefill's query rows by thread
+        Config("g-t4", "gemma", threads=4, n_predict=64, scenarios=("single", "multiturn", "long")),
+        Config("g-t4-fa-on", "gemma", threads=4, flash_attn="on", n_predict=64, scenarios=("multiturn", "long")),
+        Config(
+            "g-t8-fa-on-q8",
+            "gemma",
+            threads=8,
+            flash_attn="on",
+            cache_k="q8_0",
+            cache_v="q8_0",
+            n_predict=64,
+            scenarios=("long",),
+        ),
         # larger micro-batches than the verifier's default (throughput settings): the first recompute's -ub 512
         # parts from such a file at position 512
         Config("g-ub1024-b2048", "gemma", batch=2048, ubatch=1024, scenarios=("long", "multiturn")),

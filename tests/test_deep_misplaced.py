@@ -309,3 +309,43 @@ def test_real_v4_loader_names_moved_data(llama_v4_lib, tmp_path):
             r = _verify(v, tmp_path, f"v4-{name}.slot", damage(data))
             deep = r["levels"]["deep"]
             assert deep["status"] == "fail" and deep["details"]["decided_by"] == "misplaced", deep["details"]
+
+
+def test_repeat_ids_group_positions_by_their_last_tokens():
+    """Positions share an id exactly when their last REPEAT tokens (the token and those before
+    it) are the same; positions near the start count the missing tokens as none."""
+    from slotfile.verify.misplaced import repeat_ids
+
+    loop = [5, 6, 7]
+    t = np.array([1, 2] + loop * 6 + [9])
+    ids = repeat_ids(t, width=4)
+    assert ids.shape == t.shape
+    # 2+3k, 3+3k, 4+3k repeat once a whole window lies in the loop (from position 5 on)
+    assert ids[5] == ids[8] == ids[11] == ids[14] == ids[17]
+    assert ids[6] == ids[9] and ids[7] == ids[10]
+    assert ids[2] != ids[5]  # its window reaches back to the tokens before the loop
+    assert ids[19] == ids[16] and ids[20] != ids[17] and len(set(ids[:5].tolist())) == 5
+    assert repeat_ids(np.zeros(0, dtype=np.int32)).size == 0
+
+
+def test_rows_moved_between_repeats_of_a_looping_reply_are_not_named(gemma_bytes):
+    """A drifting row nearer another position's recompute than its own, where both positions end
+    the same run of tokens (a small model's reply looping at temperature 0: a -t 4 -fa on server's
+    V row of position 2146 lay 0.07 from the recompute of 2153, one period on, and 0.17 from its
+    own): the rows there come from near-equal contexts, so the move cannot be told from the drift.
+    Given the tokens, the rule leaves such a pair alone; the same rows between positions that do
+    not repeat are still named."""
+    from slotfile.verify.misplaced import REPEAT
+
+    clean = parse_buffer(gemma_bytes).body
+    body = parse_buffer(cell_swap(noised(gemma_bytes, 0.3))).body  # cells 7 and 30 exchanged
+    j = judge_layers(body, clean)
+    n = max(int(s.positions.max()) for b in clean.blocks for s in b.active_streams()) + 1
+    plain = np.arange(1000, 1000 + n)
+    assert find_misplaced(body, clean, j, plain)  # no repeats: named, as without tokens
+    looping = plain.copy()
+    looping[30 - REPEAT + 1 : 31] = looping[7 - REPEAT + 1 : 8]  # 30 ends the same 8 tokens as 7
+    assert find_misplaced(body, clean, j, looping) == []
+    shorter = plain.copy()
+    shorter[30 - REPEAT + 2 : 31] = shorter[7 - REPEAT + 2 : 8]  # one token fewer: not a repeat
+    assert find_misplaced(body, clean, j, shorter)

@@ -305,7 +305,9 @@ def _judge_deep(
     flo = open_slot_file(res.floor) if res.floor else None
     recompute, opened, retried_logits = retry
     try:
-        inputs = DeepInputs(flo.body if flo else None, caches, len(tokens), res.n_stepwise, pre=early.pre)
+        inputs = DeepInputs(
+            flo.body if flo else None, caches, len(tokens), res.n_stepwise, pre=early.pre, tokens=np.asarray(tokens)
+        )
         if made_early:
             rot = early.rotation
         else:

@@ -214,6 +214,8 @@ class DeepInputs:
     floors: dict[tuple[str, str, int], RowStats | None] | None = None
     # the floor-free comparisons of the file with one recompute, made ahead (Precomputed)
     pre: Precomputed | None = None
+    # the stored tokens by position (None: not known; the misplaced rule then takes no repeats into account)
+    tokens: np.ndarray | None = None
 
 
 @dataclass

@@ -58,6 +58,14 @@ MAX_CELLS = 64  # suspect cells per layer looked up among the layer's recomputed
 # not its size (a q4_0 cell swap can stay under the limit: 2.9 floors)
 SUSPECT = 1.0
 TINY = 1e-30
+# two positions whose last REPEAT tokens are the same (a looping reply: a small model at temperature 0
+# repeats a phrase) hold rows the model computed from near-equal contexts, and V carries no position:
+# a drifting row there lies nearer the recompute of its repeat than of its own (a -t 4 -fa on v3 server's
+# 64-token reply looping with period 7: V of model layer 5 at position 2146 0.0706 from the recompute of
+# 2153, 0.17 from its own), so no distance tells a move between them from the drift, and rows exchanged
+# between them would change little.  They are not candidates for each other
+REPEAT = 8
+_HASH_BASE = 1_000_003  # repeat_ids: the base of its polynomial hash (a prime)
 # where every layer drifts beyond the limit (a GPU-written file), a cell is confined to its
 # layer when it stands this many times above the layer's median cell (at least one floor) and
 # no other layer's cell at its position stands out of its own layer so: a cell swap in a CUDA
@@ -75,6 +83,7 @@ class Group:
     positions: np.ndarray | None
     rec_positions: np.ndarray | None
     align: np.ndarray | None
+    repeats: np.ndarray | None = None  # per position, the id of its last REPEAT tokens (repeat_ids)
 
 
 def _groups(file_body: Body, rec_body: Body) -> Iterator[Group]:
@@ -158,20 +167,41 @@ def _failing(j: Judgment, limit: float) -> dict[tuple[str, str, int], RunCells |
     return out
 
 
+def repeat_ids(tokens: np.ndarray, width: int = REPEAT) -> np.ndarray:
+    """Per position, an id shared by the positions whose last ``width`` tokens (the token there
+    and the ``width - 1`` before it; before position 0: none) are the same: a polynomial hash
+    of the window modulo 2^64 (a collision, about n^2 / 2^64, only leaves one pair unmatched)."""
+    t = np.asarray(tokens, dtype=np.int64)
+    n = t.size
+    padded = np.concatenate([np.zeros(width - 1, dtype=np.uint64), (t + 1).astype(np.uint64)])
+    ids = np.zeros(n, dtype=np.uint64)
+    for k in range(width):  # uint64 arithmetic wraps: the hash modulo 2^64
+        ids = ids * np.uint64(_HASH_BASE) + padded[k : k + n]
+    return ids
+
+
 def find_misplaced(
-    file_body: Body, rec_body: Body, j: Judgment, suspect: float = SUSPECT, limit: float = MARGIN_LIMIT
+    file_body: Body,
+    rec_body: Body,
+    j: Judgment,
+    tokens: np.ndarray | None = None,
+    suspect: float = SUSPECT,
+    limit: float = MARGIN_LIMIT,
 ) -> list[Problem]:
     """Every layer of the file over ``suspect`` floors in ``j`` whose values match another
     recomputed layer of its stream (:func:`_layer_match`), else whose cells over ``suspect``
     floors, where no other layer exceeds ``limit``, match other cells' recomputed rows
-    (:func:`_cell_matches`): one problem per layer."""
+    (:func:`_cell_matches`): one problem per layer.  ``tokens``: the stored tokens by position;
+    a cell is not matched with a position repeating its last :data:`REPEAT` tokens."""
     failing = _failing(j, suspect)
     if not failing or file_body.layout is None or rec_body.layout is None:
         return []
     out: list[Problem] = []
     over = _over_by_position(j, limit)
     outstanding = _outstanding_by_position(j)
+    repeats = repeat_ids(tokens) if tokens is not None and tokens.size else None
     for g in _groups(file_body, rec_body):
+        g.repeats = repeats
         cache: dict[int, np.ndarray] = {}
         stacks: dict[tuple[int, int], Any] = {}
         for fr, rr in g.runs:
@@ -316,6 +346,9 @@ def _cell_matches(g: Group, runs: tuple[LayerRun, LayerRun], rc: RunCells, bad: 
     d = _row_distances(x, rr)  # (bad cells, recomputed cells)
     own = d[np.arange(bad.size), own_cells]
     d[np.arange(bad.size), own_cells] = np.inf
+    rid = _repeat_of(g)
+    if rid is not None:
+        _drop_repeats(d, rid[0][bad], rid[1])
     near = np.argmin(d, axis=1)
     file_cell = np.arange(fr.n_cells)
     if g.align is not None:
@@ -328,8 +361,11 @@ def _cell_matches(g: Group, runs: tuple[LayerRun, LayerRun], rc: RunCells, bad: 
         how = corroborate(x[h], y, rx, ry) if dn[h] < MATCH * own[h] else ""
         if not how and corroborate(x[h], y, rx, ry, MATCH_EXCHANGE) == "exchanged":
             # past MATCH: each row distinctly nearest the other's recompute, not one of several
-            dy = _row_distances(y[None, :], rr)[0]
-            dy[near[h]] = np.inf  # that row's own recompute
+            dy = _row_distances(y[None, :], rr)
+            dy[0, near[h]] = np.inf  # that row's own recompute
+            if rid is not None:
+                _drop_repeats(dy, rid[1][[near[h]]], rid[1])
+            dy = dy[0]
             how = "exchanged" if _distinct(d[h]) and _distinct(dy) else ""
         if how:
             hits.append((int(h), int(near[h]), how))
@@ -347,6 +383,23 @@ def _cell_matches(g: Group, runs: tuple[LayerRun, LayerRun], rc: RunCells, bad: 
     elsize = fr.row_size // max(int(fr.elements or 1), 1)
     off = fr.data.offset + (c * elsize if fr.transposed else c * fr.row_size)
     return (ProblemCode.DEEP_MISMATCH, g.section, off, msg)
+
+
+def _repeat_of(g: Group) -> tuple[np.ndarray, np.ndarray] | None:
+    """The repeat ids (:func:`repeat_ids`) of the file's cells and of the recompute's, by cell
+    (None: the tokens are not known, or a cell holds a position beyond them)."""
+    pos, rpos, ids = g.positions, g.rec_positions, g.repeats
+    if pos is None or rpos is None or ids is None or not pos.size:
+        return None
+    if min(int(pos.min()), int(rpos.min())) < 0 or max(int(pos.max()), int(rpos.max())) >= ids.size:
+        return None
+    return ids[pos], ids[rpos]
+
+
+def _drop_repeats(d: np.ndarray, row_ids: np.ndarray, col_ids: np.ndarray) -> None:
+    """Set to inf each distance of ``d`` (rows by recomputed cells) whose recomputed cell repeats
+    the row's last tokens (equal repeat ids)."""
+    d[row_ids[:, None] == col_ids[None, :]] = np.inf
 
 
 def _distinct(dist: np.ndarray) -> bool:

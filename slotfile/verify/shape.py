@@ -605,7 +605,7 @@ def judge_with_schedules(
     sched, body = first
     j = judge_layers(file_body, body, inputs)
     tried = [_tried(sched, j)]
-    moved = find_misplaced(file_body, body, j)  # before any difference is excused as drift
+    moved = find_misplaced(file_body, body, j, inputs.tokens)  # before any difference is excused as drift
     if moved:
         j.problems[:0] = moved
         return Outcome(
@@ -615,7 +615,9 @@ def judge_with_schedules(
         return Outcome(j, sched, "statistics", "every layer within its noise floors", tried)
     first_block = first_layer_block(inputs.caches)
     shape = drift_shape(j, first_block=first_block)
-    again = DeepInputs(inputs.floor_body, inputs.caches, inputs.n_tokens, inputs.n_stepwise, j.floors)
+    again = DeepInputs(
+        inputs.floor_body, inputs.caches, inputs.n_tokens, inputs.n_stepwise, j.floors, tokens=inputs.tokens
+    )
     spans = replies() if replies is not None and recompute is not None else ()
     if not shape.drift:
         # one cell of a generated reply can sit far from a prefill's (a 713-token chat: 45 degrees,
@@ -629,7 +631,7 @@ def judge_with_schedules(
                 _skipped(s, until, tried)
                 continue
             got = _judge_schedule(file_body, recompute, s, again, tried)
-            if got is not None and not got[0].problems and not find_misplaced(file_body, got[1], got[0]):
+            if got is not None and not got[0].problems and not find_misplaced(file_body, got[1], got[0], inputs.tokens):
                 ev = f"replaying the replies ({s.label()}) leaves every layer within its floors"
                 return Outcome(got[0], s, "schedule", ev, tried)
         return Outcome(j, sched, "bytes" if j.byte_damage else "shape", shape.evidence, tried)
