@@ -368,6 +368,44 @@ def configs(version: int) -> list[Config]:
             n_predict=64,
             scenarios=("long",),
         ),
+        # replies long enough to loop (a small model at temperature 0 repeats a phrase), with more threads
+        Config("g-t4-reply", "gemma", threads=4, n_predict=200, scenarios=("single", "multiturn")),
+        Config(
+            "g-t3-reply-fa-on", "gemma", threads=3, flash_attn="on", n_predict=200, scenarios=("single", "multiturn")
+        ),
+        Config(
+            "g-t4-reply-q8",
+            "gemma",
+            threads=4,
+            flash_attn="on",
+            cache_k="q8_0",
+            cache_v="q8_0",
+            n_predict=200,
+            scenarios=("single", "multiturn", "long"),
+        ),
+        Config(
+            "g-t4-reply-q4",
+            "gemma",
+            threads=4,
+            flash_attn="on",
+            cache_k="q4_0",
+            cache_v="q4_0",
+            n_predict=200,
+            scenarios=("single", "multiturn"),
+        ),
+        Config(
+            "g-t4-reply-swa-full", "gemma", threads=4, swa_full=True, n_predict=200, scenarios=("multiturn", "long")
+        ),
+        Config(
+            "g-t4-reply-defaults",
+            "gemma",
+            threads=4,
+            n_parallel=0,
+            ctx=16384,
+            flash_attn="auto",
+            n_predict=128,
+            scenarios=("multiturn",),
+        ),
         # larger micro-batches than the verifier's default (throughput settings): the first recompute's -ub 512
         # parts from such a file at position 512
         Config("g-ub1024-b2048", "gemma", batch=2048, ubatch=1024, scenarios=("long", "multiturn")),

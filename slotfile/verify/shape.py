@@ -631,9 +631,28 @@ def judge_with_schedules(
                 _skipped(s, until, tried)
                 continue
             got = _judge_schedule(file_body, recompute, s, again, tried)
-            if got is not None and not got[0].problems and not find_misplaced(file_body, got[1], got[0], inputs.tokens):
+            if got is None or find_misplaced(file_body, got[1], got[0], inputs.tokens):
+                continue
+            jr = got[0]
+            if not jr.problems:
                 ev = f"replaying the replies ({s.label()}) leaves every layer within its floors"
-                return Outcome(got[0], s, "schedule", ev, tried)
+                return Outcome(jr, s, "schedule", ev, tried)
+            if _schedules_shape(j, jr, first_block):
+                # the damage shape was the schedule's: a generated position the server decoded on
+                # its own thread count (-t 3, -fa on: flash attention splits a one-token decode over
+                # 512 or more cells into a chunk per thread) that amplifies any difference (a 713-token
+                # chat's position 704: one K element 5.4 times its noise and a V row 1.41 times as long
+                # against a prefill, 4.24 floors as drift with the last reply replayed on one thread).
+                # A byte change differs from every recompute alike: it would stay damage-shaped
+                changed = _changed_token([(j, sched), (jr, s)], file_body, first_block, tried)
+                if changed is not None:
+                    return changed
+                ev = (
+                    f"{shape.evidence} against the first recompute ({j.margin:.3g} floors), but replaying the "
+                    f"replies ({s.label()}) leaves drift at {jr.margin:.3g} floors with the first layer agreeing: "
+                    "the schedule's, not the bytes'"
+                )
+                return Outcome(jr, s, "drift", ev, tried, drift=True)
         return Outcome(j, sched, "bytes" if j.byte_damage else "shape", shape.evidence, tried)
     best, best_s = j, sched
     judged = [(j, sched)]  # every recompute's judgment with its schedule
@@ -1089,6 +1108,18 @@ def streams_per_slot(body: Body) -> bool:
     """Whether a KV block of ``body`` has several streams: a multi-slot server without a unified
     cache, which writes one stream per slot (``n_stream`` in ``llama_kv_cache::state_write``)."""
     return any(b.kind == MemoryKind.KV and len(b.streams) > 1 for b in body.blocks)
+
+
+def _schedules_shape(first: Judgment, replay: Judgment, first_block: str | None) -> bool:
+    """Whether a replay turned the first recompute's damage-shaped difference into drift: no
+    byte damage left, the drift shape, the first layer agreeing at every position, and the
+    margin at most 1 / :data:`SCHEDULE_DEPENDENT` of the first."""
+    return (
+        not replay.byte_damage
+        and replay.margin * SCHEDULE_DEPENDENT <= first.margin
+        and first_layer_agrees(replay, first_block)
+        and drift_shape(replay, first_block=first_block).drift
+    )
 
 
 def first_layer_agrees(j: Judgment, first_block: str | None) -> bool:
