@@ -1142,3 +1142,39 @@ def test_a_replay_of_generated_tokens_that_moves_the_difference_skips_prefill_sp
         replies=lambda: [(46, 54)],
     )  # fmt: skip
     assert any(not s.stepwise for s in asked) and not out.drift and out.decided_by == "shape"
+
+
+def test_a_replay_that_leaves_drift_where_the_first_recompute_looked_damaged_passes_as_drift(gemma_bytes, monkeypatch):
+    """A generated position the server decoded with its own thread count can sit far from a prefill in
+    one element or one row's length, shaped like a flipped bit or a scaled row (a -t 3 -fa on server's
+    713-token chat at position 704).  When replaying the replies leaves no byte damage, the first layer
+    agreeing, the drift shape and at most half the margin, that shape was the schedule's: drift.  A byte
+    change in the file differs from the replay alike and still fails; so does a replay that does not
+    halve the margin."""
+    clean = parse_buffer(gemma_bytes).body
+    odd_first = parse_buffer(flip_exponent(gemma_bytes)).body  # the prefill's value far off at one element
+    replayed = parse_buffer(drift_from(gemma_bytes, 46, 1.1)).body  # the replay: drift, 11.6 floors
+    asked: list[Schedule] = []
+
+    def replay(s: Schedule):
+        asked.append(s)
+        return replayed, ""
+
+    def judge(body: Body):
+        return judge_with_schedules(
+            body, DeepInputs(n_tokens=54), (Schedule(2048, 24), odd_first), replay, replies=lambda: [(2, 54)]
+        )
+
+    out = judge(clean)
+    assert asked and out.drift and out.decided_by == "drift", out.evidence
+    assert "the schedule's, not the bytes'" in out.evidence and out.judgment.margin < 12
+    # the file's own flipped bit differs from the replay too
+    damaged = parse_buffer(flip_exponent(gemma_bytes)).body
+    out = judge_with_schedules(
+        damaged, DeepInputs(n_tokens=54), (Schedule(2048, 24), clean), replay, replies=lambda: [(2, 54)]
+    )
+    assert not out.drift and out.decided_by == "bytes"
+    # a replay that does not halve the margin leaves the first recompute's verdict
+    monkeypatch.setattr(shape, "SCHEDULE_DEPENDENT", 100.0)
+    out = judge(clean)
+    assert not out.drift and out.decided_by == "bytes"
