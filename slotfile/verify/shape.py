@@ -622,7 +622,9 @@ def judge_with_schedules(
     if not shape.drift:
         # one cell of a generated reply can sit far from a prefill's (a 713-token chat: 45 degrees,
         # one element 5.5 times its noise, like a flipped bit); replaying the replies is the one
-        # retry a damage-shaped difference gets, and it passes only if every layer then agrees
+        # retry a damage-shaped difference gets: it passes if every layer then agrees, or as drift if
+        # no replay does and one left only drift (_schedules_shape)
+        schedules: tuple[Judgment, Schedule] | None = None
         for s in turn_schedules(sched, inputs.n_tokens, spans, checkpoints) if recompute else []:
             assert recompute is not None
             until = computes_alike_until(sched, s, inputs.n_tokens)
@@ -637,22 +639,25 @@ def judge_with_schedules(
             if not jr.problems:
                 ev = f"replaying the replies ({s.label()}) leaves every layer within its floors"
                 return Outcome(jr, s, "schedule", ev, tried)
-            if _schedules_shape(j, jr, first_block):
-                # the damage shape was the schedule's: a generated position the server decoded on
-                # its own thread count (-t 3, -fa on: flash attention splits a one-token decode over
-                # 512 or more cells into a chunk per thread) that amplifies any difference (a 713-token
-                # chat's position 704: one K element 5.4 times its noise and a V row 1.41 times as long
-                # against a prefill, 4.24 floors as drift with the last reply replayed on one thread).
-                # A byte change differs from every recompute alike: it would stay damage-shaped
-                changed = _changed_token([(j, sched), (jr, s)], file_body, first_block, tried)
-                if changed is not None:
-                    return changed
-                ev = (
-                    f"{shape.evidence} against the first recompute ({j.margin:.3g} floors), but replaying the "
-                    f"replies ({s.label()}) leaves drift at {jr.margin:.3g} floors with the first layer agreeing: "
-                    "the schedule's, not the bytes'"
-                )
-                return Outcome(jr, s, "drift", ev, tried, drift=True)
+            if schedules is None and _schedules_shape(j, jr, first_block):
+                schedules = (jr, s)
+        if schedules is not None:
+            # the damage shape was the schedule's: a generated position the server decoded on its
+            # own thread count (-t 3, -fa on: flash attention splits a one-token decode over 512 or
+            # more cells into a chunk per thread) that amplifies any difference (a 713-token chat's
+            # position 704: one K element 5.4 times its noise and a V row 1.41 times as long against
+            # a prefill, 4.24 floors as drift with the last reply replayed on one thread).  A byte
+            # change differs from every recompute alike: it would stay damage-shaped
+            jr, s = schedules
+            changed = _changed_token([(j, sched), (jr, s)], file_body, first_block, tried)
+            if changed is not None:
+                return changed
+            ev = (
+                f"{shape.evidence} against the first recompute ({j.margin:.3g} floors), but replaying the "
+                f"replies ({s.label()}) leaves drift at {jr.margin:.3g} floors with the first layer agreeing: "
+                "the schedule's, not the bytes'"
+            )
+            return Outcome(jr, s, "drift", ev, tried, drift=True)
         return Outcome(j, sched, "bytes" if j.byte_damage else "shape", shape.evidence, tried)
     best, best_s = j, sched
     judged = [(j, sched)]  # every recompute's judgment with its schedule
