@@ -267,6 +267,43 @@ def test_a_chat_whose_last_reply_was_generated_passes_by_replaying_it(tmp_path):
     assert tried[1]["stepwise"] == [[r0, r1]] and tried[1]["cuts"] == [p1 - 4] and tried[1]["problems"] == 0
 
 
+def test_a_reply_generated_on_three_threads_with_flash_attention_passes(tmp_path):
+    """A real server's three-turn chat (fixtures/real/v3-gemma-chat-t3-fa-on-713-tokens.json: its
+    tokens), its last turn rebuilt the way a ``-t 3 -fa on`` llama-server computed it: the prompt
+    prefilled with the checkpoint break ``n_prompt - 4``, the 199-token reply one token per
+    ``llama_decode`` call on 3 threads.  Flash attention splits such a decode over 512 or more
+    cells into a chunk per thread (``use_split_kv_path``), and position 704 of the looping reply
+    amplifies it: one K element a quarter off a prefill's, 5.6 times its noise, where no value
+    one bit away from the stored one is near the recompute.  Deep passes it (before the
+    ``_drift_sized`` reading it failed as a flipped bit, and the reply replayed on one thread did
+    not halve the margin)."""
+    import json
+
+    from bench import deep_noise as dn
+
+    spec = json.loads(
+        (Path(__file__).parent.parent / "fixtures/real/v3-gemma-chat-t3-fa-on-713-tokens.json").read_text()
+    )
+    toks = spec["tokens"]
+    (_p0, p1), (r0, r1) = spec["last_prompt"], spec["last_reply"]
+    assert p1 == r0 and r1 == len(toks)
+    model_path = str(gemma.assemble())
+    L = dn.lib()
+    model = L.llama_model_load_from_file(model_path.encode(), use_extra_bufts(L.llama_model_default_params()))
+    path = tmp_path / "chat-t3.slot"
+    try:
+        ctx = dn.Ctx(model, dn.TYPES["f16"], True, 2048, 512, 3, n_ctx=8192)
+        ctx.decode(toks[: p1 - 4])  # the prompt up to the server's checkpoint break
+        ctx.decode(toks[p1 - 4 : p1])
+        ctx.decode(toks[r0:r1], 1)  # the generated reply, on 3 threads
+        _save_text_slot(ctx, path, toks)
+    finally:
+        L.llama_model_free(model)
+    deep = _deep_level(model_path, path)
+    assert deep["status"] == "pass", deep["details"]["evidence"]
+    assert not any("isolated spike" in p["message"] for p in deep["problems"])
+
+
 def test_a_unified_cache_slot_among_other_slots_cells_passes_as_drift(tmp_path):
     """A unified cache gives a slot's tokens whatever cells are free (``llama_kv_cache::find_slot``
     tests them one by one), among other slots' cells, and the file keeps only their order: a v3

@@ -367,3 +367,25 @@ def test_a_sliding_window_may_lack_only_its_oldest_cell():
     assert not edge("kv-swa", np.arange(231, 237), rec)  # two
     assert not edge("kv-swa", rec, rec) and not edge("kv-swa", np.arange(0), np.arange(0))
     assert edge("kv-swa", np.arange(1, 8), np.arange(8)) and not edge("kv", np.arange(1, 8), np.arange(8))
+
+
+def test_a_float_value_no_flipped_bit_explains_is_drift_sized():
+    """A stored element within a factor of 2 of its recompute, with its sign, is a flipped bit only
+    if a value one bit away lies within the noise of the recompute (the old value sat in the drift
+    of its neighbours): 19.22 against 25.42 with noise 1.1 (the nearest one bit away: 23.2 and
+    27.2) is not; 16.375 with noise 1.67 is (24.375 is one bit away).  Zero, the other sign and a
+    value more than a factor 2 off stay claimable."""
+    from slotfile.verify.spikes import _drift_sized, one_bit_away
+
+    assert 1.5 in one_bit_away(np.array([1.0]), TypeId.F16)[0]  # the mantissa's top bit
+    assert -1.0 in one_bit_away(np.array([1.0]), TypeId.F32)[0]
+    assert -1.0 in one_bit_away(np.array([1.0]), TypeId.BF16)[0]
+    assert one_bit_away(np.array([1.0, 2.0]), TypeId.F16).shape == (2, 16)
+    y = np.full((1, 5), 25.4219)
+    x = np.array([[19.21875, 16.375, 0.0, -25.0, 12.0]])
+    every = np.ones(x.shape, dtype=bool)
+    for t in (TypeId.F16, TypeId.F32):
+        got = _drift_sized(x, y, every, np.array([[1.1, 1.67, 1.1, 1.1, 1.1]]), t)
+        assert got.tolist() == [[True, False, False, False, False]]
+    # only the units over their limit are read
+    assert not _drift_sized(x, y, np.zeros(x.shape, dtype=bool), np.full(x.shape, 1.1), TypeId.F16).any()

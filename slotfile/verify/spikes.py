@@ -73,6 +73,9 @@ SPIKE_MARGIN = 1.5  # a unit fails above this many times the clean maximum of it
 EXACT_LIMIT = 7.0
 EXACT_BLOCK_LIMIT = 1.5
 LAYER_EXACT_LIMIT = 2.0
+# a float element within this factor of its recompute, with its sign, that no single flipped bit
+# explains, is drift however far above its noise (_drift_sized)
+DRIFT_FACTOR = 2.0
 # An element's storage step is taken at no less than this fraction of its size (its root mean
 # square over the cells).  ggml sums a K/V value in f32 from terms of about the size of the
 # element; an input that moved by a few f32 steps (another grouping of the same cells, another
@@ -318,6 +321,8 @@ def _worst_unit(
         z_s = u / np.maximum(np.maximum(row_s, col), res)
         scaled = (z_s / lims.scaled > z / lim) & ~exact
         z, lim, row = np.where(scaled, z_s, z), np.where(scaled, lims.scaled, lim), np.where(scaled, row_s, row)
+    if t in _MANTISSA:
+        z = np.where(_drift_sized(x, y, z > lim, np.maximum(np.maximum(row, col), res), t) & ~exact, 0.0, z)
     c, k = np.unravel_index(int(np.argmax(z / lim)), z.shape)
     bs = block_size(t)
     el = int(k) * bs + int(np.argmax(np.abs(x[c, k * bs : (k + 1) * bs] - y[c, k * bs : (k + 1) * bs])))
@@ -337,6 +342,45 @@ def _worst_unit(
         scaled=bool(scaled[c, k]),
         alone=bool(alone[c, k]),
     )
+
+
+def _drift_sized(x: np.ndarray, y: np.ndarray, over: np.ndarray, noise: np.ndarray, t: int) -> np.ndarray:
+    """Which float elements over their limit (``over``) no single flipped bit explains: stored
+    ``x`` of the recomputed ``y``'s sign, within a factor :data:`DRIFT_FACTOR` of it, and no value
+    one bit away from ``x`` within ``noise`` of ``y``.  A flipped bit leaves the old value one bit
+    away, and that value sat within the drift of its neighbours; an ill-conditioned position the
+    server decoded on another thread count moves one large element by a quarter (a -t 3 -fa on
+    chat's position 704: K element 203 of a SWA layer at 19.2 against 25.4, 5.6 times its noise,
+    27.2 and 23.2 the nearest one bit away, the noise 1.1).  Random bytes seldom land within a
+    factor of 2 of the value with its sign; exact zeros and exponent flips (a factor of 2 or
+    more) are not this."""
+    out = np.zeros(over.shape, dtype=bool)
+    idx = np.flatnonzero(over)
+    if not idx.size:
+        return out
+    xs, ys, tol = x.reshape(-1)[idx], y.reshape(-1)[idx], noise.reshape(-1)[idx]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = xs / ys
+    near = np.isfinite(ratio) & (ratio > 1.0 / DRIFT_FACTOR) & (ratio < DRIFT_FACTOR)
+    reach = np.abs(one_bit_away(xs, t) - ys[:, None]) <= tol[:, None]
+    out.reshape(-1)[idx] = near & ~np.any(reach, axis=1)
+    return out
+
+
+def one_bit_away(v: np.ndarray, t: int) -> np.ndarray:
+    """Per value of ``v`` (float type ``t``: f16, bf16, f32), the values its bits give with one
+    bit flipped (one column per bit; NaN/Inf as they come)."""
+    if t == TypeId.F16:
+        bits = v.astype(np.float16).view(np.uint16)
+        flips = bits[:, None] ^ (np.uint16(1) << np.arange(16, dtype=np.uint16))[None, :]
+        return flips.view(np.float16).astype(np.float64)
+    if t == TypeId.BF16:
+        b32 = v.astype(np.float32).view(np.uint32) & np.uint32(0xFFFF0000)
+        flips = b32[:, None] ^ (np.uint32(1) << np.arange(16, 32, dtype=np.uint32))[None, :]
+        return flips.view(np.float32).astype(np.float64)
+    bits32 = v.astype(np.float32).view(np.uint32)
+    flips32 = bits32[:, None] ^ (np.uint32(1) << np.arange(32, dtype=np.uint32))[None, :]
+    return flips32.view(np.float32).astype(np.float64)
 
 
 def _head_nonzero(u: np.ndarray, head_units: int) -> np.ndarray:
