@@ -229,17 +229,17 @@ def _deep_level(model_path: str, path: Path) -> dict[str, Any]:
         return v.verify(path).to_dict()["levels"]["deep"]
 
 
-def test_a_chat_whose_last_reply_was_generated_passes_by_replaying_it(tmp_path):
-    """A real server's three-turn chat (fixtures/real/v3-gemma-chat-713-tokens.json: its tokens
-    and schedule): its last turn rebuilt the way llama-server computed it, the prompt prefilled
-    with the checkpoint break ``n_prompt - 4`` and the 199-token reply one token per
-    ``llama_decode`` call.  A prefill of the stored tokens puts one cell of the reply (position
-    704) 45 degrees off; deep finds the reply in the chatml text and replays it."""
+def _rebuild_last_turn(tmp_path: Path, fixture: str, fa: bool, threads: int) -> tuple[str, Path, tuple[int, int, int]]:
+    """The last turn of a real server's chat (``fixtures/real/<fixture>``: its tokens, last prompt
+    and reply) rebuilt the way llama-server computed it: the prompt prefilled up to the checkpoint
+    break ``n_prompt - 4``, then its last 4 tokens, then the reply one token per ``llama_decode``
+    call, flash attention ``fa``, on ``threads`` threads; saved as a slot file.  The model path,
+    the file, and (prompt end, reply start, reply end)."""
     import json
 
     from bench import deep_noise as dn
 
-    spec = json.loads((Path(__file__).parent.parent / "fixtures/real/v3-gemma-chat-713-tokens.json").read_text())
+    spec = json.loads((Path(__file__).parent.parent / "fixtures/real" / fixture).read_text())
     toks = spec["tokens"]
     (_p0, p1), (r0, r1) = spec["last_prompt"], spec["last_reply"]
     assert p1 == r0 and r1 == len(toks)
@@ -248,13 +248,25 @@ def test_a_chat_whose_last_reply_was_generated_passes_by_replaying_it(tmp_path):
     model = L.llama_model_load_from_file(model_path.encode(), use_extra_bufts(L.llama_model_default_params()))
     path = tmp_path / "chat.slot"
     try:
-        ctx = dn.Ctx(model, dn.TYPES["f16"], False, 2048, 512, dn.THREADS, n_ctx=8192)
+        ctx = dn.Ctx(model, dn.TYPES["f16"], fa, 2048, 512, threads, n_ctx=8192)
         ctx.decode(toks[: p1 - 4])  # the prompt up to the server's checkpoint break
         ctx.decode(toks[p1 - 4 : p1])
         ctx.decode(toks[r0:r1], 1)  # the generated reply
         _save_text_slot(ctx, path, toks)
     finally:
         L.llama_model_free(model)
+    return model_path, path, (p1, r0, r1)
+
+
+def test_a_chat_whose_last_reply_was_generated_passes_by_replaying_it(tmp_path):
+    """A real server's three-turn chat (fixtures/real/v3-gemma-chat-713-tokens.json: its tokens
+    and schedule): its last turn rebuilt the way llama-server computed it, the prompt prefilled
+    with the checkpoint break ``n_prompt - 4`` and the 199-token reply one token per
+    ``llama_decode`` call.  A prefill of the stored tokens puts one cell of the reply (position
+    704) 45 degrees off; deep finds the reply in the chatml text and replays it."""
+    from bench import deep_noise as dn
+
+    model_path, path, (p1, r0, r1) = _rebuild_last_turn(tmp_path, "v3-gemma-chat-713-tokens.json", False, dn.THREADS)
     deep = _deep_level(model_path, path)
     tried = deep["details"]["schedules"]
     if not tried[0]["problems"]:
@@ -277,28 +289,7 @@ def test_a_reply_generated_on_three_threads_with_flash_attention_passes(tmp_path
     one bit away from the stored one is near the recompute.  Deep passes it (before the
     ``_drift_sized`` reading it failed as a flipped bit, and the reply replayed on one thread did
     not halve the margin)."""
-    import json
-
-    from bench import deep_noise as dn
-
-    spec = json.loads(
-        (Path(__file__).parent.parent / "fixtures/real/v3-gemma-chat-t3-fa-on-713-tokens.json").read_text()
-    )
-    toks = spec["tokens"]
-    (_p0, p1), (r0, r1) = spec["last_prompt"], spec["last_reply"]
-    assert p1 == r0 and r1 == len(toks)
-    model_path = str(gemma.assemble())
-    L = dn.lib()
-    model = L.llama_model_load_from_file(model_path.encode(), use_extra_bufts(L.llama_model_default_params()))
-    path = tmp_path / "chat-t3.slot"
-    try:
-        ctx = dn.Ctx(model, dn.TYPES["f16"], True, 2048, 512, 3, n_ctx=8192)
-        ctx.decode(toks[: p1 - 4])  # the prompt up to the server's checkpoint break
-        ctx.decode(toks[p1 - 4 : p1])
-        ctx.decode(toks[r0:r1], 1)  # the generated reply, on 3 threads
-        _save_text_slot(ctx, path, toks)
-    finally:
-        L.llama_model_free(model)
+    model_path, path, _ = _rebuild_last_turn(tmp_path, "v3-gemma-chat-t3-fa-on-713-tokens.json", True, 3)
     deep = _deep_level(model_path, path)
     assert deep["status"] == "pass", deep["details"]["evidence"]
     assert not any("isolated spike" in p["message"] for p in deep["problems"])
