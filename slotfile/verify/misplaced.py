@@ -83,7 +83,6 @@ class Group:
     positions: np.ndarray | None
     rec_positions: np.ndarray | None
     align: np.ndarray | None
-    repeats: np.ndarray | None = None  # per position, the id of its last REPEAT tokens (repeat_ids)
 
 
 def _groups(file_body: Body, rec_body: Body) -> Iterator[Group]:
@@ -201,7 +200,6 @@ def find_misplaced(
     outstanding = _outstanding_by_position(j)
     repeats = repeat_ids(tokens) if tokens is not None and tokens.size else None
     for g in _groups(file_body, rec_body):
-        g.repeats = repeats
         cache: dict[int, np.ndarray] = {}
         stacks: dict[tuple[int, int], Any] = {}
         for fr, rr in g.runs:
@@ -211,7 +209,7 @@ def find_misplaced(
             p = _layer_match(g, fr, rr, cache, stacks)
             rc = failing[key]
             if p is None and rc is not None and g.positions is not None:
-                p = _cell_matches(g, (fr, rr), rc, _confined(rc, over, suspect, outstanding))
+                p = _cell_matches(g, (fr, rr), rc, _confined(rc, over, suspect, outstanding), repeats)
             if p is not None:
                 out.append(p)
     return out
@@ -330,13 +328,16 @@ def corroborate(x: np.ndarray, y: np.ndarray, rx: np.ndarray, ry: np.ndarray, ma
     return "exchanged" if distance(y, rx) < match * distance(y, ry) else ""
 
 
-def _cell_matches(g: Group, runs: tuple[LayerRun, LayerRun], rc: RunCells, bad: np.ndarray) -> Problem | None:
+def _cell_matches(
+    g: Group, runs: tuple[LayerRun, LayerRun], rc: RunCells, bad: np.ndarray, repeats: np.ndarray | None = None
+) -> Problem | None:
     """The layer's cells ``bad`` (suspect, in this layer alone: the :data:`MAX_CELLS`
     worst) against every recomputed row of the layer: a problem naming the first cell whose row
     is within :data:`MATCH` of its own distance of another cell's recomputed row, corroborated
     by that cell's stored row (:func:`corroborate`: the same values), or within
     :data:`MATCH_EXCHANGE` where that row lies as near this cell's recompute (exchanged) and each
-    row is distinctly nearest the other's recompute (:func:`_distinct`)."""
+    row is distinctly nearest the other's recompute (:func:`_distinct`).  ``repeats``: the repeat
+    ids by position (:func:`repeat_ids`); a cell is not matched with a position sharing its id."""
     fr, rr = runs
     if bad.size < 1 or fr.n_cells < 2:
         return None
@@ -346,7 +347,7 @@ def _cell_matches(g: Group, runs: tuple[LayerRun, LayerRun], rc: RunCells, bad: 
     d = _row_distances(x, rr)  # (bad cells, recomputed cells)
     own = d[np.arange(bad.size), own_cells]
     d[np.arange(bad.size), own_cells] = np.inf
-    rid = _repeat_of(g)
+    rid = _repeat_of(g, repeats)
     if rid is not None:
         _drop_repeats(d, rid[0][bad], rid[1])
     near = np.argmin(d, axis=1)
@@ -385,10 +386,10 @@ def _cell_matches(g: Group, runs: tuple[LayerRun, LayerRun], rc: RunCells, bad: 
     return (ProblemCode.DEEP_MISMATCH, g.section, off, msg)
 
 
-def _repeat_of(g: Group) -> tuple[np.ndarray, np.ndarray] | None:
-    """The repeat ids (:func:`repeat_ids`) of the file's cells and of the recompute's, by cell
-    (None: the tokens are not known, or a cell holds a position beyond them)."""
-    pos, rpos, ids = g.positions, g.rec_positions, g.repeats
+def _repeat_of(g: Group, ids: np.ndarray | None) -> tuple[np.ndarray, np.ndarray] | None:
+    """The repeat ids ``ids`` (by position: :func:`repeat_ids`) of the group's file cells and of
+    its recomputed cells (None: the tokens are not known, or a cell holds a position beyond them)."""
+    pos, rpos = g.positions, g.rec_positions
     if pos is None or rpos is None or ids is None or not pos.size:
         return None
     if min(int(pos.min()), int(rpos.min())) < 0 or max(int(pos.max()), int(rpos.max())) >= ids.size:
