@@ -396,6 +396,20 @@ def configs(version: int) -> list[Config]:
         Config(
             "g-t4-reply-swa-full", "gemma", threads=4, swa_full=True, n_predict=200, scenarios=("multiturn", "long")
         ),
+        # a larger machine's default -t with an f16 cache: only f16/f32 K/V take flash attention's split path
+        # (use_split_kv_path), so these are the files whose generated rows depend on the thread count
+        Config("g-t6-reply-fa-on", "gemma", threads=6, flash_attn="on", n_predict=200, scenarios=("multiturn", "long")),
+        Config(
+            "g-t16-reply-fa-on",
+            "gemma",
+            threads=16,
+            flash_attn="on",
+            n_predict=128,
+            scenarios=("single", "multiturn", "long"),
+        ),
+        Config(
+            "g-t8-reply-fa-auto", "gemma", threads=8, flash_attn="auto", n_predict=200, scenarios=("multiturn", "long")
+        ),
         Config(
             "g-t4-reply-defaults",
             "gemma",

@@ -483,7 +483,9 @@ def test_a_changed_token_in_a_low_bit_k_cache_fails(tmp_path):
     under the limit of 4 in K (v3 and v4 servers' 2,168-token files, 15 copies: 10 passed as drift,
     three of them after 9-10 recomputes with the state exact up to the token).  Both still stand
     4.7-89 times above the positions before, and the later positions come back: ``spiked_tokens``
-    with ``low_bit`` fails it (without it, this copy passes); the clean file passes."""
+    with ``low_bit`` fails it (without it, this copy passes on an Intel Xeon); the clean file passes.
+    On an AMD EPYC the copy reads as damage (an isolated V cell 270 positions on), and
+    ``_named_token`` names the token by its exact prefix instead of that cell."""
     model_path = str(gemma.assemble())
     path = tmp_path / "kq4.slot"
     text = " ".join(
@@ -499,5 +501,10 @@ def test_a_changed_token_in_a_low_bit_k_cache_fails(tmp_path):
     deep = _deep_level(model_path, _token_changed(path, toks, at, tmp_path / "token.slot"))
     d = deep["details"]
     assert deep["status"] == "fail" and d["decided_by"] == "shape", d["evidence"]
-    assert d["evidence"].startswith(f"changed token: at position {at},"), d["evidence"]
-    assert "beyond its floors (a low-bit K cache)" in d["evidence"], d["evidence"]
+    # named by the spike rule when the copy reads as drift (an Intel Xeon), by the exact prefix when
+    # it reads as damage (an AMD EPYC: an isolated cell downstream too)
+    ev = d["evidence"]
+    assert ev.startswith(f"changed token: at position {at},") or (
+        ev.startswith("changed token: the state agrees exactly") and f"up to position {at - 1}, and at {at} " in ev
+    ), ev
+    assert "beyond its floors (a low-bit K cache)" in ev or "beyond its floor in K (a low-bit K cache)" in ev, ev

@@ -296,6 +296,19 @@ def test_a_changed_token_before_the_window_is_its_lowest_layers_jump(gemma_bytes
     assert changed_token_at(j, body, "kv-swa") is None
 
 
+def test_a_changed_token_in_a_low_bit_k_cache_is_its_v_jump(gemma_bytes):
+    """With a low-bit K cache (q4_0: K's floor is the quantization's step) a changed token moves K
+    by about one floor and V far beyond the limit (an AMD EPYC's copy: K 1.1, V 12.7, the later
+    positions 1.2): the low-bit rule names it, the plain rule does not; K within its floor, or the
+    positions after it as far off as V, are no changed token either way."""
+    body = parse_buffer(gemma_bytes).body
+    j = _token_judgment(100, 1.5, 1.0, 0.0)
+    assert changed_token_at(j, body, "kv-swa") is None
+    assert changed_token_at(j, body, "kv-swa", low_bit=True) == 100
+    assert changed_token_at(_token_judgment(100, 0.9, 0.0, 0.0), body, "kv-swa", low_bit=True) is None
+    assert changed_token_at(_token_judgment(100, 1.5, 12.0, 0.0), body, "kv-swa", low_bit=True) is None
+
+
 def _spike_judgment(
     p: int, v_at: float, k_next: float, background: float, after: float, k_background: float | None = None
 ) -> Judgment:

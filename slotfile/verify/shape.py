@@ -658,6 +658,10 @@ def judge_with_schedules(
                 "the schedule's, not the bytes'"
             )
             return Outcome(jr, s, "drift", ev, tried, drift=True)
+        if not j.byte_damage:
+            named = _named_token(j, sched, file_body, first_block, tried)
+            if named is not None:
+                return named
         return Outcome(j, sched, "bytes" if j.byte_damage else "shape", shape.evidence, tried)
     best, best_s = j, sched
     judged = [(j, sched)]  # every recompute's judgment with its schedule
@@ -909,6 +913,29 @@ def _changed_token(
     return None
 
 
+def _named_token(
+    j: Judgment, sched: Schedule, file_body: Body, first_block: str | None, tried: list[dict[str, Any]]
+) -> Outcome | None:
+    """A damage-shaped difference (it fails either way) that begins as a changed token does, as
+    that (:func:`_changed_token`, and :func:`changed_token_at` with a low-bit K cache's rule), not
+    as the cell it also left somewhere downstream.  A token changed before Gemma 3's window in a
+    ``-ctk q4_0`` state: exact up to the token, model layer 5's V 12.7 floors at it and K 2.0 at the
+    next position, and an isolated V cell 270 positions on at 7.7 floors that the evidence named
+    (on an AMD EPYC; the same copy on an Intel Xeon read as drift)."""
+    changed = _changed_token([(j, sched)], file_body, first_block, tried)
+    if changed is not None or not low_bit_k(file_body):
+        return changed
+    at = changed_token_at(j, file_body, first_block, low_bit=True)
+    if at is None:
+        return None
+    ev = (
+        f"changed token: the state agrees exactly with the recompute ({sched.label()}) up to position {at - 1}, "
+        f"and at {at} the lowest layer holding it differs beyond the limit in V and beyond its floor in K (a "
+        "low-bit K cache), the positions after it less: that position's own input differs"
+    )
+    return Outcome(j, sched, "shape", ev, tried)
+
+
 def spiked_tokens(j: Judgment, first_block: str | None, low_bit: bool = False) -> list[int]:
     """Positions whose own token differs in a state that drifts (another build's computation,
     which parts from this one's at the first tokens, so :func:`changed_token_at` finds no exact
@@ -989,7 +1016,9 @@ def spike_scores(k: np.ndarray, v: np.ndarray, held_first: np.ndarray) -> dict[s
     }
 
 
-def changed_token_at(j: Judgment, body: Body, first_block: str | None, limit: float = MARGIN_LIMIT) -> int | None:
+def changed_token_at(
+    j: Judgment, body: Body, first_block: str | None, limit: float = MARGIN_LIMIT, low_bit: bool = False
+) -> int | None:
     """The position whose own input differs (a changed token) where no first layer holds it: the
     state agrees exactly with the recompute of ``j`` up to ``p - 1`` (past the first tokens, where
     another build parts), and at ``p`` the lowest layer of every block holding ``p`` differs beyond
@@ -1002,23 +1031,38 @@ def changed_token_at(j: Judgment, body: Body, first_block: str | None, limit: fl
     window, so only model layer 5, the base block's layer 0, holds it): 5.6 floors in K and 23.7 in
     V, exact before.  Not where the cells were shifted (``seq_add``): the file's cell order breaks
     there or the first layer's K, rotated again, is off exactly at the positions it holds from
-    ``p`` on (a context shift keeping 40 tokens: 23 floors at 41, the window's K 0.04 off)."""
+    ``p`` on (a context shift keeping 40 tokens: 23 floors at 41, the window's K 0.04 off).
+
+    ``low_bit``: the K cache is low-bit (:func:`low_bit_k`), whose floor is the quantization's step,
+    so a changed token's K moves by about one floor (q4_0: 1.1 at ``p``, 2.0 at ``p + 1``, V 12.7 at
+    ``p``): K beyond one floor at ``p`` or ``p + 1`` and V beyond ``limit`` at ``p``, the positions
+    after it measured against V.  Only for naming what fails anyway (:func:`_named_token`): no
+    clean file was measured against it."""
     p = first_difference(j)
     if p is None or p <= 2 * NEAR or _order_breaks_at(body, p):
         return None
     m, runs = _position_matrix(j.cells)
     if p >= m.shape[1]:
         return None
-    lowest: dict[str, list[int]] = {}
+    lowest: dict[str, dict[str, int]] = {}
     for k, x in enumerate(runs):
         if x.layer == 0 and not np.isnan(m[k, p]):
-            lowest.setdefault(x.block, []).append(k)
-    if not lowest or any(len(ks) < 2 or float(np.min(m[ks, p])) <= limit for ks in lowest.values()):
+            lowest.setdefault(x.block, {})[x.part] = k
+    if not lowest or any(set(parts) != {"K", "V"} for parts in lowest.values()):
         return None
-    for ks in lowest.values():
+    for parts in lowest.values():
+        k_p, v_p = float(m[parts["K"], p]), float(m[parts["V"], p])
+        if low_bit:
+            k_next = float(np.nan_to_num(m[parts["K"], p + 1])) if p + 1 < m.shape[1] else 0.0
+            jump = v_p if max(k_p, k_next) > 1.0 else 0.0
+        else:
+            jump = min(k_p, v_p)
+        if jump <= limit:
+            return None
+        ks = [parts["K"], parts["V"]]
         after = np.nanmax(m[ks, p + NEAR : p + 4 * NEAR], axis=0) if p + NEAR < m.shape[1] else np.zeros(0)
         after = after[~np.isnan(after)]
-        if after.size and 2 * median(after) > float(np.min(m[ks, p])):
+        if after.size and 2 * median(after) > jump:
             return None
     firsts = [k for k, x in enumerate(runs) if _is_first_layer(x, first_block) and x.part == "K"]
     if any(float(np.nan_to_num(m[k, p:]).max()) > EXACT for k in firsts):

@@ -361,8 +361,9 @@ def _drift_sized(x: np.ndarray, y: np.ndarray, over: np.ndarray, noise: np.ndarr
     xs, ys, tol = x.reshape(-1)[idx], y.reshape(-1)[idx], noise.reshape(-1)[idx]
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = xs / ys
-    near = np.isfinite(ratio) & (ratio > 1.0 / DRIFT_FACTOR) & (ratio < DRIFT_FACTOR)
-    reach = np.abs(one_bit_away(xs, t) - ys[:, None]) <= tol[:, None]
+        near = np.isfinite(ratio) & (ratio > 1.0 / DRIFT_FACTOR) & (ratio < DRIFT_FACTOR)
+        # an exponent bit flipped can give inf or NaN (inf - inf): never within the noise
+        reach = np.abs(one_bit_away(xs, t) - ys[:, None]) <= tol[:, None]
     out.reshape(-1)[idx] = near & ~np.any(reach, axis=1)
     return out
 
