@@ -1182,10 +1182,15 @@ def first_layer_agrees(j: Judgment, first_block: str | None) -> bool:
 def _generated(s: Schedule, fd: int, fd2: int) -> int | None:
     """The first position of ``[fd, fd2)`` that ``s`` decodes one token per call, when ``s``
     reproduced the state over that range, from the first recompute's first difference ``fd`` to
-    its own ``fd2`` (None: it did not move the first difference, or prefilled the whole range)."""
+    its own ``fd2`` (None: it did not move the first difference, or prefilled the whole range);
+    or ``fd2`` itself where ``s`` starts decoding one token per call there: it reproduced the
+    state up to the server's first generated token of a reply and parts at it, which no other
+    split computes alike (a -t 6 -fa on server's reply: flash attention splits a one-token
+    decode's cells into a chunk per thread, ``ggml_compute_forward_flash_attn_ext_f16``; four
+    smaller -ub after such a replay, 25 of deep's 67 seconds, each parted at 773 or 1)."""
     if fd2 <= fd:
         return None
-    return next((max(a, fd) for a, b in s.stepwise if a < fd2 and b > fd), None)
+    return next((max(a, fd) for a, b in s.stepwise if a <= fd2 and b > fd), None)
 
 
 def _judge_schedule(
