@@ -64,7 +64,8 @@ SCHEDULE_DEPENDENT = 2.0  # a cell's ratio moving this many times between recomp
 # least this many floors (a clean region of an agreeing recompute: about 0); a cell there is
 # drift up to 2 * limit times that background (g-swa-full: 3.8 floors on a background of 1.26)
 DRIFTING = 0.75
-COHERENT_LAYERS = 3  # other layers peaking at a spike's position: the position diverged, not the bytes
+# other layers (each K or V tensor counts) peaking at a spike's position: the position diverged, not the bytes
+COHERENT_LAYERS = 3
 PEAK = 4.0  # a layer peaks at a position: this many times the median of its neighbourhood
 # the first layer's cell at a position must stand this many times above the median of that
 # layer's cells to be a changed token: layer 0's K/V of a cell is a function of its token alone,
@@ -249,13 +250,17 @@ def drift_shape(
 
 def _spikes_in_model_space(j: Judgment, limit: float, first_block: str | None) -> bool:
     """Whether every byte-damage line of ``j`` is an isolated spike at a position where the
-    model's computation itself parted: at least :data:`COHERENT_LAYERS` other layers peak at that
-    same position (:data:`PEAK` times their own neighbourhood, above :data:`CORROBORATE` floors)
-    while the first layer agrees.  Damage in the bytes sits in one layer's tensor; one position
-    that differs in many layers at once, from some depth on, is that token's residual stream
-    diverging: an ill-conditioned position amplifying the drift of another build or schedule (a
-    713-token chat: the K of a cell at position 704 45 degrees off in every layer from 5 on, one
-    element of it 5.4 times its noise, on every recompute)."""
+    model's computation itself parted: at least :data:`COHERENT_LAYERS` other K or V tensors (the
+    spike's own layer's other part among them) peak at that same position (:data:`PEAK` times
+    their own neighbourhood, above :data:`CORROBORATE` floors) while the first layer agrees.
+    Damage in the bytes sits in one layer's tensor; one position that differs in many layers at
+    once, from some depth on, is that token's residual stream diverging: an ill-conditioned
+    position amplifying the drift of another build or schedule (a 713-token chat: the K of a cell
+    at position 704 45 degrees off in every layer from 5 on, one element of it 5.4 times its
+    noise, on every recompute; a 4-slot unified q8_0 v3 server's long slot on an AMD EPYC: the V
+    rows of window layers 5 and 6 at position 1,820 1.45 and 1.39 times as long as recomputed, K
+    there 4.7 floors off in both, 2-3 floors in layers 7-12 against about 0.8 around it, read as
+    two scaled rows while this counted layers, not tensors)."""
     if len(j.spikes) != len(j.byte_damage):
         return False  # zeros or non-finite values: damage on any recompute
     m, runs = _position_matrix(j.cells)
@@ -267,12 +272,15 @@ def _spikes_in_model_space(j: Judgment, limit: float, first_block: str | None) -
             return False
         peaks = set()
         for k in range(len(runs)):
-            if (runs[k].block, runs[k].layer) == (c.block, c.layer) or np.isnan(m[k, p]):
+            # the layer's other part counts: K and V of a layer lie apart in the file (every
+            # layer's K rows, then every layer's V rows: llama_kv_cache::state_write_data), so
+            # no byte change reaches both at one cell
+            if runs[k] is c or np.isnan(m[k, p]):
                 continue
             near = np.delete(m[k, max(0, p - NEAR) : p + NEAR + 1], min(p, NEAR))
             bg = float(np.nanmedian(near)) if bool(np.any(~np.isnan(near))) else 0.0
             if r[k, p] >= max(CORROBORATE, PEAK * bg):
-                peaks.add((runs[k].block, runs[k].layer))
+                peaks.add((runs[k].block, runs[k].layer, runs[k].part))
         if len(peaks) < COHERENT_LAYERS:
             return False
     return True
