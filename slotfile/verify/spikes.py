@@ -122,6 +122,8 @@ class Spike:
     exact: bool = False  # the rest of its head and its element in every other cell equal the recompute
     scaled: bool = False  # judged with the rest of its head scaled to its element's size (CLEAN_MAX_SCALED)
     alone: bool = False  # exact, and every other unit of the layer equals the recompute too
+    # a quantized block's raw bytes show one flipped bit whatever the noise (flipped_block): what they show
+    signature: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         return {k: (float(f"{v:.6g}") if isinstance(v, float) else v) for k, v in self.__dict__.items()}
@@ -257,7 +259,7 @@ def find_spike(
         if sp is not None and (best is None or sp.ratio / sp.limit > best.ratio / best.limit):
             best = sp
     if best is None or best.ratio / best.limit <= (1.0 if limit is None else limit):
-        return None
+        return flipped_block(a, b, b_cells) if limit is None else None
     return best
 
 
@@ -405,6 +407,8 @@ def spike_message(run: LayerRun, sp: Spike, pos: int | None) -> str:
             f"{sp.ratio:.3g} storage steps of {sp.resolution:.3g} where {where} equal the recompute exactly "
             f"(limit {sp.limit:g} steps)"
         )
+    elif sp.signature:
+        why = sp.signature
     else:
         head = "scaled to this element's size " if sp.scaled else ""
         why = (
@@ -417,3 +421,121 @@ def spike_message(run: LayerRun, sp: Spike, pos: int | None) -> str:
         f"stored {sp.stored:.6g}, recomputed {sp.recomputed:.6g} (difference {sp.diff:.3g}), {why}: "
         "one value changed in the file's bytes (a bit flip), not drift"
     )
+
+
+# Quantized blocks stored as an f16 scale ``d`` then the quants (ggml-common.h): ``block_q8_0``
+# (int8 qs[32]) and ``block_q4_0`` (uint8 qs[16]: element j in the low nibble of qs[j], j + 16 in
+# the high one, each minus 8).  Quant bytes per block:
+_SCALE_FIRST: dict[int, int] = {TypeId.Q8_0: 32, TypeId.Q4_0: 16}
+
+
+def _quants(raw: np.ndarray, t: int) -> np.ndarray:
+    """The signed quants of raw blocks (..., block bytes) of type ``t``: (..., 32) int16."""
+    qs = raw[..., 2:]
+    if t == TypeId.Q8_0:
+        return qs.view(np.int8).astype(np.int16)
+    return np.concatenate([qs & 0x0F, qs >> 4], axis=-1).astype(np.int16) - 8
+
+
+# A q8_0/q4_0 block's raw bytes against the recomputed block's, on clean real-server files of an
+# AMD EPYC (v3 against the installed llama-cpp-python, v4 against the portable library; 33 + 33
+# q8_0/q4_0 files, 4,122 comparisons with every retry, drift up to 44 floors): where every quant is
+# the same (q8_0: or re-rounded by a step) the scale differs by at most a factor of 2^0.028 in
+# q8_0 and 2^0.184 in q4_0 (an edited chat); where the scale is the same bit for bit and one
+# quant differs, by one step.  One flipped bit gives more: the scale's sign bit negates the block,
+# an exponent bit scales it by 2^(2^k), its top mantissa bits by 1.125-1.5 or 0.67-0.89
+# (BLOCK_SCALE_LOG2: a factor of 2^0.15 = 1.11 in q8_0, 2^0.5 = 1.41 in q4_0, and more); a quant's
+# bit k moves it by 2^k steps (BLOCK_QUANT_STEPS: q4_0 from bit 1, q8_0 from bit 2), whatever the
+# noise around it.  Only blocks with MIN_QUANTS quants off zero: a block of one dominant value is
+# that value's, and drift can move it as far (and a block of values near zero can change sign).
+BLOCK_SCALE_LOG2: dict[int, float] = {TypeId.Q8_0: 0.15, TypeId.Q4_0: 0.5}
+CLEAN_BLOCK_LOG2: dict[int, float] = {TypeId.Q8_0: 0.028, TypeId.Q4_0: 0.184}
+BLOCK_QUANT_STEPS: dict[int, int] = {TypeId.Q8_0: 4, TypeId.Q4_0: 2}
+MIN_QUANTS = 4
+
+
+def flipped_block(a: LayerRun, b: LayerRun, b_cells: np.ndarray | None = None) -> Spike | None:
+    """The q8_0/q4_0 block of run ``a`` whose raw bytes differ from the recomputed block's as one
+    flipped bit does and drift does not (:func:`block_changes`): every quant the same (q8_0: or
+    re-rounded by a step) and the scale negated or scaled by :data:`BLOCK_SCALE_LOG2` octaves or more, or the
+    scale the same and one quant :data:`BLOCK_QUANT_STEPS` steps or more off.  None: no such block."""
+    ratios, steps = block_changes(a, b, b_cells)
+    if not ratios.size:
+        return None
+    with np.errstate(all="ignore"):
+        octaves = np.abs(np.log2(np.abs(ratios)))
+    octaves = np.where(np.isfinite(ratios), octaves, 0.0)
+    limit = BLOCK_SCALE_LOG2[a.type_id]
+    scale_score = np.where(ratios < 0, 1.0 + octaves, octaves) / limit
+    scale_score = np.where((ratios < 0) | (octaves >= limit), scale_score, 0.0)
+    quant_score = steps / BLOCK_QUANT_STEPS[a.type_id]
+    quant_score = np.where(quant_score >= 1.0, quant_score, 0.0)
+    score = np.maximum(scale_score, quant_score)
+    if not (score > 0).any():
+        return None
+    c, k = (int(i) for i in np.unravel_index(int(np.argmax(score)), score.shape))
+    bs = block_size(a.type_id)
+    cb = c if b_cells is None else int(b_cells[c])
+    x, y = dequant_rows(a, c, c + 1)[0, k * bs : (k + 1) * bs], dequant_rows(b, cb, cb + 1)[0, k * bs : (k + 1) * bs]
+    i = int(np.argmax(np.abs(x - y)))
+    d_step = float(np.max(np.abs(y))) / _QMAX[a.type_id]
+    if scale_score[c, k] >= quant_score[c, k]:
+        r = float(ratios[c, k])
+        what = (
+            f"every quant of its block as recomputed{' or one step off' if a.type_id == TypeId.Q8_0 else ''} and "
+            f"the block's scale {r:.4g} times the "
+            f"recomputed one (clean files: within {2.0 ** CLEAN_BLOCK_LOG2[a.type_id]:.3g} times)"
+        )
+    else:
+        what = (
+            f"the block's scale as recomputed bit for bit and this one quant {int(steps[c, k])} steps off "
+            "(clean files: one step)"
+        )
+    return Spike(
+        cell=c,
+        element=k * bs + i,
+        ratio=float(score[c, k]),
+        diff=float(abs(x[i] - y[i])),
+        stored=float(x[i]),
+        recomputed=float(y[i]),
+        head_rest=0.0,
+        cells_rest=0.0,
+        resolution=d_step,
+        block=bs,
+        limit=1.0,
+        signature=what,
+    )
+
+
+def block_changes(a: LayerRun, b: LayerRun, b_cells: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """For a q8_0/q4_0 run ``a`` against the recomputed ``b`` (``b_cells`` as in :func:`find_spike`),
+    per block (cells, blocks): the ratio of the stored scale to the recomputed one where every quant
+    is the same (q8_0: or one step off, re-rounded) and the scale is not (NaN elsewhere), and the
+    largest quant difference in steps
+    where the scale is the same bit for bit and exactly one quant differs (0 elsewhere).  Empty
+    arrays for any other type or a transposed run."""
+    t, n = a.type_id, a.n_cells
+    nq = _SCALE_FIRST.get(t)
+    if nq is None or a.transposed or n == 0 or a.row_size % (nq + 2):
+        return np.zeros((0, 0)), np.zeros((0, 0))
+    bb = nq + 2
+    ra, rb = a.array(), b.array()
+    ratios, steps = [], []
+    for c0 in range(0, n, CHUNK_CELLS):
+        c1 = min(n, c0 + CHUNK_CELLS)
+        xa = ra[c0:c1].reshape(c1 - c0, -1, bb)
+        xb = (rb[c0:c1] if b_cells is None else rb[b_cells[c0:c1]]).reshape(c1 - c0, -1, bb)
+        da = np.ascontiguousarray(xa[..., :2]).view(np.float16)[..., 0].astype(np.float64)
+        db = np.ascontiguousarray(xb[..., :2]).view(np.float16)[..., 0].astype(np.float64)
+        same_d = (xa[..., 0] == xb[..., 0]) & (xa[..., 1] == xb[..., 1])
+        qa, qb = _quants(xa, t), _quants(xb, t)
+        ndiff = (qa != qb).sum(axis=-1)
+        # q8_0: every quant the same or re-rounded by a step; q4_0, whose steps are an eighth of the
+        # block's largest value, every quant the same (a 4-slot v4 server's q4_0 blocks re-rounded by
+        # a step had scales up to 1.82 times apart against the portable library)
+        same_q = np.abs(qa - qb).max(axis=-1) <= (1 if t == TypeId.Q8_0 else 0)
+        with np.errstate(all="ignore"):
+            r = np.where(same_q & ~same_d & (db != 0) & ((qb != 0).sum(axis=-1) >= MIN_QUANTS), da / db, np.nan)
+        ratios.append(r)
+        steps.append(np.where(same_d & (ndiff == 1), np.abs(qa - qb).max(axis=-1), 0))
+    return np.concatenate(ratios), np.concatenate(steps)

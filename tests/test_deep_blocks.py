@@ -1,0 +1,104 @@
+"""The raw-block signature of a flipped bit in a q8_0/q4_0 K/V row (slotfile.verify.spikes.flipped_block):
+every quant the same or re-rounded by a step with the scale negated or scaled by a factor of 1.23 or
+more, or the scale the same with one quant several steps off.  Drift re-rounds quants by a step and
+moves a scale by a few percent."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType
+from gguf.quants import quantize
+
+from slotfile.format.grammar_core import Run
+from slotfile.format.records import LayerRun
+from slotfile.format.types import TypeId
+from slotfile.verify.spikes import block_changes, find_spike, flipped_block
+
+N_CELLS, N_EL = 64, 128  # four blocks of 32 per row
+
+
+def _run(values: np.ndarray, t: int) -> LayerRun:
+    raw = quantize(values.astype(np.float32), GGMLQuantizationType(t)).tobytes()
+    return LayerRun("V", 1, 0, t, len(raw) // N_CELLS, N_CELLS, Run.of(raw))
+
+
+def _pair(t: int, seed: int = 5) -> tuple[np.ndarray, LayerRun]:
+    """Values and their recomputed run; the file's values drift from them by 0.5 % of their spread."""
+    rng = np.random.default_rng(seed)
+    y = rng.normal(0, 1, (N_CELLS, N_EL))
+    return y + rng.normal(0, 0.005, y.shape), _run(y, t)
+
+
+def _edit(run: LayerRun, cell: int, block: int, byte: int, xor: int) -> LayerRun:
+    """``run`` with one byte of one block XORed (byte 0-1: the f16 scale, little-endian; then the quants)."""
+    raw = bytearray(bytes(run.data.view))
+    bb = 34 if run.type_id == TypeId.Q8_0 else 18
+    raw[cell * run.row_size + block * bb + byte] ^= xor
+    return LayerRun(run.part, run.index, 0, run.type_id, run.row_size, run.n_cells, Run.of(bytes(raw)))
+
+
+@pytest.mark.parametrize("t", [TypeId.Q8_0, TypeId.Q4_0])
+def test_drift_rerounds_by_a_step_and_is_no_flipped_block(t):
+    x, rec = _pair(t)
+    clean = _run(x, t)
+    ratios, steps = block_changes(clean, rec)
+    fin = ratios[np.isfinite(ratios)]
+    assert steps.max() <= 1 and (fin.size == 0 or np.abs(np.log2(np.abs(fin))).max() < 0.2)
+    assert flipped_block(clean, rec) is None
+
+
+def _same_quants(clean: LayerRun, rec: LayerRun) -> list[tuple[int, int]]:
+    """(cell, block) of the blocks whose quants are the recompute's (q8_0: within a step)."""
+    bb = 34 if clean.type_id == TypeId.Q8_0 else 18
+    a = np.frombuffer(bytes(clean.data.view), np.uint8).reshape(N_CELLS, -1, bb)[..., 2:]
+    b = np.frombuffer(bytes(rec.data.view), np.uint8).reshape(N_CELLS, -1, bb)[..., 2:]
+    if clean.type_id == TypeId.Q8_0:
+        ok = (np.abs(a.view(np.int8).astype(int) - b.view(np.int8).astype(int)) <= 1).all(axis=-1)
+    else:
+        ok = (a == b).all(axis=-1)
+    return [(int(c), int(k)) for c, k in zip(*np.nonzero(ok), strict=True)]
+
+
+@pytest.mark.parametrize(
+    ("t", "xor"),
+    [
+        (TypeId.Q8_0, 0x80),  # the scale's sign bit: the block negated
+        (TypeId.Q8_0, 0x04),  # its lowest exponent bit: scaled by 2 or 1/2
+        (TypeId.Q8_0, 0x02),  # its top mantissa bit: by 1.25-1.5 or 0.67-0.75
+        (TypeId.Q8_0, 0x01),  # the next: by 1.125-1.25 or 0.8-0.89
+        (TypeId.Q4_0, 0x80),
+        (TypeId.Q4_0, 0x04),
+        (TypeId.Q4_0, 0x08),  # the next exponent bit: by 4 or 1/4
+    ],
+)
+def test_a_flipped_scale_bit_is_named_whatever_the_noise(t, xor):
+    """In a drifting file one bit of a block's f16 scale (byte 1 of the block: the sign, the
+    exponent, the top two mantissa bits), in blocks whose quants the drift left as recomputed
+    (q8_0: or re-rounded by a step)."""
+    x, rec = _pair(t)
+    blocks = _same_quants(_run(x, t), rec)
+    assert len(blocks) > 100
+    for cell, block in blocks[:: len(blocks) // 5]:
+        damaged = _edit(_run(x, t), cell, block, 1, xor)
+        sp = flipped_block(damaged, rec)
+        assert sp is not None and sp.cell == cell and block * 32 <= sp.element < (block + 1) * 32
+        assert "scale" in sp.signature
+        assert find_spike(damaged, rec) is not None
+
+
+@pytest.mark.parametrize(("t", "byte", "xor"), [(TypeId.Q8_0, 7, 0x08), (TypeId.Q4_0, 7, 0x04)])
+def test_a_flipped_quant_bit_is_named_whatever_the_noise(t, byte, xor):
+    """q8_0 bit 3 (8 steps), q4_0 bit 2 of a low nibble (4 steps): one quant off, the scale exact."""
+    _x, rec = _pair(t)
+    sp = flipped_block(_edit(rec, 30, 1, byte, xor), rec)  # the recompute's own block: the scale exact
+    assert sp is not None and sp.cell == 30 and sp.element == 32 + byte - 2 and "one quant" in sp.signature
+
+
+@pytest.mark.parametrize("t", [TypeId.Q8_0, TypeId.Q4_0])
+def test_low_bits_are_not_the_signature(t):
+    """The scale's lowest mantissa bit (0.1 %) and a quant's lowest bit (one step) are what drift
+    does too: not claimed by the signature (an exact context's own limit still sees them)."""
+    _x, rec = _pair(t)
+    assert flipped_block(_edit(rec, 3, 0, 0, 0x01), rec) is None
+    assert flipped_block(_edit(rec, 3, 0, 5, 0x01), rec) is None
