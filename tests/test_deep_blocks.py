@@ -102,3 +102,19 @@ def test_low_bits_are_not_the_signature(t):
     _x, rec = _pair(t)
     assert flipped_block(_edit(rec, 3, 0, 0, 0x01), rec) is None
     assert flipped_block(_edit(rec, 3, 0, 5, 0x01), rec) is None
+
+
+@pytest.mark.parametrize("t", [TypeId.Q8_0, TypeId.Q4_0])
+def test_a_low_scale_bit_in_an_otherwise_exact_layer_is_named(t):
+    """Where the recompute matches the whole layer bit for bit but one block, that block's scale a
+    few f16 steps off with every quant the same is a flipped mantissa bit (bit 2: 4 steps), though
+    it moves no value by a quantization step; bit 0 or 1 (1-2 steps) is what a re-rounded scale
+    could do, and is left."""
+    _x, rec = _pair(t)
+    sp = flipped_block(_edit(rec, 12, 3, 0, 0x04), rec)
+    assert sp is not None and sp.cell == 12 and 96 <= sp.element < 128 and "only block" in sp.signature
+    assert find_spike(_edit(rec, 12, 3, 0, 0x04), rec) is not None
+    assert flipped_block(_edit(rec, 12, 3, 0, 0x02), rec) is None
+    # two blocks off: not an exact layer, and a bit-2 change is within what drift does to a scale
+    two = _edit(_edit(rec, 12, 3, 0, 0x04), 40, 1, 0, 0x01)
+    assert flipped_block(two, rec) is None

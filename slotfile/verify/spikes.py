@@ -397,7 +397,9 @@ def spike_message(run: LayerRun, sp: Spike, pos: int | None) -> str:
     """One line: the layer, cell, element and how far the value stands above every noise level."""
     at = f"cell {sp.cell}" + (f" (position {pos})" if pos is not None else "")
     what = "element" if sp.block == 1 else f"block of {sp.block} values holding element"
-    if sp.exact:
+    if sp.signature:
+        why = sp.signature
+    elif sp.exact:
         where = (
             "every other value of the layer"
             if sp.alone
@@ -407,8 +409,6 @@ def spike_message(run: LayerRun, sp: Spike, pos: int | None) -> str:
             f"{sp.ratio:.3g} storage steps of {sp.resolution:.3g} where {where} equal the recompute exactly "
             f"(limit {sp.limit:g} steps)"
         )
-    elif sp.signature:
-        why = sp.signature
     else:
         head = "scaled to this element's size " if sp.scaled else ""
         why = (
@@ -462,6 +462,9 @@ def flipped_block(a: LayerRun, b: LayerRun, b_cells: np.ndarray | None = None) -
     ratios, steps = block_changes(a, b, b_cells)
     if not ratios.size:
         return None
+    lone = _lone_scale(a, b, b_cells)
+    if lone is not None:
+        return lone
     with np.errstate(all="ignore"):
         octaves = np.abs(np.log2(np.abs(ratios)))
     octaves = np.where(np.isfinite(ratios), octaves, 0.0)
@@ -504,6 +507,58 @@ def flipped_block(a: LayerRun, b: LayerRun, b_cells: np.ndarray | None = None) -
         block=bs,
         limit=1.0,
         signature=what,
+    )
+
+
+# In a layer the recompute matches bit for bit but for one block, that block's scale this many f16
+# steps (ulps) off with every quant the same is a flipped mantissa bit (bit 2 and up): with every
+# other value equal, a scale rounds to a neighbouring f16 at most (one re-rounded value of a whole
+# exact layer is what clean files show: a DeepSeek2 K quant, one step).
+EXACT_SCALE_ULPS = 4
+
+
+def _lone_scale(a: LayerRun, b: LayerRun, b_cells: np.ndarray | None) -> Spike | None:
+    """The one block of a q8_0/q4_0 layer that differs from the recompute, when it differs only in
+    its scale, by :data:`EXACT_SCALE_ULPS` f16 steps or more with its sign (a flipped low
+    mantissa bit of the scale: a change under one quantization step, under any noise limit)."""
+    bb = _SCALE_FIRST[a.type_id] + 2
+    ra, rb = a.array(), b.array()
+    if b_cells is not None:
+        rb = rb[b_cells]
+    xa, xb = ra.reshape(a.n_cells, -1, bb), rb.reshape(a.n_cells, -1, bb)
+    diff = (xa != xb).any(axis=-1)
+    if int(diff.sum()) != 1:
+        return None
+    c, k = (int(i) for i in np.argwhere(diff)[0])
+    if (xa[c, k, 2:] != xb[c, k, 2:]).any():
+        return None  # a quant differs: the noise and step rules judge it
+    sa, sb = (int(np.frombuffer(x[c, k, :2].tobytes(), np.int16)[0]) for x in (xa, xb))
+    if (sa < 0) != (sb < 0) or abs(sa - sb) < EXACT_SCALE_ULPS:
+        return None  # a sign flip is the scale rule's; a step or two, rounding
+    bs = block_size(a.type_id)
+    x, y = (
+        dequant_rows(a, c, c + 1)[0, k * bs : (k + 1) * bs],
+        dequant_rows(b, c, c + 1, b_cells)[0, k * bs : (k + 1) * bs],
+    )
+    i = int(np.argmax(np.abs(x - y)))
+    return Spike(
+        cell=c,
+        element=k * bs + i,
+        ratio=abs(sa - sb) / EXACT_SCALE_ULPS,
+        diff=float(abs(x[i] - y[i])),
+        stored=float(x[i]),
+        recomputed=float(y[i]),
+        head_rest=0.0,
+        cells_rest=0.0,
+        resolution=float(np.max(np.abs(y))) / _QMAX[a.type_id],
+        block=bs,
+        limit=1.0,
+        exact=True,
+        alone=True,
+        signature=(
+            f"the only block of the layer that differs from the recompute, in its scale alone, {abs(sa - sb)} f16 "
+            f"steps off (limit {EXACT_SCALE_ULPS})"
+        ),
     )
 
 
