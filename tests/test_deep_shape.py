@@ -1132,15 +1132,23 @@ def test_a_recurrent_state_failing_by_its_median_is_not_drift(tmp_path: Path):
     assert d.details["margin"] > 4
 
 
+def _replayed_bodies(gemma_bytes: bytes, monkeypatch, first_at: int, replay_at: int) -> tuple[Any, Any, Any]:
+    """The file's body, a first recompute drifting from ``first_at`` and a replay's drifting from
+    ``replay_at``, in a cache taken as several streams (so no one-stream rule passes the drift)."""
+    monkeypatch.setattr(shape, "single_stream", lambda body: False)
+    return (
+        parse_buffer(gemma_bytes).body,
+        parse_buffer(drift_from(gemma_bytes, first_at, 1.6)).body,
+        parse_buffer(drift_from(gemma_bytes, replay_at, 1.6)).body,
+    )
+
+
 def test_a_replay_of_generated_tokens_that_moves_the_difference_skips_prefill_splits(gemma_bytes, monkeypatch):
     """A reply replayed one token per call reproduces the state past where the prefill parted
     (46 -> 50): the server generated those tokens, so the splits that prefill position 46 are not
     recomputed (an edited 1,607-token chat: 5 recomputes, 30 of 56 seconds), and the drift left
     passes on that replay, with the first layer agreeing, even in a cache of several streams."""
-    monkeypatch.setattr(shape, "single_stream", lambda body: False)
-    file_body = parse_buffer(gemma_bytes).body
-    first = parse_buffer(drift_from(gemma_bytes, 46, 1.6)).body
-    later = parse_buffer(drift_from(gemma_bytes, 50, 1.6)).body
+    file_body, first, later = _replayed_bodies(gemma_bytes, monkeypatch, 46, 50)
     asked: list[Schedule] = []
 
     def replay(s: Schedule):
@@ -1168,10 +1176,7 @@ def test_a_replay_that_parts_at_its_first_generated_token_skips_prefill_splits(g
     part exactly there (a -t 6 -fa on server generated it: flash attention's split path sums a
     one-token decode's cells in one chunk per thread): no split that prefills that token can agree
     there, so none is recomputed (a 2,440-token chat: 4 recomputes, 25 of 67 seconds, saved)."""
-    monkeypatch.setattr(shape, "single_stream", lambda body: False)
-    file_body = parse_buffer(gemma_bytes).body
-    first = parse_buffer(drift_from(gemma_bytes, 40, 1.6)).body
-    at_reply = parse_buffer(drift_from(gemma_bytes, 46, 1.6)).body
+    file_body, first, at_reply = _replayed_bodies(gemma_bytes, monkeypatch, 40, 46)
     asked: list[Schedule] = []
 
     def replay(s: Schedule):
