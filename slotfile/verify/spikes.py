@@ -457,8 +457,10 @@ MIN_QUANTS = 4
 def flipped_block(a: LayerRun, b: LayerRun, b_cells: np.ndarray | None = None) -> Spike | None:
     """The q8_0/q4_0 block of run ``a`` whose raw bytes differ from the recomputed block's as one
     flipped bit does and drift does not (:func:`block_changes`): every quant the same (q8_0: or
-    re-rounded by a step) and the scale negated or scaled by :data:`BLOCK_SCALE_LOG2` octaves or more, or the
-    scale the same and one quant :data:`BLOCK_QUANT_STEPS` steps or more off.  None: no such block."""
+    re-rounded by a step) and the scale negated or scaled by :data:`BLOCK_SCALE_LOG2` octaves or
+    more (a block of :data:`MIN_QUANTS` quants off zero or more), or the scale the same and one
+    quant :data:`BLOCK_QUANT_STEPS` steps or more off; first, the one block of an otherwise exact
+    layer whose scale alone moved (:func:`_lone_scale`).  None: no such block."""
     ratios, steps = block_changes(a, b, b_cells)
     if not ratios.size:
         return None
@@ -565,10 +567,10 @@ def _lone_scale(a: LayerRun, b: LayerRun, b_cells: np.ndarray | None) -> Spike |
 def block_changes(a: LayerRun, b: LayerRun, b_cells: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """For a q8_0/q4_0 run ``a`` against the recomputed ``b`` (``b_cells`` as in :func:`find_spike`),
     per block (cells, blocks): the ratio of the stored scale to the recomputed one where every quant
-    is the same (q8_0: or one step off, re-rounded) and the scale is not (NaN elsewhere), and the
-    largest quant difference in steps
-    where the scale is the same bit for bit and exactly one quant differs (0 elsewhere).  Empty
-    arrays for any other type or a transposed run."""
+    is the same (q8_0: or one step off, re-rounded) and the scale is not, in blocks of
+    :data:`MIN_QUANTS` quants off zero or more (NaN elsewhere), and the largest quant difference in
+    steps where the scale is the same bit for bit and exactly one quant differs (0 elsewhere).
+    Empty arrays for any other type or a transposed run."""
     t, n = a.type_id, a.n_cells
     nq = _SCALE_FIRST.get(t)
     if nq is None or a.transposed or n == 0 or a.row_size % (nq + 2):
