@@ -425,8 +425,8 @@ def spike_message(run: LayerRun, sp: Spike, pos: int | None) -> str:
 
 # Quantized blocks stored as an f16 scale ``d`` then the quants (ggml-common.h): ``block_q8_0``
 # (int8 qs[32]) and ``block_q4_0`` (uint8 qs[16]: element j in the low nibble of qs[j], j + 16 in
-# the high one, each minus 8).  Quant bytes per block:
-_SCALE_FIRST: dict[int, int] = {TypeId.Q8_0: 32, TypeId.Q4_0: 16}
+# the high one, each minus 8); their bytes per block are the type registry's ``type_size``.
+_SCALE_FIRST = (TypeId.Q8_0, TypeId.Q4_0)
 
 
 def _quants(raw: np.ndarray, t: int) -> np.ndarray:
@@ -479,11 +479,6 @@ def flipped_block(a: LayerRun, b: LayerRun, b_cells: np.ndarray | None = None) -
     if not (score > 0).any():
         return None
     c, k = (int(i) for i in np.unravel_index(int(np.argmax(score)), score.shape))
-    bs = block_size(a.type_id)
-    cb = c if b_cells is None else int(b_cells[c])
-    x, y = dequant_rows(a, c, c + 1)[0, k * bs : (k + 1) * bs], dequant_rows(b, cb, cb + 1)[0, k * bs : (k + 1) * bs]
-    i = int(np.argmax(np.abs(x - y)))
-    d_step = float(np.max(np.abs(y))) / _QMAX[a.type_id]
     if scale_score[c, k] >= quant_score[c, k]:
         r = float(ratios[c, k])
         what = (
@@ -496,19 +491,40 @@ def flipped_block(a: LayerRun, b: LayerRun, b_cells: np.ndarray | None = None) -
             f"the block's scale as recomputed bit for bit and this one quant {int(steps[c, k])} steps off "
             "(clean files: one step)"
         )
+    return _block_spike(a, b, b_cells, c, k, float(score[c, k]), what)
+
+
+def _block_spike(
+    a: LayerRun,
+    b: LayerRun,
+    b_cells: np.ndarray | None,
+    c: int,
+    k: int,
+    ratio: float,
+    signature: str,
+    exact: bool = False,
+) -> Spike:
+    """The :class:`Spike` of block ``k`` of cell ``c`` that a raw-block rule claims (limit 1), at
+    the block's value that moved most; ``exact``: every other block of the layer is the recompute's."""
+    bs = block_size(a.type_id)
+    x = dequant_rows(a, c, c + 1)[0, k * bs : (k + 1) * bs]
+    y = dequant_rows(b, c, c + 1, b_cells)[0, k * bs : (k + 1) * bs]
+    i = int(np.argmax(np.abs(x - y)))
     return Spike(
         cell=c,
         element=k * bs + i,
-        ratio=float(score[c, k]),
+        ratio=ratio,
         diff=float(abs(x[i] - y[i])),
         stored=float(x[i]),
         recomputed=float(y[i]),
         head_rest=0.0,
         cells_rest=0.0,
-        resolution=d_step,
+        resolution=float(np.max(np.abs(y))) / _QMAX[a.type_id],
         block=bs,
         limit=1.0,
-        signature=what,
+        exact=exact,
+        alone=exact,
+        signature=signature,
     )
 
 
@@ -523,7 +539,7 @@ def _lone_scale(a: LayerRun, b: LayerRun, b_cells: np.ndarray | None) -> Spike |
     """The one block of a q8_0/q4_0 layer that differs from the recompute, when it differs only in
     its scale, by :data:`EXACT_SCALE_ULPS` f16 steps or more with its sign (a flipped low
     mantissa bit of the scale: a change under one quantization step, under any noise limit)."""
-    bb = _SCALE_FIRST[a.type_id] + 2
+    bb = TYPES[a.type_id].type_size
     ra, rb = a.array(), b.array()
     if b_cells is not None:
         rb = rb[b_cells]
@@ -537,31 +553,11 @@ def _lone_scale(a: LayerRun, b: LayerRun, b_cells: np.ndarray | None) -> Spike |
     sa, sb = (int(np.frombuffer(x[c, k, :2].tobytes(), np.int16)[0]) for x in (xa, xb))
     if (sa < 0) != (sb < 0) or abs(sa - sb) < EXACT_SCALE_ULPS:
         return None  # a sign flip is the scale rule's; a step or two, rounding
-    bs = block_size(a.type_id)
-    x, y = (
-        dequant_rows(a, c, c + 1)[0, k * bs : (k + 1) * bs],
-        dequant_rows(b, c, c + 1, b_cells)[0, k * bs : (k + 1) * bs],
+    signature = (
+        f"the only block of the layer that differs from the recompute, in its scale alone, {abs(sa - sb)} f16 "
+        f"steps off (limit {EXACT_SCALE_ULPS})"
     )
-    i = int(np.argmax(np.abs(x - y)))
-    return Spike(
-        cell=c,
-        element=k * bs + i,
-        ratio=abs(sa - sb) / EXACT_SCALE_ULPS,
-        diff=float(abs(x[i] - y[i])),
-        stored=float(x[i]),
-        recomputed=float(y[i]),
-        head_rest=0.0,
-        cells_rest=0.0,
-        resolution=float(np.max(np.abs(y))) / _QMAX[a.type_id],
-        block=bs,
-        limit=1.0,
-        exact=True,
-        alone=True,
-        signature=(
-            f"the only block of the layer that differs from the recompute, in its scale alone, {abs(sa - sb)} f16 "
-            f"steps off (limit {EXACT_SCALE_ULPS})"
-        ),
-    )
+    return _block_spike(a, b, b_cells, c, k, abs(sa - sb) / EXACT_SCALE_ULPS, signature, exact=True)
 
 
 def block_changes(a: LayerRun, b: LayerRun, b_cells: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -572,10 +568,9 @@ def block_changes(a: LayerRun, b: LayerRun, b_cells: np.ndarray | None = None) -
     steps where the scale is the same bit for bit and exactly one quant differs (0 elsewhere).
     Empty arrays for any other type or a transposed run."""
     t, n = a.type_id, a.n_cells
-    nq = _SCALE_FIRST.get(t)
-    if nq is None or a.transposed or n == 0 or a.row_size % (nq + 2):
+    if t not in _SCALE_FIRST or a.transposed or n == 0 or a.row_size % TYPES[t].type_size:
         return np.zeros((0, 0)), np.zeros((0, 0))
-    bb = nq + 2
+    bb = TYPES[t].type_size
     ra, rb = a.array(), b.array()
     ratios, steps = [], []
     for c0 in range(0, n, CHUNK_CELLS):
