@@ -443,12 +443,13 @@ def _quants(raw: np.ndarray, t: int) -> np.ndarray:
 # the same (q8_0: or re-rounded by a step) the scale differs by at most a factor of 2^0.028 in
 # q8_0 and 2^0.184 in q4_0 (an edited chat); where the scale is the same bit for bit and one
 # quant differs, by one step.  One flipped bit gives more: the scale's sign bit negates the block,
-# an exponent bit scales it by 2^(2^k), its top mantissa bits by 1.125-1.5 or 0.67-0.89
-# (BLOCK_SCALE_LOG2: a factor of 2^0.15 = 1.11 in q8_0, 2^0.5 = 1.41 in q4_0, and more); a quant's
+# an exponent bit scales it by 2^(2^k), its mantissa bit k by 1 + 2^(k-10)/m (m in [1, 2): bit 7 by
+# 1.0625-1.125 or 0.89-0.94, bits 8-9 by more) (BLOCK_SCALE_LOG2: a factor of 2^0.085 = 1.06 in q8_0,
+# 3 times its clean maximum, which claims every bit 7 and up; 2^0.5 = 1.41 in q4_0); a quant's
 # bit k moves it by 2^k steps (BLOCK_QUANT_STEPS: q4_0 from bit 1, q8_0 from bit 2), whatever the
 # noise around it.  Only blocks with MIN_QUANTS quants off zero: a block of one dominant value is
 # that value's, and drift can move it as far (and a block of values near zero can change sign).
-BLOCK_SCALE_LOG2: dict[int, float] = {TypeId.Q8_0: 0.15, TypeId.Q4_0: 0.5}
+BLOCK_SCALE_LOG2: dict[int, float] = {TypeId.Q8_0: 0.085, TypeId.Q4_0: 0.5}
 CLEAN_BLOCK_LOG2: dict[int, float] = {TypeId.Q8_0: 0.028, TypeId.Q4_0: 0.184}
 BLOCK_QUANT_STEPS: dict[int, int] = {TypeId.Q8_0: 4, TypeId.Q4_0: 2}
 MIN_QUANTS = 4
