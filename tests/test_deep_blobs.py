@@ -60,6 +60,17 @@ def _zero_v_row(data: bytes, which: str, index: int = 0, layer: int = 1, cell: i
     return bytes(b), off
 
 
+def _negate_v_row(data: bytes, which: str, index: int = 0, layer: int = 1, cell: int = 3) -> tuple[bytes, int]:
+    """One cell's f16 V row of one layer of a blob with every sign bit flipped: (new bytes, its offset)."""
+    _, st = _blob_stream(data, which, index)
+    v = st.v[layer]
+    off = v.data.offset + cell * v.row_size
+    vals = np.frombuffer(data, dtype="<u2", count=v.row_size // 2, offset=off)
+    b = bytearray(data)
+    b[off : off + v.row_size] = (vals ^ np.uint16(0x8000)).astype("<u2").tobytes()
+    return bytes(b), off
+
+
 def _scale_k_row(data: bytes, which: str, index: int, layer: int, cell: int, factor: float) -> bytes:
     """One cell's f16 K row of one layer of a blob multiplied by ``factor``."""
     _, st = _blob_stream(data, which, index)
@@ -167,29 +178,37 @@ def test_clean_draft_state_passes_deep(draft_v, name):
     assert all(c["draft"]["status"] == "pass" for c in d["checkpoints"])
 
 
-def test_zeroed_row_in_sdft_fails_deep(draft_v, tmp_path):
+@pytest.mark.parametrize("damage", ["zeroed", "negated"])
+def test_damaged_row_in_sdft_fails_deep(draft_v, tmp_path, damage):
     data = (SLOTS / "llama_draft_sdft.slot").read_bytes()
-    bad, off = _zero_v_row(data, "sdft", layer=0, cell=40)
-    r, deep = _deep(draft_v, _write(tmp_path, "sdft-zeroed.slot", bad))
+    bad, off = (_zero_v_row if damage == "zeroed" else _negate_v_row)(data, "sdft", layer=0, cell=40)
+    r, deep = _deep(draft_v, _write(tmp_path, f"sdft-{damage}.slot", bad))
     assert r["levels"]["load"]["status"] == "pass" and deep["status"] == "fail"
     (p,) = deep["problems"]
     assert p["code"] == "deep-mismatch" and p["section"] == "sdft.data_dft.kv.stream[0]" and p["offset"] == off
-    assert deep["details"]["draft"]["status"] == "fail"
-    # every other layer recomputes cell 40 exactly: a lone cell, damage without a floor pass
-    # (the floor pass of a draft state: test_deep_blobs_damage.py)
-    assert deep["details"]["draft"]["stepwise"] == 0 and deep["details"]["draft"]["decided_by"] == "lone-layer"
+    d = deep["details"]["draft"]
+    assert d["status"] == "fail"
+    if damage == "zeroed":
+        # the row's 16 f16 values zeroed: a float zero run (judge.ZERO_RUN_FLOAT), damage whatever the floors
+        assert d["decided_by"] == "bytes" and "exactly zero, 16 of them" in p["message"]
+    else:
+        # every other layer recomputes cell 40 exactly: a lone cell, damage without a floor pass
+        # (the floor pass of a draft state: test_deep_blobs_damage.py)
+        assert d["stepwise"] == 0 and d["decided_by"] == "lone-layer"
 
 
-def test_zeroed_row_in_checkpoint_draft_blob_fails_deep(draft_v, tmp_path):
+@pytest.mark.parametrize("damage", ["zeroed", "negated"])
+def test_damaged_row_in_checkpoint_draft_blob_fails_deep(draft_v, tmp_path, damage):
     data = (SLOTS / "llama_draft_sdft.slot").read_bytes()
-    bad, off = _zero_v_row(data, "dft", index=2, layer=0, cell=30)
-    r, deep = _deep(draft_v, _write(tmp_path, "ckdft-zeroed.slot", bad))
+    bad, off = (_zero_v_row if damage == "zeroed" else _negate_v_row)(data, "dft", index=2, layer=0, cell=30)
+    r, deep = _deep(draft_v, _write(tmp_path, f"ckdft-{damage}.slot", bad))
     assert r["levels"]["load"]["status"] == "pass" and deep["status"] == "fail"
     (p,) = deep["problems"]
     assert p["section"] == "sckp.checkpoint[2].data_dft.kv.stream[0]" and p["offset"] == off
     assert "checkpoint 2 (n_tokens 32), draft" in p["message"]
     c = deep["details"]["checkpoints"][2]
-    assert c["status"] == "pass" and c["draft"]["status"] == "fail" and c["draft"]["decided_by"] == "lone-layer"
+    assert c["status"] == "pass" and c["draft"]["status"] == "fail"
+    assert c["draft"]["decided_by"] == ("bytes" if damage == "zeroed" else "lone-layer")
 
 
 @pytest.mark.slow

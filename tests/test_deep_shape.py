@@ -15,9 +15,10 @@ import pytest
 
 from slotfile.format.reader import open_slot_file, parse_buffer
 from slotfile.format.records import Body
+from slotfile.format.types import TypeId
 from slotfile.problems import CheckLevel, ProblemCode
 from slotfile.verify import shape
-from slotfile.verify.judge import ZERO_RUN, DeepInputs, Judgment, RunCells, align_cells, judge_layers
+from slotfile.verify.judge import ZERO_RUN, ZERO_RUN_FLOAT, DeepInputs, Judgment, RunCells, align_cells, judge_layers
 from slotfile.verify.records import Level
 from slotfile.verify.shape import (
     LARGER_UBATCH,
@@ -39,7 +40,7 @@ from slotfile.verify.shape import (
     reply_schedules,
     spiked_tokens,
 )
-from slotfile.verify.stats import _zero_run
+from slotfile.verify.stats import ZERO_SIGNIFICANT, _zero_run
 
 from .conftest import MODELS, SLOTS
 
@@ -127,6 +128,42 @@ def test_zero_run_is_not_cut_by_the_recomputes_own_zeros():
     assert _zero_run(x, y, transposed=False) == (256 - 22, 256)
     # a clean quantized row keeps its zeros where the recompute has them: nothing
     assert _zero_run(y, y, transposed=False) == (0, -1)
+
+
+def test_a_float_zero_run_counts_only_values_no_writer_rounds_to_zero():
+    """A float cache's zero run counts the recomputed values of 2^-14 (f16's smallest normal) or more:
+    a writer that flushes subnormals stores the smaller ones as zero."""
+    y = np.full((1, 16), 0.25)
+    y[0, 4:8] = 2.0**-16  # subnormal in f16
+    x = y.copy()
+    x[0, 2:10] = 0
+    assert _zero_run(x, y, transposed=False) == (8, 2)
+    assert _zero_run(x, y, transposed=False, at_least=ZERO_SIGNIFICANT) == (4, 2)
+
+
+def test_sixteen_zeroed_bytes_in_a_drifting_f16_layer_are_damage(gemma_bytes):
+    """16 bytes (8 f16 values) zeroed in a layer drifting far over its floors: the spike rule's noise
+    is the rest of its head, which the other zeroed values fill, and 8 is under ZERO_RUN; a float
+    cache's own limit (ZERO_RUN_FLOAT) claims it, and 3 zeroed values stay unclaimed by it."""
+    clean = parse_buffer(gemma_bytes).body
+    drifting = drift_from(gemma_bytes, 30)
+    run = _last_v(parse_buffer(gemma_bytes))
+    assert run.transposed and run.type_id == TypeId.F16
+    # element 5 of cells 40-47 (transposed: element-major, so 8 values in a row), after the onset
+    start = run.data.offset + 2 * (5 * run.n_cells + 40)
+    assert np.abs(np.frombuffer(gemma_bytes, np.float16, 8, start)).min() >= ZERO_SIGNIFICANT
+
+    def zeroed(n: int) -> bytes:
+        out = bytearray(drifting)
+        out[start : start + 2 * n] = bytes(2 * n)
+        return bytes(out)
+
+    j = judge_layers(parse_buffer(zeroed(8)).body, clean)
+    assert j.byte_damage and any("exactly zero, 8 of them" in p[3] for p in j.problems)
+    assert drift_shape(j).evidence.startswith("bytes:")
+    j = judge_layers(parse_buffer(zeroed(3)).body, clean)
+    assert not any("exactly zero" in p[3] for p in j.problems)
+    assert ZERO_RUN_FLOAT < 8 <= ZERO_RUN
 
 
 def _cells(layers: dict[tuple[str, int], dict[int, float]], n: int = 40, base: float = 0.5) -> Judgment:

@@ -20,7 +20,7 @@ from slotfile.model.expect import rotation_widths
 from slotfile.problems import ProblemCode
 from slotfile.verify.records import Level
 from slotfile.verify.spikes import Spike, block_size, find_spike, spike_message
-from slotfile.verify.stats import CellStats, RowStats, cell_stats, tolerance_class
+from slotfile.verify.stats import FLOAT_TYPES, CellStats, RowStats, cell_stats, tolerance_class
 
 Caches = dict[str, CacheExpect]  # a model's KV caches by block role ("kv", "kv-base", "kv-swa", ...)
 
@@ -64,8 +64,21 @@ MIN_FLOOR = {
 }
 # A run of stored values, in byte order, exactly zero and holding at least this many values where
 # the recompute's are not, is damage whatever the floors say (a zeroed 512-byte sector holds 256
-# f16 values; stats._zero_run).
+# f16 values; stats._zero_run).  A quantized cache holds exact zeros of its own (a q4_0 quant of
+# 8, one value in 16), so it takes ZERO_RUN; a float one ZERO_RUN_FLOAT, counting only recomputed
+# values of at least 2^-14 (stats.ZERO_SIGNIFICANT): 16 zeroed bytes hold 7-8 f16 values, and
+# clean real-server files show such runs of one value at most (2026-12-07: every comparison deep
+# made on 84 v3/v4 Gemma 3 f16 files, 16 of them with one, and 311 fixture-model files with f16
+# K/V and f32 R/S, none; bench/detect-zero-runs.md).
 ZERO_RUN = 32
+ZERO_RUN_FLOAT = 4
+
+
+def zero_run_limit(type_id: int) -> int:
+    """The zero run (:func:`slotfile.verify.stats._zero_run`) that is damage in a run of this type."""
+    return ZERO_RUN_FLOAT if type_id in FLOAT_TYPES else ZERO_RUN
+
+
 MARGIN_LIMIT = 4.0  # a layer fails when a statistic is more than this many noise floors
 # A cell whose head norm is off the recompute's this many times more (in |ln(norm ratio)|) than
 # any other cell's of its layer, beyond MARGIN_LIMIT floors, while its direction is no outlier:
@@ -233,7 +246,7 @@ def compare_layer(fr: LayerRun, rr: LayerRun, head: int, b_cells: np.ndarray | N
     :func:`~slotfile.verify.spikes.find_spike` where the stored values are finite and hold no
     run of zeros (what :func:`_compare_run` reports first)."""
     cs = cell_stats(fr, rr, head, b_cells=b_cells)
-    clean = cs.first_bad < 0 and cs.zero_run < ZERO_RUN
+    clean = cs.first_bad < 0 and cs.zero_run < zero_run_limit(fr.type_id)
     return Compared(cs, find_spike(fr, rr, head, b_cells) if clean else None)
 
 
@@ -475,7 +488,7 @@ def _compare_run(
         msg = f"{fr.part} layer {fr.index}: non-finite values (first in cell {cell})"
         out.problems.append((ProblemCode.DEEP_NONFINITE, sec, fr.data.offset, msg))
         out.byte_damage.append(f"{sec} {msg}")
-    elif cs.zero_run >= ZERO_RUN:
+    elif cs.zero_run >= zero_run_limit(fr.type_id):
         zc, ze = cs.zero_at
         msg = (
             f"{fr.part} layer {fr.index} ({fr.type_name}): {_cell_label(zc, pos)} element {ze} starts a run of "

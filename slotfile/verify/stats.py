@@ -17,6 +17,11 @@ from slotfile.format.records import LayerRun
 from slotfile.format.types import TypeId
 
 FLOAT_TYPES = (TypeId.F32, TypeId.F16, TypeId.BF16)
+# A float zero run counts the values the recompute holds at this size or more: f16's smallest
+# normal.  No writer rounds such a value to an exact zero (a value rounds to an f16 zero below
+# 2^-25, and a kernel that flushes subnormals zeroes only values under 2^-14), so a stored zero
+# there is a zeroed byte; what the recompute holds below it a writer may well store as zero.
+ZERO_SIGNIFICANT = 2.0**-14
 EIGHT_BIT = (TypeId.Q8_0, TypeId.Q8_1)
 CHUNK_CELLS = 4096  # cells dequantized at a time (bounded memory on big files)
 
@@ -85,8 +90,9 @@ class CellStats:
     one relative norm cannot tell a rounding difference from a wrong head); ``emax``: the
     largest single-element difference (the view that sees one flipped exponent, which a head
     angle over 256 elements dilutes).  ``zero_run``: the longest run, in the file's byte order,
-    of stored values that are exactly zero where the recompute's are not (a zeroed sector or
-    page), starting at element ``zero_at`` (cell, element)."""
+    of stored values that are exactly zero where the recompute's are not (a float type's: where
+    they are :data:`ZERO_SIGNIFICANT` or more; a zeroed sector, page or a few values), starting
+    at element ``zero_at`` (cell, element)."""
 
     angle: np.ndarray
     lnorm: np.ndarray
@@ -165,10 +171,11 @@ def _head_stats(x: np.ndarray, y: np.ndarray, head: int) -> tuple[np.ndarray, np
     return np.max(ang, axis=1), np.max(ln, axis=1)
 
 
-def _zero_run(x: np.ndarray, y: np.ndarray, transposed: bool) -> tuple[int, int]:
-    """The run, in byte order, of exact zeros in ``x`` that holds the most values where ``y`` is
-    not zero: (that count, flat index of the run's start in that order).  The recompute's own
-    zeros inside the run do not end it: a quantized cache holds exact zeros (q4_0: about one
+def _zero_run(x: np.ndarray, y: np.ndarray, transposed: bool, at_least: float = 0.0) -> tuple[int, int]:
+    """The run, in byte order, of exact zeros in ``x`` that holds the most values where ``|y|`` is
+    over ``at_least`` (:data:`ZERO_SIGNIFICANT` for a float type, 0: not zero): (that count, flat
+    index of the run's start in that order).  The recompute's own (or small)
+    values inside the run do not end it: a quantized cache holds exact zeros (q4_0: about one
     value in 16, a quant of 8), so counting only consecutive "zero where the recompute is not"
     cut a zeroed q4_0 row of 256 values into runs under :data:`~slotfile.verify.judge.ZERO_RUN`.
     A transposed V stores each element's values of all cells together
@@ -180,7 +187,7 @@ def _zero_run(x: np.ndarray, y: np.ndarray, transposed: bool) -> tuple[int, int]
     flat = in_byte_order(x == 0)
     if not flat.any():
         return 0, -1
-    counts = np.concatenate(([0], np.cumsum(in_byte_order(y != 0), dtype=np.int64)))
+    counts = np.concatenate(([0], np.cumsum(in_byte_order(np.abs(y) > at_least), dtype=np.int64)))
     d = np.diff(np.concatenate(([0], flat.view(np.int8), [0])))
     starts, ends = np.flatnonzero(d == 1), np.flatnonzero(d == -1)
     held = counts[ends] - counts[starts]  # values in each run where the recompute is not zero
@@ -225,7 +232,7 @@ def cell_stats(
         ad = np.abs(d)
         st.emax[c0:c1] = np.max(ad, axis=1)
         st.ymax = max(st.ymax, float(np.max(np.abs(y))))
-        run, at = _zero_run(x, y, a.transposed)
+        run, at = _zero_run(x, y, a.transposed, ZERO_SIGNIFICANT if a.type_id in FLOAT_TYPES else 0.0)
         if run > st.zero_run:
             cells_in = c1 - c0
             cell, el = (at % cells_in, at // cells_in) if a.transposed else divmod(at, x.shape[1])
