@@ -131,7 +131,7 @@ def test_zero_run_is_not_cut_by_the_recomputes_own_zeros():
 
 
 def test_a_float_zero_run_counts_only_values_no_writer_rounds_to_zero():
-    """A float cache's zero run counts the recomputed values of 2^-14 (f16's smallest normal) or more:
+    """A float cache's zero run counts the recomputed values over 2^-14 (f16's smallest normal):
     a writer that flushes subnormals stores the smaller ones as zero."""
     y = np.full((1, 16), 0.25)
     y[0, 4:8] = 2.0**-16  # subnormal in f16

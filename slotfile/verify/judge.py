@@ -66,7 +66,7 @@ MIN_FLOOR = {
 # the recompute's are not, is damage whatever the floors say (a zeroed 512-byte sector holds 256
 # f16 values; stats._zero_run).  A quantized cache holds exact zeros of its own (a q4_0 quant of
 # 8, one value in 16), so it takes ZERO_RUN; a float one ZERO_RUN_FLOAT, counting only recomputed
-# values of at least 2^-14 (stats.ZERO_SIGNIFICANT): 16 zeroed bytes hold 7-8 f16 values, and
+# values over 2^-14 (stats.ZERO_SIGNIFICANT): 16 zeroed bytes hold 7-8 f16 values, and
 # clean real-server files show such runs of one value at most (2026-12-07: every comparison deep
 # made on 84 v3/v4 Gemma 3 f16 files, 16 of them with one, and 311 fixture-model files with f16
 # K/V and f32 R/S, none; bench/detect-zero-runs.md).

@@ -17,10 +17,10 @@ from slotfile.format.records import LayerRun
 from slotfile.format.types import TypeId
 
 FLOAT_TYPES = (TypeId.F32, TypeId.F16, TypeId.BF16)
-# A float zero run counts the values the recompute holds at this size or more: f16's smallest
-# normal.  No writer rounds such a value to an exact zero (a value rounds to an f16 zero below
-# 2^-25, and a kernel that flushes subnormals zeroes only values under 2^-14), so a stored zero
-# there is a zeroed byte; what the recompute holds below it a writer may well store as zero.
+# A float zero run counts the values the recompute holds over this size: f16's smallest normal.
+# No writer rounds such a value to an exact zero (a value rounds to an f16 zero below 2^-25, and a
+# kernel that flushes subnormals zeroes only values under 2^-14), so a stored zero there is a
+# zeroed byte; what the recompute holds below it a writer may well store as zero.
 ZERO_SIGNIFICANT = 2.0**-14
 EIGHT_BIT = (TypeId.Q8_0, TypeId.Q8_1)
 CHUNK_CELLS = 4096  # cells dequantized at a time (bounded memory on big files)
@@ -91,7 +91,7 @@ class CellStats:
     largest single-element difference (the view that sees one flipped exponent, which a head
     angle over 256 elements dilutes).  ``zero_run``: the longest run, in the file's byte order,
     of stored values that are exactly zero where the recompute's are not (a float type's: where
-    they are :data:`ZERO_SIGNIFICANT` or more; a zeroed sector, page or a few values), starting
+    they are over :data:`ZERO_SIGNIFICANT`; a zeroed sector, page or a few values), starting
     at element ``zero_at`` (cell, element)."""
 
     angle: np.ndarray
@@ -174,8 +174,8 @@ def _head_stats(x: np.ndarray, y: np.ndarray, head: int) -> tuple[np.ndarray, np
 def _zero_run(x: np.ndarray, y: np.ndarray, transposed: bool, at_least: float = 0.0) -> tuple[int, int]:
     """The run, in byte order, of exact zeros in ``x`` that holds the most values where ``|y|`` is
     over ``at_least`` (:data:`ZERO_SIGNIFICANT` for a float type, 0: not zero): (that count, flat
-    index of the run's start in that order).  The recompute's own (or small)
-    values inside the run do not end it: a quantized cache holds exact zeros (q4_0: about one
+    index of the run's start in that order).  The recompute's own zeros (or small values) inside
+    the run do not end it: a quantized cache holds exact zeros (q4_0: about one
     value in 16, a quant of 8), so counting only consecutive "zero where the recompute is not"
     cut a zeroed q4_0 row of 256 values into runs under :data:`~slotfile.verify.judge.ZERO_RUN`.
     A transposed V stores each element's values of all cells together
