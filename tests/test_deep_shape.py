@@ -586,6 +586,28 @@ def test_a_replay_that_computes_alike_where_the_first_recompute_fails_is_skipped
     assert [t.get("stepwise") for t in out.tried if "skipped" in t] == [[[50, 54]]]
 
 
+def test_a_spike_in_an_exact_context_gets_no_replay(gemma_bytes):
+    """A value far off while the rest of its head and its element in every other cell equal the
+    first recompute bit for bit: that recompute computes the layer as the server did, so the
+    difference is the bytes' whatever schedule a replay tries.  A replay that computes the layer
+    otherwise (another first micro-batch rounds every cell anew) would only hide the value in its
+    own noise: none is asked for."""
+    file_body = parse_buffer(gemma_bytes).body
+    damaged = parse_buffer(flip_exponent(gemma_bytes)).body
+    asked: list[Schedule] = []
+
+    def replay(s: Schedule):
+        asked.append(s)
+        return parse_buffer(drift_from(gemma_bytes, 0, 1.01)).body, ""
+
+    out = judge_with_schedules(
+        damaged, DeepInputs(n_tokens=54), (Schedule(2048, 24), file_body), replay, replies=lambda: [(10, 20), (50, 54)]
+    )
+    assert out.decided_by == "bytes" and asked == [] and len(out.tried) == 1
+    assert any(r.get("spike", {}).get("exact") for r in out.judgment.rows)
+    assert "isolated spike" in out.evidence
+
+
 def test_cells_in_another_order_are_the_same_cells(gemma_bytes):
     """A sliding-window ring holds the positions in the order the server's split wrote them: a
     file whose SWA cells are rotated is the same state."""
@@ -1237,7 +1259,9 @@ def test_a_replay_that_leaves_drift_where_the_first_recompute_looked_damaged_pas
     change in the file differs from the replay alike and still fails; so does a replay that does not
     halve the margin."""
     clean = parse_buffer(gemma_bytes).body
-    odd_first = parse_buffer(flip_exponent(gemma_bytes)).body  # the prefill's value far off at one element
+    # the prefill's value far off at one element, in a layer the prefill rounds otherwise everywhere (a
+    # generated row decoded by another kernel path: no exact context, which gets no replay)
+    odd_first = parse_buffer(flip_exponent(drift_from(gemma_bytes, 0, 1.002))).body
     replayed = parse_buffer(drift_from(gemma_bytes, 46, 1.1)).body  # the replay: drift, 11.6 floors
     asked: list[Schedule] = []
 

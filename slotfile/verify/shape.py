@@ -542,6 +542,12 @@ def computes_alike_until(first: Schedule, s: Schedule, n: int) -> int:
     return next((x[0] for x, y in zip(a, b, strict=False) if x != y), n)
 
 
+def _exact_spike(j: Judgment) -> bool:
+    """Whether a layer of ``j`` holds an isolated spike in an exact context
+    (:class:`~slotfile.verify.spikes.Spike` ``exact``): byte damage no schedule explains."""
+    return any(bool(r.get("spike", {}).get("exact")) for r in j.rows)
+
+
 def over_limit_before(j: Judgment, p: int) -> tuple[int, float]:
     """The layers holding a cell over :data:`MARGIN_LIMIT` floors at a position before ``p``, and
     the largest such cell ratio there (0 layers: none, or no layer keeps positions)."""
@@ -627,6 +633,14 @@ def judge_with_schedules(
         inputs.floor_body, inputs.caches, inputs.n_tokens, inputs.n_stepwise, j.floors, tokens=inputs.tokens
     )
     spans = replies() if replies is not None and recompute is not None else ()
+    if not shape.drift and _exact_spike(j):
+        # a value far off while the rest of its head and its element in every other cell equal the
+        # recompute bit for bit: the recompute reproduces the server's computation there, so no
+        # other schedule can explain the value, and a replay that computes the layer otherwise
+        # (another micro-batch from position 0 rounds every cell anew) only hides it in its own
+        # noise (a v3 chat's V layer 0 element moved 256 steps at position 14 passed by a replay
+        # of its replies, bench/detect-zero-runs.md)
+        return Outcome(j, sched, "bytes", shape.evidence, tried)
     if not shape.drift:
         # one cell of a generated reply can sit far from a prefill's (a 713-token chat: 45 degrees,
         # one element 5.5 times its noise, like a flipped bit); replaying the replies is the one
