@@ -629,10 +629,6 @@ def judge_with_schedules(
         return Outcome(j, sched, "statistics", "every layer within its noise floors", tried)
     first_block = first_layer_block(inputs.caches)
     shape = drift_shape(j, first_block=first_block)
-    again = DeepInputs(
-        inputs.floor_body, inputs.caches, inputs.n_tokens, inputs.n_stepwise, j.floors, tokens=inputs.tokens
-    )
-    spans = replies() if replies is not None and recompute is not None else ()
     if not shape.drift and _exact_spike(j):
         # a value far off while the rest of its head and its element in every other cell equal the
         # recompute bit for bit: the recompute reproduces the server's computation there, so no
@@ -641,6 +637,10 @@ def judge_with_schedules(
         # noise (a v3 chat's V layer 0 element moved 256 steps at position 14 passed by a replay
         # of its replies, bench/detect-zero-runs.md)
         return Outcome(j, sched, "bytes", shape.evidence, tried)
+    again = DeepInputs(
+        inputs.floor_body, inputs.caches, inputs.n_tokens, inputs.n_stepwise, j.floors, tokens=inputs.tokens
+    )
+    spans = replies() if replies is not None and recompute is not None else ()
     if not shape.drift:
         # one cell of a generated reply can sit far from a prefill's (a 713-token chat: 45 degrees,
         # one element 5.5 times its noise, like a flipped bit); replaying the replies is the one
