@@ -512,6 +512,22 @@ def configs(version: int) -> list[Config]:
             scenarios=("edit", "regenerate"),
         ),
         Config("g-k-q4-fa-off", "gemma", cache_k="q4_0", n_predict=64, scenarios=("single", "long", "multiturn")),
+        # the other cache types a server takes (common/arg.cpp kv_cache_types: f32, bf16, q4_1, iq4_nl, q5_0,
+        # q5_1); a quantized V needs -fa on (llama_init_from_model refuses it otherwise)
+        *(
+            Config(
+                f"g-ctype-{t}",
+                "gemma",
+                flash_attn="on",
+                cache_k=t,
+                cache_v=t,
+                n_predict=64,
+                scenarios=("single", "long", "multiturn"),
+            )
+            for t in ("f32", "bf16", "q4_1", "iq4_nl", "q5_0", "q5_1")
+        ),
+        Config("g-ctype-bf16-fa-off", "gemma", cache_k="bf16", cache_v="bf16", n_predict=64),
+        Config("g-ctype-k-q5_1-fa-off", "gemma", cache_k="q5_1", n_predict=64, scenarios=("single", "long")),
         Config(
             "g-np4-kvu-q4",
             "gemma",

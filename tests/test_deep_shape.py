@@ -1137,6 +1137,36 @@ def test_damage_a_retry_leaves_alone_is_damage(gemma_bytes):
     assert out.decided_by == "schedule" and not out.judgment.problems
 
 
+def test_a_retry_that_parts_before_the_first_recompute_leaves_nothing_alone(gemma_bytes):
+    """A retry that parts earlier than the first recompute computes those positions otherwise than
+    the server did (the first recompute matched them bit for bit), so a lone cell it leaves there
+    is its own, not the file's: the retries go on (a clean v3 ``-ctk q5_1 -fa off`` long document:
+    exact up to 2,005 first, 1,028 with a whole-context window, a lone V cell at 1,051 read as
+    damage; it passes as drift once the replies are replayed)."""
+    file_body = parse_buffer(gemma_bytes).body
+    drifted = parse_buffer(drift_from(gemma_bytes, 46)).body
+    own = parse_buffer(_scale_cell(gemma_bytes, [("kv-base", "V", 1)], 30, 1.2)).body
+    assert shape.first_difference(judge_layers(file_body, own, DeepInputs(n_tokens=54))) == 30
+    asked: list[Schedule] = []
+
+    def replay(s: Schedule):
+        asked.append(s)
+        return (file_body if s.stepwise else own if s.swa_full else drifted), ""
+
+    out = judge_with_schedules(
+        file_body, DeepInputs(n_tokens=54), (Schedule(2048, 32), drifted), replay, replies=lambda: [(46, 54)]
+    )
+    assert asked[0] == Schedule(2048, 32, swa_full=True) and len(asked) >= 2, out.evidence
+    assert out.decided_by == "schedule" and not out.judgment.problems
+    # a retry that parts where the first recompute did and leaves a lone cell there still fails
+    bad = parse_buffer(_scale_cell(gemma_bytes, [("kv-base", "V", 1)], 50, 1.2)).body
+    asked.clear()
+    out = judge_with_schedules(
+        bad, DeepInputs(n_tokens=54), (Schedule(2048, 32), drifted), replay, replies=lambda: [(46, 54)]
+    )
+    assert out.decided_by == "shape" and "isolated" in out.evidence and "replays the rest" in out.evidence
+
+
 def test_quantized_kv_is_every_k_and_v_layer_quantized():
     """A q8_0 cache (a default 4-slot server's 2,136-token q8_0 file agrees exactly up to position
     69 with a recompute where its f16 twin parts at 3) against f16 and an f16 K with a q8_0 V."""

@@ -770,7 +770,16 @@ def judge_with_schedules(
         if generated is None and fd is not None:
             generated = _generated(s, fd, first_difference(jr) or inputs.n_tokens)
         full = full or (s.swa_full and jr.margin * SCHEDULE_DEPENDENT <= j.margin)
-        alone = drift_shape(jr, first_block=first_block) if 0 < len(jr.problems) <= len(j.problems) else None
+        # a retry that parts before the first recompute did computes those positions otherwise than the
+        # server (the first recompute reproduced them bit for bit), so it replays none of the state
+        # there and what it leaves is its own: a --swa-full retry of a default window's file sums
+        # the window otherwise from n_swa + n_ubatch on (a v3 -ctk q5_1 long document: exact up to
+        # position 2,005 first, 1,028 with --swa-full, and a lone V cell there at 7.6 floors)
+        fd_r = first_difference(jr)
+        replays = fd is None or fd_r is None or fd_r >= fd
+        alone = (
+            drift_shape(jr, first_block=first_block) if replays and 0 < len(jr.problems) <= len(j.problems) else None
+        )
         if alone is not None and not alone.drift:
             # this recompute replays the drift the first one showed, and what it leaves is shaped
             # like damage (a cell no other layer follows): the later retries, which do not replay
