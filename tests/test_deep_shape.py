@@ -166,6 +166,29 @@ def test_sixteen_zeroed_bytes_in_a_drifting_f16_layer_are_damage(gemma_bytes):
     assert ZERO_RUN_FLOAT < 8 <= ZERO_RUN
 
 
+def test_two_zeroed_f32_values_are_damage_where_no_rounding_makes_a_zero():
+    """f32 (and bf16) round nothing over 2^-126 to zero, so 2 stored zeros where the recompute holds
+    values over 2^-14 are zeroed bytes (ZERO_RUN_WIDE): 16 bytes of f32 at an unaligned offset
+    hold 3 whole values, under the f16 limit of 4.  One zeroed value is not claimed so."""
+    from slotfile.format.types import TypeId
+    from slotfile.verify.judge import ZERO_RUN_WIDE, zero_run_limit
+
+    assert zero_run_limit(TypeId.F32) == zero_run_limit(TypeId.BF16) == ZERO_RUN_WIDE < 3
+    assert zero_run_limit(TypeId.F16) == ZERO_RUN_FLOAT and zero_run_limit(TypeId.Q4_0) == ZERO_RUN
+    data = (SLOTS / "extra-jamba.slot").read_bytes()
+    clean = parse_buffer(data).body
+    (s0,) = [r for b in clean.blocks for r in b.s if r.index == 0]
+    assert s0.type_id == TypeId.F32
+    vals = np.frombuffer(data, np.float32, s0.n_cells * s0.row_size // 4, s0.data.offset)
+    k = int(np.flatnonzero((np.abs(vals[:-1]) >= ZERO_SIGNIFICANT) & (np.abs(vals[1:]) >= ZERO_SIGNIFICANT))[0])
+    for n, claimed in ((2, True), (1, False)):
+        out = bytearray(data)
+        at = s0.data.offset + 4 * k
+        out[at : at + 4 * n] = bytes(4 * n)
+        j = judge_layers(parse_buffer(bytes(out)).body, clean)
+        assert any(f"exactly zero, {n} of them" in p[3] for p in j.problems) == claimed, j.problems
+
+
 def _cells(layers: dict[tuple[str, int], dict[int, float]], n: int = 40, base: float = 0.5) -> Judgment:
     j = Judgment()
     for (part, layer), hot in layers.items():
@@ -1198,12 +1221,17 @@ def test_no_reply_replay_where_another_builds_drift_is_settled(gemma_bytes):
 
 
 @pytest.mark.llama
-def test_a_recurrent_state_failing_by_its_median_is_not_drift(tmp_path: Path):
+def test_a_recurrent_state_failing_by_its_median_is_not_drift(tmp_path: Path, monkeypatch):
     """A recurrent S state is one cell: its layer fails by the median head angle, which its cell
     ratios need not reach, and drift_shape read "no cell over the limit" as drift; a one-stream
     cache whose first layer agrees then excused it (seed 25's 16-byte zero span in a Jamba S
-    state, 15 floors).  Judged by the layer's row, it is damage, with no retry."""
+    state, 15 floors).  Judged by the layer's row, it is damage, with no retry.  (The span's 3
+    zeroed f32 values are a zero run since ZERO_RUN_WIDE; the limit is raised here to reach the
+    median path, which damage that is not zeros takes.)"""
     from slotfile.verify import Verifier, VerifyOptions
+    from slotfile.verify import judge as judge_mod
+
+    monkeypatch.setattr(judge_mod, "ZERO_RUN_WIDE", 8)
 
     src = SLOTS / "extra-jamba.slot"
     sf = open_slot_file(src)

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from slotfile.format.records import Body, CacheExpect, LayerRun, MemoryBlock, MemoryKind, ModelExpect
+from slotfile.format.types import TypeId
 from slotfile.model.expect import rotation_widths
 from slotfile.problems import ProblemCode
 from slotfile.verify.records import Level
@@ -70,12 +71,20 @@ MIN_FLOOR = {
 # clean real-server files show such runs of one value at most (2026-12-07: every comparison deep
 # made on 84 v3/v4 Gemma 3 f16 files, 16 of them with one, and 311 fixture-model files with f16
 # K/V and f32 R/S, none; bench/detect-zero-runs.md).
+# f32 and bf16, with f32's 8-bit exponent, round nothing over 2^-126 to zero, so ZERO_RUN_WIDE: 2
+# such values claim 16 zeroed bytes of f32 wherever they start (3 whole values where unaligned: 4
+# missed both such spans of bench/detect-cache-types.md); every comparison deep made on 16 v3/v4
+# Gemma 3 files with f32 and bf16 caches (2026-12-07) and on the 311 fixture-model files' f32 R/S
+# showed no such value at all.
 ZERO_RUN = 32
 ZERO_RUN_FLOAT = 4
+ZERO_RUN_WIDE = 2
 
 
 def zero_run_limit(type_id: int) -> int:
     """The zero run (:func:`slotfile.verify.stats._zero_run`) that is damage in a run of this type."""
+    if type_id in (TypeId.F32, TypeId.BF16):
+        return ZERO_RUN_WIDE
     return ZERO_RUN_FLOAT if type_id in FLOAT_TYPES else ZERO_RUN
 
 
