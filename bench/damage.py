@@ -10,7 +10,7 @@ is only ever opened read-only).
 Kinds (``size``: bytes for spans, the factor for ``row-scale``, ``-`` otherwise):
 
 * ``flip-sign`` / ``flip-exponent`` / ``flip-mantissa``: one bit of one element (f16/f32/bf16)
-  or of one block's f16 scale ``d`` (q8_0, q4_0, q4_1, q5_0, q5_1); ``flip-quant``: one bit of
+  or of one block's f16 scale ``d`` (q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl); ``flip-quant``: one bit of
   one q8_0/q4_0 quant.  Each records ``delta``: how far the flip moved the block's or the
   element's dequantized values (max abs), for comparison with the layer's noise.
 * ``zero-span`` / ``random-span`` of 16 B, 512 B, 4 KiB, 64 KiB: at a random offset of the body's
@@ -71,7 +71,7 @@ FLOAT_BITS: dict[int, tuple[int, range, range]] = {
     TypeId.BF16: (15, range(7, 15), range(0, 7)),
 }
 # quantized types whose blocks start with an f16 scale d (ggml-common.h block_q8_0, block_q4_0, ...)
-SCALED_QUANTS = (TypeId.Q8_0, TypeId.Q4_0, TypeId.Q4_1, TypeId.Q5_0, TypeId.Q5_1)
+SCALED_QUANTS = (TypeId.Q8_0, TypeId.Q4_0, TypeId.Q4_1, TypeId.Q5_0, TypeId.Q5_1, TypeId.IQ4_NL)
 PLAIN_QUANTS = (TypeId.Q8_0, TypeId.Q4_0)  # every byte after d is quants
 
 

@@ -12,14 +12,20 @@ from gguf.quants import quantize
 
 from slotfile.format.grammar_core import Run
 from slotfile.format.records import LayerRun
-from slotfile.format.types import TypeId
+from slotfile.format.types import TYPES, TypeId
 from slotfile.verify.spikes import block_changes, find_spike, flipped_block
 
 N_CELLS, N_EL = 64, 128  # four blocks of 32 per row
 
 
 def _run(values: np.ndarray, t: int) -> LayerRun:
-    raw = quantize(values.astype(np.float32), GGMLQuantizationType(t)).tobytes()
+    if t == TypeId.IQ4_NL:  # gguf-py cannot quantize it: a positive f16 scale and random table indices
+        rng = np.random.default_rng(int(abs(values).sum() * 1000) % 2**32)
+        blocks = values.size // 32
+        d = (np.abs(values).reshape(blocks, 32).max(axis=1) / 127).astype(np.float16).view(np.uint8).reshape(-1, 2)
+        raw = np.concatenate([d, rng.integers(0, 256, (blocks, 16), dtype=np.uint8)], axis=1).tobytes()
+    else:
+        raw = quantize(values.astype(np.float32), GGMLQuantizationType(t)).tobytes()
     return LayerRun("V", 1, 0, t, len(raw) // N_CELLS, N_CELLS, Run.of(raw))
 
 
@@ -33,7 +39,7 @@ def _pair(t: int, seed: int = 5) -> tuple[np.ndarray, LayerRun]:
 def _edit(run: LayerRun, cell: int, block: int, byte: int, xor: int) -> LayerRun:
     """``run`` with one byte of one block XORed (byte 0-1: the f16 scale, little-endian; then the quants)."""
     raw = bytearray(bytes(run.data.view))
-    bb = 34 if run.type_id == TypeId.Q8_0 else 18
+    bb = TYPES[run.type_id].type_size
     raw[cell * run.row_size + block * bb + byte] ^= xor
     return LayerRun(run.part, run.index, 0, run.type_id, run.row_size, run.n_cells, Run.of(bytes(raw)))
 
@@ -117,12 +123,13 @@ def test_low_bits_are_not_the_signature(t):
     assert flipped_block(_edit(rec, 3, 0, 5, 0x01), rec) is None
 
 
-@pytest.mark.parametrize("t", [TypeId.Q8_0, TypeId.Q4_0])
+@pytest.mark.parametrize("t", [TypeId.Q8_0, TypeId.Q4_0, TypeId.Q4_1, TypeId.Q5_0, TypeId.Q5_1, TypeId.IQ4_NL])
 def test_a_low_scale_bit_in_an_otherwise_exact_layer_is_named(t):
     """Where the recompute matches the whole layer bit for bit but one block, that block's scale a
     few f16 steps off with every quant the same is a flipped mantissa bit (bit 2: 4 steps), though
     it moves no value by a quantization step; bit 0 or 1 (1-2 steps) is what a re-rounded scale
-    could do, and is left."""
+    could do, and is left.  Every block type whose f16 scale comes first (a v3 q5_0 file's window
+    V layer 1, 8 times its noise, passed before the rule took q4_1, q5_0, q5_1 and iq4_nl)."""
     _x, rec = _pair(t)
     sp = flipped_block(_edit(rec, 12, 3, 0, 0x04), rec)
     assert sp is not None and sp.cell == 12 and 96 <= sp.element < 128 and "only block" in sp.signature

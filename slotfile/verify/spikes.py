@@ -100,6 +100,9 @@ _QMAX: dict[int, float] = {
     TypeId.Q5_1: 31.0,
     TypeId.Q4_0: 8.0,
     TypeId.Q4_1: 15.0,
+    # block_iq4_nl: d times a 16-entry table of -127..113 (kvalues_iq4nl, ggml-common.h), with
+    # d = the block's largest |value| / 127: its widest step (113 - 89 = 24) is that over 127 / 24
+    TypeId.IQ4_NL: 127.0 / 24.0,
 }
 _TINY = 1e-300
 
@@ -427,6 +430,10 @@ def spike_message(run: LayerRun, sp: Spike, pos: int | None) -> str:
 # (int8 qs[32]) and ``block_q4_0`` (uint8 qs[16]: element j in the low nibble of qs[j], j + 16 in
 # the high one, each minus 8); their bytes per block are the type registry's ``type_size``.
 _SCALE_FIRST = (TypeId.Q8_0, TypeId.Q4_0)
+# every block type a server stores that starts with its f16 scale d (ggml-common.h: block_q4_1 and
+# block_q5_1 then their f16 minimum m, block_q5_0 / block_q5_1 their fifth bits qh[4], block_iq4_nl
+# its table indices): one flipped bit of d alone in an otherwise exact layer is :func:`_lone_scale`'s
+_D_FIRST = (TypeId.Q8_0, TypeId.Q4_0, TypeId.Q4_1, TypeId.Q5_0, TypeId.Q5_1, TypeId.IQ4_NL)
 
 
 def _quants(raw: np.ndarray, t: int) -> np.ndarray:
@@ -460,14 +467,15 @@ def flipped_block(a: LayerRun, b: LayerRun, b_cells: np.ndarray | None = None) -
     flipped bit does and drift does not (:func:`block_changes`): every quant the same (q8_0: or
     re-rounded by a step) and the scale negated or scaled by :data:`BLOCK_SCALE_LOG2` octaves or
     more (a block of :data:`MIN_QUANTS` quants off zero or more), or the scale the same and one
-    quant :data:`BLOCK_QUANT_STEPS` steps or more off; first, the one block of an otherwise exact
-    layer whose scale alone moved (:func:`_lone_scale`).  None: no such block."""
-    ratios, steps = block_changes(a, b, b_cells)
-    if not ratios.size:
-        return None
+    quant :data:`BLOCK_QUANT_STEPS` steps or more off; first, in any block type whose scale comes
+    first (q4_1, q5_0, q5_1, iq4_nl too), the one block of an otherwise exact layer whose scale
+    alone moved (:func:`_lone_scale`).  None: no such block."""
     lone = _lone_scale(a, b, b_cells)
     if lone is not None:
         return lone
+    ratios, steps = block_changes(a, b, b_cells)
+    if not ratios.size:
+        return None
     with np.errstate(all="ignore"):
         octaves = np.abs(np.log2(np.abs(ratios)))
     octaves = np.where(np.isfinite(ratios), octaves, 0.0)
@@ -537,10 +545,14 @@ EXACT_SCALE_ULPS = 4
 
 
 def _lone_scale(a: LayerRun, b: LayerRun, b_cells: np.ndarray | None) -> Spike | None:
-    """The one block of a q8_0/q4_0 layer that differs from the recompute, when it differs only in
-    its scale, by :data:`EXACT_SCALE_ULPS` f16 steps or more with its sign (a flipped low
-    mantissa bit of the scale: a change under one quantization step, under any noise limit)."""
-    bb = TYPES[a.type_id].type_size
+    """The one block of a layer of blocks whose f16 scale comes first (:data:`_D_FIRST`) that
+    differs from the recompute, when it differs only in its scale, by :data:`EXACT_SCALE_ULPS` f16
+    steps or more with its sign (a flipped low mantissa bit of the scale: a change under one
+    quantization step, under any noise limit)."""
+    t = a.type_id
+    if t not in _D_FIRST or a.transposed or a.n_cells == 0 or a.row_size % TYPES[t].type_size:
+        return None
+    bb = TYPES[t].type_size
     ra, rb = a.array(), b.array()
     if b_cells is not None:
         rb = rb[b_cells]
