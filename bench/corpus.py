@@ -513,7 +513,7 @@ def configs(version: int) -> list[Config]:
         ),
         Config("g-k-q4-fa-off", "gemma", cache_k="q4_0", n_predict=64, scenarios=("single", "long", "multiturn")),
         # the other cache types a server takes (common/arg.cpp kv_cache_types: f32, bf16, q4_1, iq4_nl, q5_0,
-        # q5_1); a quantized V needs -fa on (llama_init_from_model refuses it otherwise)
+        # q5_1); a quantized V needs -fa on ("quantized V cache requires flash_attn to be enabled")
         *(
             Config(
                 f"g-ctype-{t}",
