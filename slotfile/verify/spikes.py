@@ -430,10 +430,6 @@ def spike_message(run: LayerRun, sp: Spike, pos: int | None) -> str:
 # (int8 qs[32]) and ``block_q4_0`` (uint8 qs[16]: element j in the low nibble of qs[j], j + 16 in
 # the high one, each minus 8); their bytes per block are the type registry's ``type_size``.
 _SCALE_FIRST = (TypeId.Q8_0, TypeId.Q4_0)
-# every block type a server stores that starts with its f16 scale d (ggml-common.h: block_q4_1 and
-# block_q5_1 then their f16 minimum m, block_q5_0 / block_q5_1 their fifth bits qh[4], block_iq4_nl
-# its table indices): one flipped bit of d alone in an otherwise exact layer is :func:`_lone_scale`'s
-_D_FIRST = (TypeId.Q8_0, TypeId.Q4_0, TypeId.Q4_1, TypeId.Q5_0, TypeId.Q5_1, TypeId.IQ4_NL)
 
 
 def _quants(raw: np.ndarray, t: int) -> np.ndarray:
@@ -456,7 +452,9 @@ def _quants(raw: np.ndarray, t: int) -> np.ndarray:
 # bit k moves it by 2^k steps (BLOCK_QUANT_STEPS: q4_0 from bit 1, q8_0 from bit 2), whatever the
 # noise around it.  Only blocks with MIN_QUANTS quants off zero: a block of one dominant value is
 # that value's, and drift can move it as far (and a block of values near zero can change sign).
-# The other types whose scale comes first (q4_1, q5_0, q5_1, iq4_nl; twentieth session): every byte
+# The other block types a server stores that start with their f16 scale d (ggml-common.h: block_q4_1
+# and block_q5_1 then their f16 minimum m, block_q5_0 / block_q5_1 their fifth bits qh[4],
+# block_iq4_nl its table indices; twentieth session), the keys below with q8_0/q4_0: every byte
 # after the scale the same and the scale not, on 14 clean v3 and 14 v4 Gemma 3 files (1,872
 # comparisons with every retry; the two versions' files and libraries compute them alike): within
 # 2^0.020 (q4_1), 2^0.034 (q5_0), 2^0.009 (q5_1), 2^0.065 (iq4_nl), never negated; the limit,
@@ -564,12 +562,12 @@ EXACT_SCALE_ULPS = 4
 
 
 def _lone_scale(a: LayerRun, b: LayerRun, b_cells: np.ndarray | None) -> Spike | None:
-    """The one block of a layer of blocks whose f16 scale comes first (:data:`_D_FIRST`) that
-    differs from the recompute, when it differs only in its scale, by :data:`EXACT_SCALE_ULPS` f16
-    steps or more with its sign (a flipped low mantissa bit of the scale: a change under one
-    quantization step, under any noise limit)."""
+    """The one block of a layer of blocks whose f16 scale comes first (the types of
+    :data:`BLOCK_SCALE_LOG2`) that differs from the recompute, when it differs only in its scale, by
+    :data:`EXACT_SCALE_ULPS` f16 steps or more with its sign (a flipped low mantissa bit of the
+    scale: a change under one quantization step, under any noise limit)."""
     t = a.type_id
-    if t not in _D_FIRST or a.transposed or a.n_cells == 0 or a.row_size % TYPES[t].type_size:
+    if t not in BLOCK_SCALE_LOG2 or a.transposed or a.n_cells == 0 or a.row_size % TYPES[t].type_size:
         return None
     bb = TYPES[t].type_size
     ra, rb = a.array(), b.array()
