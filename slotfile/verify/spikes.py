@@ -428,8 +428,8 @@ def spike_message(run: LayerRun, sp: Spike, pos: int | None) -> str:
 
 # Quantized blocks stored as an f16 scale ``d`` then the quants (ggml-common.h): ``block_q8_0``
 # (int8 qs[32]) and ``block_q4_0`` (uint8 qs[16]: element j in the low nibble of qs[j], j + 16 in
-# the high one, each minus 8); their bytes per block are the type registry's ``type_size``.
-_SCALE_FIRST = (TypeId.Q8_0, TypeId.Q4_0)
+# the high one, each minus 8); their bytes per block are the type registry's ``type_size``.  The
+# types :func:`_quants` unpacks are :data:`BLOCK_QUANT_STEPS`' keys.
 
 
 def _quants(raw: np.ndarray, t: int) -> np.ndarray:
@@ -612,7 +612,7 @@ def block_changes(a: LayerRun, b: LayerRun, b_cells: np.ndarray | None = None) -
         da = np.ascontiguousarray(xa[..., :2]).view(np.float16)[..., 0].astype(np.float64)
         db = np.ascontiguousarray(xb[..., :2]).view(np.float16)[..., 0].astype(np.float64)
         same_d = (xa[..., 0] == xb[..., 0]) & (xa[..., 1] == xb[..., 1])
-        if t not in _SCALE_FIRST:
+        if t not in BLOCK_QUANT_STEPS:
             # every byte after the scale the same (a minimum m, fifth bits, quants or table indices),
             # the scale not, in a block whose recomputed values reach its scale MIN_QUANTS times
             yb = dequant_rows(b, c0, c1, b_cells).reshape(c1 - c0, -1, 32)
