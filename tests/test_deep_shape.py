@@ -5,6 +5,7 @@ generator; the unit tests need no llama.cpp, the ``llama`` ones run the real wor
 
 from __future__ import annotations
 
+import dataclasses
 import tempfile
 from pathlib import Path
 from types import SimpleNamespace
@@ -16,8 +17,9 @@ import pytest
 from slotfile.format.reader import open_slot_file, parse_buffer
 from slotfile.format.records import Body
 from slotfile.format.types import TypeId
+from slotfile.llama.settings import settings_for
 from slotfile.problems import CheckLevel, ProblemCode
-from slotfile.verify import shape
+from slotfile.verify import deep, shape
 from slotfile.verify.judge import ZERO_RUN, ZERO_RUN_FLOAT, DeepInputs, Judgment, RunCells, align_cells, judge_layers
 from slotfile.verify.records import Level
 from slotfile.verify.shape import (
@@ -1188,6 +1190,117 @@ def test_a_retry_that_parts_before_the_first_recompute_leaves_nothing_alone(gemm
         bad, DeepInputs(n_tokens=54), (Schedule(2048, 32), drifted), replay, replies=lambda: [(46, 54)]
     )
     assert out.decided_by == "shape" and "isolated" in out.evidence and "replays the rest" in out.evidence
+
+
+def test_a_whole_context_window_that_parts_earlier_is_not_kept(gemma_bytes):
+    """A whole-context window's retry that comes closer but parts before the first recompute did
+    is not the server's window (the first recompute, with its own window, reproduced those
+    positions bit for bit), so the replies are replayed with the first recompute's window, not
+    that one (a v3 ``-ctk q4_1`` long document: exact up to its first reply at 2,005; --swa-full
+    parted at 1,026 and took it from 18.3 to 5.4 floors, and every later retry kept it: 9
+    recomputes; replaying the replies with the default window passes at 2.4 after 4)."""
+    file_body = parse_buffer(gemma_bytes).body
+    drifted = parse_buffer(drift_from(gemma_bytes, 46)).body
+    earlier = parse_buffer(drift_from(gemma_bytes, 30, 1.1)).body
+    first = judge_layers(file_body, drifted, DeepInputs(n_tokens=54))
+    closer = judge_layers(file_body, earlier, DeepInputs(n_tokens=54))
+    assert shape.first_difference(first) == 46 and shape.first_difference(closer) == 30
+    assert closer.margin * shape.SCHEDULE_DEPENDENT <= first.margin
+    asked: list[Schedule] = []
+
+    def replay(s: Schedule):
+        asked.append(s)
+        return (earlier if s.swa_full else file_body if s.stepwise else drifted), ""
+
+    out = judge_with_schedules(
+        file_body, DeepInputs(n_tokens=54), (Schedule(2048, 32), drifted), replay, replies=lambda: [(46, 54)]
+    )
+    assert asked[:2] == [Schedule(2048, 32, swa_full=True), Schedule(2048, 32, (), ((46, 54),))], asked
+    assert out.decided_by == "schedule" and not out.judgment.problems
+
+
+def test_the_window_cache_is_the_iswa_size_padded_to_256():
+    """llama_kv_cache_iswa's window: GGML_PAD(min(size_base, n_swa * seqs + n_ubatch), 256), the
+    file's 8-cell window standing for n_swa; the whole context with --swa-full; None without a
+    sliding window."""
+    body = parse_buffer(GEMMA.read_bytes()).body
+    assert shape.window_wraps(body, 32) == 40
+    w = shape.window_cache(body, 1, 4096)
+    assert w == shape.WindowCache(8, 1, 4096)
+    assert w.cells(Schedule(2048, 32)) == 256
+    assert w.cells(Schedule(2048, 512)) == 768  # 520 cells, padded
+    assert w.cells(Schedule(2048, 512, swa_full=True)) == 4096
+    assert shape.WindowCache(8, 65, 4096).cells(Schedule(2048, 512)) == 1280  # a unified cache: 8 * 65 + 512
+    assert shape.WindowCache(8, 1, 256).cells(Schedule(2048, 512)) == 256  # no larger than the context
+    assert shape.window_cache(parse_buffer((SLOTS / "llama_f16_fa.slot").read_bytes()).body, 1, 4096) is None
+
+
+def test_the_recompute_window_comes_from_the_load_settings():
+    """deep sizes the recompute's window from the settings it loads with: the tiny Gemma 3 file's
+    context of 256 cells; a unified cache of 4 slots shares one window among them, 4 streams
+    have one each; no window without a sliding-window block."""
+    sf = open_slot_file(str(GEMMA))
+    settings = settings_for(sf)
+    assert (settings.n_ctx, settings.kv_unified) == (256, True)
+    assert deep._recompute_window(sf, sf.body, settings) == shape.WindowCache(8, 1, 256)
+    wide = dataclasses.replace(settings, n_ctx=4096, n_seq_max=4)
+    assert deep._recompute_window(sf, sf.body, wide) == shape.WindowCache(8, 4, 4096)
+    split = dataclasses.replace(settings, n_ctx=4096, n_seq_max=4, kv_unified=False)
+    assert deep._recompute_window(sf, sf.body, split) == shape.WindowCache(8, 1, 1024)
+    llama = open_slot_file(str(SLOTS / "llama_f16_fa.slot"))
+    assert deep._recompute_window(llama, llama.body, settings_for(llama)) is None
+
+
+def test_no_retry_whose_window_the_first_recompute_rules_out(gemma_bytes):
+    """The first recompute reproduced the state bit for bit past where its window or a retry's
+    first reuses a cell: a window of another size, which parts from it there, was not the
+    server's (a v3 ``-t 4`` long document, exact up to 1,502 with a 1,024-cell window: a
+    --swa-full retry and 4 smaller -ub with 768 cells were 5 of its 9 recomputes; it passes by
+    its reply's replay after 2).  No whole-context retry where the first's window holds every
+    token (it would compute alike).  Still where the state parts before that (WINDOW_PARTS
+    allowed) or the window is unknown."""
+    file_body = parse_buffer(gemma_bytes).body
+    drifted = parse_buffer(drift_from(gemma_bytes, 46)).body
+    whole = Schedule(2048, 32, swa_full=True)
+    for window, asked_whole in (
+        (shape.WindowCache(8, 1, 256), False),  # 256 cells hold all 54 tokens
+        (shape.WindowCache(-24, 1, 256, pad=1), False),  # 8 cells: reused from 8, and 46 > 8 + 32
+        (shape.WindowCache(-18, 1, 256, pad=1), True),  # 14 cells: 46 is within 32 of 14
+        (None, True),
+    ):
+        asked: list[Schedule] = []
+
+        def replay(s: Schedule, asked: list[Schedule] = asked):
+            asked.append(s)
+            return (file_body if s.stepwise and not s.swa_full else drifted), ""
+
+        out = judge_with_schedules(
+            file_body,
+            DeepInputs(n_tokens=54),
+            (Schedule(2048, 32), drifted),
+            replay,
+            replies=lambda: [(46, 54)],
+            window=window,
+        )
+        assert (whole in asked) == asked_whole, (window, asked)
+        assert out.decided_by == "schedule", window
+        assert any("skipped" in t for t in out.tried) != asked_whole, out.tried
+
+
+def test_window_rules_out_where_the_smaller_window_reuses_a_cell():
+    """Windows of 1,024 cells (-ub 512, n_swa 512) and 768 (-ub 256: 512 + 256) part at 768; a
+    state reproduced up to 1,502 rules the smaller one out; up to 790, not yet (WINDOW_PARTS);
+    a larger -ub's or a whole context's parts at 1,024; a replay with the same window never."""
+    w = shape.WindowCache(512, 1, 2304)
+    first, smaller, larger = Schedule(2048, 512), Schedule(2048, 256), Schedule(2048, 1024)
+    whole = dataclasses.replace(first, swa_full=True)
+    assert "from position 768" in (shape.window_rules_out(w, first, smaller, 2168, 1502) or "")
+    assert shape.window_rules_out(w, first, smaller, 2168, 790) is None
+    assert "from position 1024" in (shape.window_rules_out(w, first, larger, 2168, 1502) or "")
+    assert shape.window_rules_out(w, first, Schedule(2048, 512, (2101,), ((2105, 2168),)), 2168, 2005) is None
+    assert "from position 1024" in (shape.window_rules_out(w, first, whole, 2168, 2005) or "")
+    assert shape.window_rules_out(w, first, whole, 2168, 1030) is None
+    assert shape.window_rules_out(None, first, smaller, 2168, 1502) is None
 
 
 def test_quantized_kv_is_every_k_and_v_layer_quantized():

@@ -22,6 +22,7 @@ import numpy as np
 from slotfile.format.reader import open_slot_file
 from slotfile.format.records import Body, FileFormat, MemoryKind, SlotFile
 from slotfile.llama.loader import DeepResult, LoaderPool, LoadSettings
+from slotfile.llama.settings import settings_for
 from slotfile.llama.worker.runtime import DEEP_N_BATCH, DEEP_N_UBATCH
 from slotfile.model.expect import attn_rot_disabled
 from slotfile.problems import CheckLevel, ProblemCode
@@ -45,10 +46,12 @@ from slotfile.verify.shape import (
     SHIFTED_CHECKS,
     Recompute,
     Schedule,
+    WindowCache,
     as_shifted,
     blame_not_arithmetic,
     commit_outcome,
     judge_with_schedules,
+    window_cache,
 )
 from slotfile.verify.stats import FLOAT_TYPES, cell_stats, median, tolerance_class
 from slotfile.verify.turns import model_reply_spans
@@ -161,7 +164,9 @@ def level_deep(
         )
         if res.ok:
             retry = _retrier(pool, path, tokens, settings, opts)
-            _judge_deep(lv, body, (tokens, first, _needs_checkpoints(sf), opts.model), res, early, retry)
+            window = _recompute_window(sf, body, settings or settings_for(sf, opts.n_gpu_layers))
+            run = (tokens, first, _needs_checkpoints(sf), opts.model, window)
+            _judge_deep(lv, body, run, res, early, retry)
         elif res.crashed:
             blobs = " (the appendix blobs are not recomputed either)" if sf.sckp or sf.draft else ""
             what = "the stored tokens" + blobs
@@ -257,6 +262,16 @@ def _needs_checkpoints(sf: SlotFile) -> bool:
     return any(b.role == "kv-swa" and b.cell_count < sf.tokens.tokens.size for b in body.blocks)
 
 
+def _recompute_window(sf: SlotFile, body: Body, settings: LoadSettings) -> WindowCache | None:
+    """What sizes the recompute's sliding-window cache (:class:`~slotfile.verify.shape.WindowCache`),
+    for the state versions whose ``llama_kv_cache_iswa`` sizes it so (3 and 4); None otherwise."""
+    if sf.version not in (3, 4):
+        return None
+    per_stream = not settings.kv_unified and settings.n_seq_max > 1
+    n_ctx_seq = settings.n_ctx // (settings.n_seq_max if per_stream else 1)
+    return window_cache(body, settings.n_seq_max if settings.kv_unified else 1, n_ctx_seq)
+
+
 def _retrier(
     pool: LoaderPool, path: str, tokens: list[int], settings: LoadSettings | None, opts: VerifyOptions
 ) -> tuple[Recompute, list[Any], list[tuple[Schedule, dict[str, Any]]]]:
@@ -286,7 +301,7 @@ def _retrier(
 def _judge_deep(
     lv: Level,
     body: Body,
-    run: tuple[list[int], Schedule, bool, str | None],
+    run: tuple[list[int], Schedule, bool, str | None, WindowCache | None],
     res: DeepResult,
     early: _Early,
     retry: tuple[Recompute, list[Any], list[tuple[Schedule, dict[str, Any]]]],
@@ -295,8 +310,9 @@ def _judge_deep(
     noise floor, other schedules when the difference has the drift shape:
     :func:`slotfile.verify.shape.judge_with_schedules`) and the next-token logits: problems
     into ``lv``, the figures into its details.  ``run``: the tokens, the first schedule,
-    whether the server took checkpoints and the model (its vocabulary shows the chat's replies)."""
-    tokens, first, checkpoints, model = run
+    whether the server took checkpoints, the model (its vocabulary shows the chat's replies) and
+    what sizes the recompute's sliding-window cache (None: unknown or none)."""
+    tokens, first, checkpoints, model, window = run
     assert res.recomputed is not None  # res.ok
     caches = early.caches
     made_early = early.rec is not None
@@ -320,7 +336,9 @@ def _judge_deep(
             lg0 = res.logits or {}
             logits_ok = bool(lg0.get("all_finite", True)) and _logits_ratio(body, lg0)[1] <= MARGIN_LIMIT
             assert rec.body is not None  # a recomputed state parses
-            outcome = judge_with_schedules(body, inputs, (first, rec.body), recompute, checkpoints, replies, logits_ok)
+            outcome = judge_with_schedules(
+                body, inputs, (first, rec.body), recompute, checkpoints, replies, logits_ok, window=window
+            )
     finally:
         for f in (rec, flo, *opened):
             if f is not None:

@@ -59,6 +59,10 @@ USUAL_UBATCH = (256, 128, 64, 32)  # llama-server -ub values tried below the fir
 # the recompute's n_swa + 512-cell window starts reusing cells and the server's 1,536 do not)
 LARGER_UBATCH = (1024, 2048)
 NEAR = 8  # positions either side where another layer's difference corroborates a cell's
+SWA_PAD = 256  # llama_kv_cache_iswa pads its sliding-window cache to a multiple of 256 cells (v3 and v4)
+# positions past where a window cache first reuses a cell by which a computation over a cache of
+# another size has parted from it (measured 2-6 on Gemma 3: f16, q8_0, q4_1; window_rules_out)
+WINDOW_PARTS = 32
 SCHEDULE_DEPENDENT = 2.0  # a cell's ratio moving this many times between recomputes: drift
 # a drifting region: the other layers' largest ratios within NEAR positions have a median of at
 # least this many floors (a clean region of an agreeing recompute: about 0); a cell there is
@@ -606,6 +610,7 @@ def judge_with_schedules(
     checkpoints: bool = False,
     replies: Callable[[], Sequence[tuple[int, int]]] | None = None,
     logits_ok: bool = False,
+    window: WindowCache | None = None,
 ) -> Outcome:
     """Judge ``file_body`` against the first recompute (``first``: its schedule and body, the
     floor in ``inputs``); when layers fail with the drift shape, against up to
@@ -615,7 +620,10 @@ def judge_with_schedules(
     while the first recompute's next-token logits agree (``logits_ok``): that costs a GPU-written
     file two recomputes and changes no verdict.  A difference that fails after all that, but has
     the shape of cells the server shifted (:func:`shifted_from`), is that instead
-    (:func:`_or_shifted`)."""
+    (:func:`_or_shifted`).  ``window``: what sizes the recompute's sliding-window cache
+    (None: unknown), which rules out a retry with a window of another size where the first
+    recompute reproduced the state bit for bit past where either first reused a cell
+    (:func:`window_rules_out`)."""
     sched, body = first
     j = judge_layers(file_body, body, inputs)
     tried = [_tried(sched, j)]
@@ -753,6 +761,14 @@ def judge_with_schedules(
         # a larger -ub's own window (n_swa + n_ubatch cells) is what it replays: not a full one
         keeps = s.n_ubatch == sched.n_ubatch or (s.n_ubatch < sched.n_ubatch and not smaller_window)
         s = dataclasses.replace(s, swa_full=s.swa_full or (full and keeps))
+        ruled_out = window_rules_out(window, sched, s, inputs.n_tokens, fd)
+        if ruled_out is not None:
+            # the first recompute reproduced the server's state past where this schedule's window
+            # computes otherwise (a v3 -t 4 long document, exact up to 1,502 with a 1,024-cell
+            # window: a --swa-full retry and 4 smaller -ub, whose 768 cells part at 774, were 5
+            # of its 9 recomputes; a q8_0 twin's 5 of 9 too, none of them closer)
+            tried.append({**s.as_dict(), "skipped": ruled_out})
+            continue
         until = computes_alike_until(sched, s, inputs.n_tokens)
         layers, worst = over_limit_before(j, until)
         if layers >= COHERENT_LAYERS and worst * SCHEDULE_DEPENDENT > j.margin:
@@ -769,7 +785,6 @@ def judge_with_schedules(
         judged.append((jr, s))
         if generated is None and fd is not None:
             generated = _generated(s, fd, first_difference(jr) or inputs.n_tokens)
-        full = full or (s.swa_full and jr.margin * SCHEDULE_DEPENDENT <= j.margin)
         # a retry that parts before the first recompute did computes those positions otherwise than the
         # server (the first recompute reproduced them bit for bit), so it replays none of the state
         # there and what it leaves is its own: a --swa-full retry of a default window's file sums
@@ -777,6 +792,12 @@ def judge_with_schedules(
         # position 2,005 first, 1,028 with --swa-full, and a lone V cell there at 7.6 floors)
         fd_r = first_difference(jr)
         replays = fd is None or fd_r is None or fd_r >= fd
+        # nor is a whole-context window that parts earlier the server's, however much closer it
+        # comes: the later retries keep the first recompute's window (a v3 -ctk q4_1 long document,
+        # exact up to its first reply at 2,005: --swa-full, parting at 1,026, took it from 18.3 to
+        # 5.4 floors, and the replays of its replies and 4 smaller -ub that kept it came out no
+        # closer: 9 recomputes, 9.4 times a bare prefill)
+        full = full or (s.swa_full and replays and jr.margin * SCHEDULE_DEPENDENT <= j.margin)
         alone = (
             drift_shape(jr, first_block=first_block) if replays and 0 < len(jr.problems) <= len(j.problems) else None
         )
@@ -1172,6 +1193,59 @@ def window_wraps(body: Body, n_ubatch: int) -> int | None:
     longest = max((s.cell_count for b in kv if b.role != "kv-swa" for s in b.active_streams()), default=0)
     n_swa = max((s.cell_count for s in swa), default=0)
     return n_swa + n_ubatch if swa and longest > n_swa else None
+
+
+@dataclass(frozen=True)
+class WindowCache:
+    """What sizes a recompute context's sliding-window cache: the model's window ``n_swa`` (the
+    file's window standing for it: :func:`window_wraps`), the sequences sharing it (``n_seq_max``
+    in a unified cache, else 1), the cells per stream (``n_ctx_seq``) and the padding."""
+
+    n_swa: int
+    n_seqs: int
+    n_ctx_seq: int
+    pad: int = SWA_PAD
+
+    def cells(self, s: Schedule) -> int:
+        """The window cache's cells with schedule ``s``: ``GGML_PAD(min(size_base, n_swa *
+        n_seqs + n_ubatch), 256)`` (``llama_kv_cache_iswa::llama_kv_cache_iswa``, state versions 3
+        and 4 alike), the whole context with ``swa_full``."""
+        if s.swa_full:
+            return self.n_ctx_seq
+        size = min(self.n_ctx_seq, self.n_swa * max(1, self.n_seqs) + s.n_ubatch)
+        return -(-size // self.pad) * self.pad
+
+
+def window_cache(body: Body, n_seqs: int, n_ctx_seq: int) -> WindowCache | None:
+    """The :class:`WindowCache` of a context for ``body`` (None: no sliding window, or a slot no
+    longer than it)."""
+    wraps = window_wraps(body, 0)
+    return None if wraps is None else WindowCache(wraps, n_seqs, n_ctx_seq)
+
+
+def window_rules_out(
+    window: WindowCache | None, first: Schedule, s: Schedule, n_tokens: int, fd: int | None
+) -> str | None:
+    """Why ``s``'s sliding-window cache rules it out as a retry, or None (also where ``window`` is
+    None: unknown).  Where the ``first`` recompute reproduced the state bit for bit (up to
+    ``fd``) past where ``s``'s window or its own first reuses a cell, ``s`` cannot be the server's
+    schedule: two window caches of another size part there, the smaller one summing its cells
+    in another order from it (a --swa-full retry parts from a 1,024-cell window's at
+    1,026-1,028, f16, q8_0 and q4_1; a smaller -ub's 768 cells from it at 774), so the server's
+    window was the first recompute's size (:data:`WINDOW_PARTS` allowed).  And a whole-context
+    retry of the first's split where the first's window holds every token computes as it did."""
+    if window is None:
+        return None
+    a, b = window.cells(first), window.cells(s)
+    if a >= n_tokens and dataclasses.replace(s, swa_full=first.swa_full) == first:
+        return f"its window computes as the first recompute's {a} cells, which hold every token"
+    reuse = min(a, b)
+    if a == b or reuse >= n_tokens or fd is None or fd <= reuse + WINDOW_PARTS:
+        return None
+    return (
+        f"its window of {b} cells computes otherwise than the first recompute's {a} from position {reuse}, "
+        f"and the first recompute reproduced the state up to {fd}"
+    )
 
 
 def single_stream(body: Body) -> bool:
