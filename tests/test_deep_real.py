@@ -508,3 +508,56 @@ def test_a_changed_token_in_a_low_bit_k_cache_fails(tmp_path):
         ev.startswith("changed token: the state agrees exactly") and f"up to position {at - 1}, and at {at} " in ev
     ), ev
     assert "beyond its floors (a low-bit K cache)" in ev or "beyond its floor in K (a low-bit K cache)" in ev, ev
+
+
+def test_window_caches_of_other_sizes_part_where_the_smaller_reuses_a_cell(tmp_path):
+    """What lets deep skip a retry whose window the first recompute rules out
+    (``shape.window_rules_out``): on the real model, a recompute with another window cache parts
+    from the server's state no later than :data:`~slotfile.verify.shape.WINDOW_PARTS` positions
+    after where the smaller of the two windows first reuses a cell (a whole-context one against
+    -ub 512's 1,024 cells; -ub 256's 768 against them), while the server's own split and window
+    reproduce it exactly.  A CPU whose sums do not depend on the window's cell order may not part
+    at all, which the rule does not need either."""
+    import tempfile
+
+    from slotfile.format.reader import open_slot_file
+    from slotfile.llama.loader import LoaderPool
+    from slotfile.llama.settings import settings_for
+    from slotfile.verify import deep, shape
+    from slotfile.verify.judge import judge_layers
+    from slotfile.verify.shape import WINDOW_PARTS, Schedule, first_difference
+
+    model_path = str(gemma.assemble())
+    path = tmp_path / "ub512.slot"
+    text = " ".join(
+        f"Note {i}: the valley {name} holds {i * 13 % 60 + 15} farms, two mills and a bridge of grey stone."
+        for i, name in enumerate(["Aosta", "Ossola", "Engadin", "Valais", "Gastein", "Zillertal"] * 10)
+    )
+    toks = _server_prompt_slot(model_path, path, text, 2048, 512)
+    n = len(toks)
+    assert 1100 < n < 2048, n  # past -ub 512's 1,024-cell window
+    sf = open_slot_file(path)
+    file_body = sf.body
+    window = deep._recompute_window(sf, file_body, settings_for(sf))
+    assert window is not None
+    server = Schedule(2048, 512, (n - 4 - 512, n - 4))
+    others = (Schedule(2048, 512, server.cuts, swa_full=True), Schedule(2048, 256, (n - 4 - 256, n - 4)))
+    assert [window.cells(server), *(window.cells(s) for s in others)] == [1024, window.n_ctx_seq, 768]
+    with LoaderPool(model_path) as pool, tempfile.TemporaryDirectory() as d:
+        firsts = []
+        for i, s in enumerate((server, *others)):
+            r = pool.deep(
+                str(path), toks, toks[-1], f"{d}/{i}.slot",
+                batch=s.n_batch, n_ubatch=s.n_ubatch, cuts=list(s.cuts), swa_full=s.swa_full,
+            )  # fmt: skip
+            assert r.ok, r.message
+            rec = open_slot_file(f"{d}/{i}.slot")
+            firsts.append(first_difference(judge_layers(file_body, rec.body)))
+            rec.close()
+    sf.close()
+    assert firsts[0] is None, firsts  # the server's own split and window: exact
+    for s, fd in zip(others, firsts[1:], strict=True):
+        reuse = min(window.cells(server), window.cells(s))
+        assert fd is None or fd <= reuse + WINDOW_PARTS, (s, fd, reuse)
+        # where it parted, the rule would have ruled it out from a state reproduced past that point
+        assert shape.window_rules_out(window, server, s, n, reuse + WINDOW_PARTS + 1) is not None
