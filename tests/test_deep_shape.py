@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -1172,24 +1173,40 @@ def test_a_retry_that_parts_before_the_first_recompute_leaves_nothing_alone(gemm
     drifted = parse_buffer(drift_from(gemma_bytes, 46)).body
     own = parse_buffer(_scale_cell(gemma_bytes, [("kv-base", "V", 1)], 30, 1.2)).body
     assert shape.first_difference(judge_layers(file_body, own, DeepInputs(n_tokens=54))) == 30
-    asked: list[Schedule] = []
 
-    def replay(s: Schedule):
-        asked.append(s)
-        return (file_body if s.stepwise else own if s.swa_full else drifted), ""
+    def pick(s: Schedule) -> Body:
+        return file_body if s.stepwise else own if s.swa_full else drifted
 
-    out = judge_with_schedules(
-        file_body, DeepInputs(n_tokens=54), (Schedule(2048, 32), drifted), replay, replies=lambda: [(46, 54)]
-    )
+    out, asked = _judged_as_a_chat(file_body, drifted, pick)
     assert asked[0] == Schedule(2048, 32, swa_full=True) and len(asked) >= 2, out.evidence
     assert out.decided_by == "schedule" and not out.judgment.problems
     # a retry that parts where the first recompute did and leaves a lone cell there still fails
     bad = parse_buffer(_scale_cell(gemma_bytes, [("kv-base", "V", 1)], 50, 1.2)).body
-    asked.clear()
-    out = judge_with_schedules(
-        bad, DeepInputs(n_tokens=54), (Schedule(2048, 32), drifted), replay, replies=lambda: [(46, 54)]
-    )
+    out, _ = _judged_as_a_chat(bad, drifted, pick)
     assert out.decided_by == "shape" and "isolated" in out.evidence and "replays the rest" in out.evidence
+
+
+def _judged_as_a_chat(
+    file_body: Body, first: Body, pick: Callable[[Schedule], Body], window: shape.WindowCache | None = None
+) -> tuple[Any, list[Schedule]]:
+    """``file_body`` judged against a first recompute ``first`` (-ub 32) of a 54-token chat whose
+    reply the text shows at 46-54, each retry's state ``pick(schedule)``: the outcome and the
+    schedules recomputed, in order."""
+    asked: list[Schedule] = []
+
+    def replay(s: Schedule) -> tuple[Body, str]:
+        asked.append(s)
+        return pick(s), ""
+
+    out = judge_with_schedules(
+        file_body,
+        DeepInputs(n_tokens=54),
+        (Schedule(2048, 32), first),
+        replay,
+        replies=lambda: [(46, 54)],
+        window=window,
+    )
+    return out, asked
 
 
 def test_a_whole_context_window_that_parts_earlier_is_not_kept(gemma_bytes):
@@ -1206,14 +1223,8 @@ def test_a_whole_context_window_that_parts_earlier_is_not_kept(gemma_bytes):
     closer = judge_layers(file_body, earlier, DeepInputs(n_tokens=54))
     assert shape.first_difference(first) == 46 and shape.first_difference(closer) == 30
     assert closer.margin * shape.SCHEDULE_DEPENDENT <= first.margin
-    asked: list[Schedule] = []
-
-    def replay(s: Schedule):
-        asked.append(s)
-        return (earlier if s.swa_full else file_body if s.stepwise else drifted), ""
-
-    out = judge_with_schedules(
-        file_body, DeepInputs(n_tokens=54), (Schedule(2048, 32), drifted), replay, replies=lambda: [(46, 54)]
+    out, asked = _judged_as_a_chat(
+        file_body, drifted, lambda s: earlier if s.swa_full else file_body if s.stepwise else drifted
     )
     assert asked[:2] == [Schedule(2048, 32, swa_full=True), Schedule(2048, 32, (), ((46, 54),))], asked
     assert out.decided_by == "schedule" and not out.judgment.problems
@@ -1268,19 +1279,8 @@ def test_no_retry_whose_window_the_first_recompute_rules_out(gemma_bytes):
         (shape.WindowCache(-18, 1, 256, pad=1), True),  # 14 cells: 46 is within 32 of 14
         (None, True),
     ):
-        asked: list[Schedule] = []
-
-        def replay(s: Schedule, asked: list[Schedule] = asked):
-            asked.append(s)
-            return (file_body if s.stepwise and not s.swa_full else drifted), ""
-
-        out = judge_with_schedules(
-            file_body,
-            DeepInputs(n_tokens=54),
-            (Schedule(2048, 32), drifted),
-            replay,
-            replies=lambda: [(46, 54)],
-            window=window,
+        out, asked = _judged_as_a_chat(
+            file_body, drifted, lambda s: file_body if s.stepwise and not s.swa_full else drifted, window
         )
         assert (whole in asked) == asked_whole, (window, asked)
         assert out.decided_by == "schedule", window
