@@ -1215,7 +1215,7 @@ def test_a_whole_context_window_that_parts_earlier_is_not_kept(gemma_bytes):
     positions bit for bit), so the replies are replayed with the first recompute's window, not
     that one (a v3 ``-ctk q4_1`` long document: exact up to its first reply at 2,005; --swa-full
     parted at 1,026 and took it from 18.3 to 5.4 floors, and every later retry kept it: 9
-    recomputes; replaying the replies with the default window passes at 2.4 after 4)."""
+    recomputes; replaying the replies with the default window passes at 2.4 after 3)."""
     file_body = parse_buffer(gemma_bytes).body
     drifted = parse_buffer(drift_from(gemma_bytes, 46)).body
     earlier = parse_buffer(drift_from(gemma_bytes, 30, 1.1)).body
