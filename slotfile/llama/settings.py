@@ -129,12 +129,10 @@ def settings_for(sf: SlotFile, n_gpu_layers: int = 0) -> LoadSettings:
             for b in _blocks(ck.tgt.body):
                 for st in b.active_streams() if b.kind == MemoryKind.KV else []:
                     extra = max(extra, st.cell_count + 1)
-    per = s.n_ctx // (s.n_seq_max if not s.kv_unified and s.n_seq_max > 1 else 1)
-    if extra > per:
+    if extra > s.n_ctx_seq:
         extra = pad_ctx(extra)
-        mult = s.n_seq_max if not s.kv_unified and s.n_seq_max > 1 else 1
         s = LoadSettings(
-            extra * mult, s.n_seq_max, s.kv_unified, s.flash_attn, s.type_k, s.type_v, s.n_gpu_layers, s.seq_id
+            extra * s.n_stream, s.n_seq_max, s.kv_unified, s.flash_attn, s.type_k, s.type_v, s.n_gpu_layers, s.seq_id
         )
     return s
 

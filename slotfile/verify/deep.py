@@ -267,9 +267,7 @@ def _recompute_window(sf: SlotFile, body: Body, settings: LoadSettings) -> Windo
     for the state versions whose ``llama_kv_cache_iswa`` sizes it so (3 and 4); None otherwise."""
     if sf.version not in (3, 4):
         return None
-    per_stream = not settings.kv_unified and settings.n_seq_max > 1
-    n_ctx_seq = settings.n_ctx // (settings.n_seq_max if per_stream else 1)
-    return window_cache(body, settings.n_seq_max if settings.kv_unified else 1, n_ctx_seq)
+    return window_cache(body, settings.n_seq_max if settings.kv_unified else 1, settings.n_ctx_seq)
 
 
 def _retrier(

@@ -27,6 +27,16 @@ class LoadSettings:
     n_gpu_layers: int = 0
     seq_id: int = 0
 
+    @property
+    def n_stream(self) -> int:
+        """The KV streams: one per sequence in a non-unified cache of several, else one."""
+        return self.n_seq_max if not self.kv_unified and self.n_seq_max > 1 else 1
+
+    @property
+    def n_ctx_seq(self) -> int:
+        """The cells of each stream."""
+        return self.n_ctx // self.n_stream
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
