@@ -1311,15 +1311,23 @@ def test_quantized_kv_is_every_k_and_v_layer_quantized():
     assert not shape.quantized_kv(parse_buffer((SLOTS / "llama_f16_fa.slot").read_bytes()).body)
 
 
-def test_no_reply_replay_where_another_builds_drift_is_settled(gemma_bytes):
+def test_no_split_where_another_builds_drift_is_settled(gemma_bytes, monkeypatch):
     """A state that stops agreeing exactly at the first tokens (another build's: position 3) and
     drifts past the limit later (46): with the next-token logits in agreement, no reply is placed
     after the first difference and decoded one token per call (a default 4-slot server's
-    2,136-token file decoded 1,617 tokens so, to pass as drift anyway); the splits still run.
-    Without agreeing logits, that replay is tried first."""
+    2,136-token file decoded 1,617 tokens so), and no split is tried (six such clean long files
+    took 1-4 split retries each, none closer than the first recompute); the reply the text shows
+    is replayed instead, and without one it passes as drift on the first recompute.  Without
+    agreeing logits, the found reply comes first, then the splits.  A token changed where the
+    state parts still fails."""
     file_body = parse_buffer(gemma_bytes).body
     rec = parse_buffer(drift_from(drift_from(gemma_bytes, 3, 1.002), 46, 1.6)).body
-    for logits_ok, first_asked in ((False, [Schedule(2048, 512, (), ((3, 54),))]), (True, [])):
+    reply = Schedule(2048, 512, (), ((46, 54),))
+    for logits_ok, spans, want in (
+        (False, None, [Schedule(2048, 512, (), ((3, 54),)), Schedule(2048, 32)]),
+        (True, None, []),
+        (True, [(46, 54)], [reply]),
+    ):
         asked: list[Schedule] = []
 
         def replay(s: Schedule, asked: list[Schedule] = asked):
@@ -1327,10 +1335,20 @@ def test_no_reply_replay_where_another_builds_drift_is_settled(gemma_bytes):
             return rec, ""
 
         out = judge_with_schedules(
-            file_body, DeepInputs(n_tokens=54), (Schedule(2048, 512), rec), replay, logits_ok=logits_ok
+            file_body,
+            DeepInputs(n_tokens=54),
+            (Schedule(2048, 512), rec),
+            replay,
+            replies=(lambda spans=spans: spans) if spans else None,
+            logits_ok=logits_ok,
         )
         assert out.tried[0]["first_difference"] == 3 and out.drift and out.decided_by == "drift"
-        assert asked == [*first_asked, Schedule(2048, 32)], logits_ok
+        assert asked == want, (logits_ok, spans)
+    monkeypatch.setattr(shape, "changed_token_at", lambda j, body, first_block: 3)
+    out = judge_with_schedules(
+        file_body, DeepInputs(n_tokens=54), (Schedule(2048, 512), rec), lambda s: pytest.fail("retried"), logits_ok=True
+    )
+    assert not out.drift and out.decided_by == "shape" and out.evidence.startswith("changed token:")
 
 
 @pytest.mark.llama

@@ -721,6 +721,16 @@ def judge_with_schedules(
     todo = candidate_schedules(
         sched, inputs.n_tokens, shape.onset, checkpoints, None if settled else fd, () if settled else spans
     )
+    if settled and todo:
+        # a drift from the first tokens with the logits agreeing (another build's kernels, another
+        # placement of the cells) is one no split reproduces: every split retry of such files still
+        # parted at position 1-3.  The splits give way to the replies the text shows, whose cells
+        # the server computed one token per call on any build.  Six clean long files
+        # drifting from position 2-3 (default 4-slot servers' slots; v4 files against the portable
+        # library) took 1-4 split retries each, none closer than the first recompute (15-41 s);
+        # their reply replays brought one from 74.8 to 16.5 floors, and two -t 3 / -t 6 chats
+        # with flash attention, parting at position 1, from 7.0 and 7.8 to 3.08: a pass
+        todo = turn_schedules(sched, inputs.n_tokens, spans, checkpoints)
     if swa and not sched.swa_full and fd is not None and fd >= sched.n_ubatch:
         # a sliding-window cache of n_swa + n_ubatch cells reuses cells from there on and sums
         # them in another order; a --swa-full server's never does (the file does not say which:
