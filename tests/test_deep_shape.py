@@ -1138,6 +1138,27 @@ def test_a_smaller_window_is_replayed_with_its_own_split(gemma_bytes):
     assert Schedule(2048, 32) not in asked
 
 
+def test_the_smaller_window_rule_counts_the_padded_window(gemma_bytes):
+    """The recompute's window is padded to 256 cells (llama_kv_cache_iswa): where that holds the
+    whole slot, it never reused a cell, so a state parting early is not put down to a smaller
+    server window first; with a pad of 8 (48 cells, as unpadded) the smaller -ub's split comes
+    first, as above."""
+    file_body, drifted, closer = _bodies_drifting_from_46(gemma_bytes)
+
+    def judged(window: shape.WindowCache) -> list[Schedule]:
+        asked: list[Schedule] = []
+
+        def replay(s: Schedule):
+            asked.append(s)
+            return (file_body if s.n_ubatch == 32 and not s.swa_full else closer if s.swa_full else drifted), ""
+
+        judge_with_schedules(file_body, DeepInputs(n_tokens=54), (Schedule(2048, 40), drifted), replay, window=window)
+        return asked
+
+    assert judged(shape.WindowCache(8, 1, 4096, pad=8)) == [Schedule(2048, 32)]
+    assert judged(shape.WindowCache(8, 1, 4096))[0] != Schedule(2048, 32)
+
+
 def test_damage_a_retry_leaves_alone_is_damage(gemma_bytes):
     """Damage inside a drifting region reads as drift against the first recompute; a retry that
     replays the drift away leaves it alone, shaped like damage, and the file fails there (before:

@@ -747,9 +747,16 @@ def judge_with_schedules(
     # the first difference comes first, then the splits by their boundaries), unless a reply
     # the text shows starts there
     wraps = window_wraps(file_body, sched.n_ubatch)
+    if wraps is not None and window is not None:
+        # the window as the recompute sized it: padded to 256 cells (a -ub 128 window of Gemma 3's
+        # 512 + 128 cells holds 768 and first reuses one at 768, not 640), none where it holds them all
+        wraps = window.cells(sched) if window.cells(sched) < inputs.n_tokens else None
     smaller_window = wraps is not None and fd is not None and fd < wraps
     if smaller_window and fd is not None and wraps is not None and fd >= sched.n_ubatch:
-        split = _smaller_window_split(todo, sched, fd, wraps - sched.n_ubatch)
+        n_swa = wraps - sched.n_ubatch
+        split = _smaller_window_split(
+            todo, sched, fd, window.cells if window is not None else lambda s: n_swa + s.n_ubatch
+        )
         if split is not None and not any(abs(fd - a) <= NEAR for a, _ in spans):
             todo.remove(split)
             todo.insert(0, split)
@@ -1178,14 +1185,17 @@ def out_of_order_from(body: Body) -> int | None:
     return first
 
 
-def _smaller_window_split(todo: list[Schedule], first: Schedule, fd: int, n_swa: int) -> Schedule | None:
-    """The first split of ``todo`` with a smaller ``-ub`` than ``first`` whose own window (``n_swa
-    + n_ubatch`` cells) reuses cells by the first difference ``fd`` (NEAR allowed); None: none."""
+def _smaller_window_split(
+    todo: list[Schedule], first: Schedule, fd: int, cells: Callable[[Schedule], int]
+) -> Schedule | None:
+    """The first split of ``todo`` with a smaller ``-ub`` than ``first`` whose own window
+    (``cells(split)``: :meth:`WindowCache.cells`, or ``n_swa + n_ubatch`` where the recompute's
+    window is unknown) reuses cells by the first difference ``fd`` (NEAR allowed); None: none."""
     return next(
         (
             s
             for s in todo
-            if s.n_ubatch < first.n_ubatch and not s.stepwise and not s.swa_full and n_swa + s.n_ubatch <= fd + NEAR
+            if s.n_ubatch < first.n_ubatch and not s.stepwise and not s.swa_full and cells(s) <= fd + NEAR
         ),
         None,
     )
