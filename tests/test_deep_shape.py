@@ -1230,6 +1230,85 @@ def _judged_as_a_chat(
     return out, asked
 
 
+def test_a_lone_cell_past_an_earlier_reply_the_replay_prefilled_waits_for_every_reply(gemma_bytes):
+    """A replay of the last reply alone prefills the earlier one, which the server decoded one
+    token per call, so a lone cell it leaves after that reply is not yet damage: the replay of
+    every reply decides (a clean v3 ``-ub 4096 -fa off`` long document: its second reply replayed
+    with a whole-context window left one K element of window layer 5 at 5.92 times its noise, a
+    false alarm).  A lone cell that replay leaves too fails; so does the first, where no later
+    replay decodes the earlier reply."""
+    clean = parse_buffer(gemma_bytes).body
+    drifted = parse_buffer(drift_from(gemma_bytes, 40)).body
+    closer = parse_buffer(drift_from(gemma_bytes, 40, 1.1)).body
+    own = parse_buffer(_scale_cell(gemma_bytes, [("kv-base", "V", 1)], 50, 1.2)).body
+    both = ((40, 44), (48, 54))
+
+    def judged(file_body: Body, last: Body, every: Body | None) -> tuple[Any, list[Schedule]]:
+        asked: list[Schedule] = []
+
+        def replay(s: Schedule) -> tuple[Body | None, str]:
+            asked.append(s)
+            if s.stepwise == ((48, 54),):
+                return last, ""
+            if s.decodes_one_per_call(40):  # every reply, or a replay from the first difference
+                return every, "" if every is not None else "failed"
+            return (closer if s.swa_full else drifted), ""
+
+        out = judge_with_schedules(
+            file_body,
+            DeepInputs(n_tokens=54),
+            (Schedule(2048, 32), drifted),
+            replay,
+            replies=lambda: [(40, 44), (48, 54)],
+        )
+        return out, asked
+
+    # the clean file: the last reply's replay leaves a lone cell at 50, every reply's none
+    out, asked = judged(clean, own, clean)
+    assert [s.stepwise for s in asked[1:3]] == [((48, 54),), both], asked
+    assert out.decided_by == "schedule" and out.schedule.stepwise == both, out.evidence
+    # damage at 50 that both replays leave alone: it fails, named by the replay of every reply
+    bad = parse_buffer(_scale_cell(gemma_bytes, [("kv-base", "V", 1)], 50, 1.2)).body
+    out, asked = judged(bad, clean, clean)
+    assert out.decided_by == "shape" and out.schedule.stepwise == both, out.evidence
+    assert "position 50" in out.evidence and "replays the rest" in out.evidence
+    # no replay of every reply to decide: the lone cell the last reply's replay left fails
+    out, asked = judged(clean, own, None)
+    assert out.decided_by == "shape" and out.schedule.stepwise == ((48, 54),), out.evidence
+    assert "replays the rest" in out.evidence
+
+
+def test_a_split_that_reproduces_the_prompt_up_to_a_reply_leaves_only_reply_replays(gemma_bytes):
+    """A retry that moves the first difference to the start of a reply the text shows reproduced
+    the prompt's computation bit for bit: what follows, the server generated one token per call,
+    so the splits that prefill the reply are not tried, only replays that decode it (a v3 ``-ub
+    4096 -fa off`` long document: exact up to 1,029, up to its first reply at 2,014 with a
+    whole-context window, then 7 splits that parted at 2,014 or earlier)."""
+    file_body = parse_buffer(gemma_bytes).body
+    drifted = parse_buffer(drift_from(gemma_bytes, 40)).body
+    at_reply = parse_buffer(drift_from(gemma_bytes, 46, 1.1)).body
+
+    def judged(swa_full: Body) -> tuple[Any, list[Schedule]]:
+        asked: list[Schedule] = []
+
+        def replay(s: Schedule) -> tuple[Body, str]:
+            asked.append(s)
+            return (swa_full if s.swa_full and not s.stepwise else drifted), ""
+
+        out = judge_with_schedules(
+            file_body, DeepInputs(n_tokens=54), (Schedule(2048, 40), drifted), replay, replies=lambda: [(46, 54)]
+        )
+        return out, asked
+
+    out, asked = judged(at_reply)
+    assert asked[0] == Schedule(2048, 40, swa_full=True) and len(asked) >= 2, asked
+    assert all(s.decodes_one_per_call(46) for s in asked[1:]), asked
+    assert out.decided_by == "drift" and out.drift, out.evidence
+    # a whole-context window that parts elsewhere found no reply: the smaller split follows
+    _, asked = judged(drifted)
+    assert Schedule(2048, 32) in asked, asked
+
+
 def test_a_whole_context_window_that_parts_earlier_is_not_kept(gemma_bytes):
     """A whole-context window's retry that comes closer but parts before the first recompute did
     is not the server's window (the first recompute, with its own window, reproduced those

@@ -149,6 +149,7 @@ class Shape:
     drift: bool
     evidence: str
     onset: int | None = None
+    at: int | None = None  # the position of the cell the evidence names, when not drift
 
 
 # recompute(schedule) -> (the recomputed body, or None and why it failed)
@@ -214,7 +215,10 @@ def drift_shape(
     ``first_block``: the block whose layer 0 is the model's layer 0 (:func:`first_layer_block`;
     None: every block's layer 0 is taken as a first layer)."""
     if j.byte_damage and not _spikes_in_model_space(j, limit, first_block):
-        return Shape(False, "bytes: " + j.byte_damage[0])
+        # spikes and scaled rows name their positions; zeros and non-finite values differ from any recompute
+        at = [p for _i, p in j.spikes if p is not None]
+        named = len(at) == len(j.byte_damage)
+        return Shape(False, "bytes: " + j.byte_damage[0], None, min(at) if named and at else None)
     other = [p for p in j.problems if p[0] != ProblemCode.DEEP_MISMATCH]
     if other:
         return Shape(False, f"{other[0][0]}: {other[0][3]}")
@@ -248,7 +252,7 @@ def drift_shape(
                     continue
             why = why or _isolated(runs, high, i, int(p), float(r[i, p]))
             if why:
-                return Shape(False, why, onset)
+                return Shape(False, why, onset, int(p))
     return Shape(True, f"drift: from position {onset} on, the layers differ together (model space)", onset)
 
 
@@ -769,9 +773,14 @@ def judge_with_schedules(
     # recompute differed: the server generated it, so no schedule that computes it in a larger
     # ubatch can agree there (an edited chat's 1,607 tokens: the replies replayed moved the first
     # difference from 370 to 972, and 5 more recomputes that prefill positions 373-971, 30 of deep's
-    # 56 seconds, came out as far as the first)
+    # 56 seconds, came out as far as the first); or the start of a reply the text shows where a
+    # split that moved the first difference parts: it found the prompt's split (_generated)
     generated: int | None = None
-    for s in todo if recompute else []:
+    generated_by = sched  # the retry that found it
+    # a lone cell a replay left past an earlier reply it prefilled, with the reply's start: the
+    # verdict unless a later replay that decodes that reply too clears it (below)
+    deferred: tuple[Outcome, int, Schedule] | None = None
+    for k, s in enumerate(todo if recompute else []):
         assert recompute is not None
         if generated is not None and not s.decodes_one_per_call(generated):
             continue
@@ -801,7 +810,9 @@ def judge_with_schedules(
         jr = got[0]
         judged.append((jr, s))
         if generated is None and fd is not None:
-            generated = _generated(s, fd, first_difference(jr) or inputs.n_tokens)
+            fd_r = first_difference(jr) or inputs.n_tokens
+            generated = _generated(s, fd, fd_r, saved_replies(spans, inputs.n_tokens))
+            generated_by = s
         # a retry that parts before the first recompute did computes those positions otherwise than the
         # server (the first recompute reproduced them bit for bit), so it replays none of the state
         # there and what it leaves is its own: a --swa-full retry of a default window's file sums
@@ -818,6 +829,12 @@ def judge_with_schedules(
         alone = (
             drift_shape(jr, first_block=first_block) if replays and 0 < len(jr.problems) <= len(j.problems) else None
         )
+        if deferred is not None and replays and _replays_more(s, deferred[2], deferred[1], swa_full=True):
+            # the same replay decoding the earlier reply too decides: a lone cell it leaves fails,
+            # drift clears the one the replay before it left
+            if alone is not None and not alone.drift:
+                return _left_alone(jr, s, alone, tried)
+            deferred = None
         if alone is not None and not alone.drift:
             # this recompute replays the drift the first one showed, and what it leaves is shaped
             # like damage (a cell no other layer follows): the later retries, which do not replay
@@ -825,14 +842,24 @@ def judge_with_schedules(
             # recomputes reads as drift (a -ub 128 server's long file with 16 bytes of a SWA V
             # layer zeroed: 4.7 floors alone with -ub 256, passed as drift after 9 recomputes).
             # No retry of the clean files left such a shape (41 files, 127 retries, v3 and v4)
-            ev = f"{alone.evidence}; the recompute {s.label()} replays the rest of the state"
-            return Outcome(jr, s, "bytes" if jr.byte_damage else "shape", ev, tried)
+            earlier = _unreplayed_reply(s, saved_replies(spans, inputs.n_tokens), alone.at)
+            if earlier is None or not any(_replays_more(x, s, earlier) for x in todo[k + 1 :]):
+                return _left_alone(jr, s, alone, tried)
+            # but not a reply replay's cell past an earlier reply it prefilled, while the same
+            # replay decoding that reply too is still to come: the server decoded that reply one
+            # token per call, so the state from there on is not this replay's to reproduce (a v3
+            # -ub 4096 -fa off long document, its second reply replayed with a whole-context
+            # window: a lone K element of window layer 5 at 2,143, in that reply, 5.92 times its
+            # noise against a limit of 5.29; the first reply, at 2,014, prefilled)
+            deferred = (_left_alone(jr, s, alone, tried), earlier, s)
         if (len(jr.problems), jr.margin) < (len(best.problems), best.margin):
             best, best_s = jr, s
         if not jr.problems:
             return Outcome(
                 jr, s, "schedule", f"replaying the split {s.label()} leaves every layer within its floors", tried
             )
+    if deferred is not None:
+        return deferred[0]
     changed = _changed_token(judged, file_body, first_block, tried)
     if changed is not None:
         return changed
@@ -849,7 +876,10 @@ def judge_with_schedules(
     if shown or replayed:
         ev = f"{final.evidence}; closest split {best_s.label()} at {best.margin:.3g} floors"
         if not shown:
-            ev += f"; decoding the generated tokens one per call reproduces the state past position {fd}"
+            if generated_by.decodes_one_per_call(generated or 0):
+                ev += f"; decoding the generated tokens one per call reproduces the state past position {fd}"
+            else:
+                ev += f"; {generated_by.label()} reproduces the state past position {fd} up to the reply at {generated}"
         return Outcome(best, best_s, "drift", ev, tried, drift=True)
     # or a quantized cache: its coarse steps hide where another build's computation parts (a
     # q8_0 default 4-slot server's 2,136-token file agrees exactly up to position 69 where its
@@ -1304,7 +1334,7 @@ def first_layer_agrees(j: Judgment, first_block: str | None) -> bool:
     return bool(runs) and all(c.positions is not None and bool(np.all(c.ratio <= 1.0)) for c in runs)
 
 
-def _generated(s: Schedule, fd: int, fd2: int) -> int | None:
+def _generated(s: Schedule, fd: int, fd2: int, replies: Sequence[tuple[int, int]] = ()) -> int | None:
     """The first position of ``[fd, fd2)`` that ``s`` decodes one token per call, when ``s``
     reproduced the state over that range, from the first recompute's first difference ``fd`` to
     its own ``fd2`` (None: it did not move the first difference, or prefilled the whole range);
@@ -1312,10 +1342,18 @@ def _generated(s: Schedule, fd: int, fd2: int) -> int | None:
     state up to the server's first generated token of a reply and parts at it, which no other
     split computes alike (a -t 6 -fa on server's reply: flash attention splits a one-token
     decode's cells into a chunk per thread, ``ggml_compute_forward_flash_attn_ext_f16``; four
-    smaller -ub after such a replay, 25 of deep's 67 seconds, each parted at 773 or 1)."""
+    smaller -ub after such a replay, 25 of deep's 67 seconds, each parted at 773 or 1).  Or, for
+    a split that prefills them, the start of a reply the text shows (``replies``) where ``s``
+    parts at it or up to :data:`NEAR` tokens into it: it reproduced the prompt bit for bit, and
+    what follows the server generated one token per call (a v3 ``-ub 4096 -b 4096 -fa off`` long
+    document: exact up to 1,029 first, up to its first reply at 2,014 with a whole-context
+    window; the 7 splits after that parted at 2,014 or earlier, none closer)."""
     if fd2 <= fd:
         return None
-    return next((max(a, fd) for a, b in s.stepwise if a <= fd2 and b > fd), None)
+    found = next((max(a, fd) for a, b in s.stepwise if a <= fd2 and b > fd), None)
+    if found is not None or s.stepwise:
+        return found
+    return next((a for a, _b in replies if a <= fd2 <= a + NEAR), None)
 
 
 def _judge_schedule(
@@ -1330,6 +1368,33 @@ def _judge_schedule(
     j = judge_layers(file_body, rec, inputs)
     tried.append(_tried(s, j))
     return j, rec
+
+
+def _left_alone(jr: Judgment, s: Schedule, alone: Shape, tried: list[dict[str, Any]]) -> Outcome:
+    """The failure a retry ``s`` that replays the rest of the state leaves: the damage-shaped cell
+    ``alone`` of its judgment ``jr``."""
+    ev = f"{alone.evidence}; the recompute {s.label()} replays the rest of the state"
+    return Outcome(jr, s, "bytes" if jr.byte_damage else "shape", ev, tried)
+
+
+def _replays_more(x: Schedule, s: Schedule, earlier: int, swa_full: bool = False) -> bool:
+    """Whether ``x`` is the reply replay ``s`` (its split, and its window where ``swa_full``) that also
+    decodes the reply starting at ``earlier`` one token per call."""
+    return (
+        bool(s.stepwise)
+        and (x.n_batch, x.n_ubatch) == (s.n_batch, s.n_ubatch)
+        and (not swa_full or x.swa_full == s.swa_full)
+        and x.decodes_one_per_call(earlier)
+        and all(x.decodes_one_per_call(a) for a, _b in s.stepwise)
+    )
+
+
+def _unreplayed_reply(s: Schedule, replies: Sequence[tuple[int, int]], at: int | None) -> int | None:
+    """The start of the first reply the text shows (``replies``) that begins before position
+    ``at`` and that ``s`` does not decode one token per call (None: none, or ``at`` unknown)."""
+    if at is None:
+        return None
+    return next((a for a, _b in replies if a < at and not s.decodes_one_per_call(a)), None)
 
 
 def _skipped(s: Schedule, until: int, tried: list[dict[str, Any]]) -> None:
