@@ -810,8 +810,8 @@ def judge_with_schedules(
         jr = got[0]
         judged.append((jr, s))
         if generated is None and fd is not None:
-            fd_r = first_difference(jr) or inputs.n_tokens
-            generated = _generated(s, fd, fd_r, saved_replies(spans, inputs.n_tokens))
+            parts = first_difference(jr) or inputs.n_tokens
+            generated = _generated(s, fd, parts, saved_replies(spans, inputs.n_tokens))
             generated_by = s
         # a retry that parts before the first recompute did computes those positions otherwise than the
         # server (the first recompute reproduced them bit for bit), so it replays none of the state
