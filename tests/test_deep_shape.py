@@ -1307,6 +1307,12 @@ def test_a_split_that_reproduces_the_prompt_up_to_a_reply_leaves_only_reply_repl
     # a whole-context window that parts elsewhere found no reply: the smaller split follows
     _, asked = judged(drifted)
     assert Schedule(2048, 32) in asked, asked
+    # one that reaches the reply no closer (the margin not halved) still shows the drift: the
+    # prompt was reproduced bit for bit up to the reply, the first layer agreeing
+    out, asked = judged(parse_buffer(drift_from(gemma_bytes, 46)).body)
+    assert all(s.decodes_one_per_call(46) for s in asked[1:]), asked
+    assert out.decided_by == "drift" and "-ub 40, --swa-full reproduces the state past position 40" in out.evidence
+    assert "up to the reply at 46" in out.evidence, out.evidence
 
 
 def test_a_whole_context_window_that_parts_earlier_is_not_kept(gemma_bytes):
