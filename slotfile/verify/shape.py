@@ -780,6 +780,7 @@ def judge_with_schedules(
     # a lone cell a replay left past an earlier reply it prefilled, with the reply's start: the
     # verdict unless a later replay that decodes that reply too clears it (below)
     deferred: tuple[Outcome, int, Schedule] | None = None
+    saved = saved_replies(spans, inputs.n_tokens)
     for k, s in enumerate(todo if recompute else []):
         assert recompute is not None
         if generated is not None and not s.decodes_one_per_call(generated):
@@ -811,8 +812,8 @@ def judge_with_schedules(
         judged.append((jr, s))
         if generated is None and fd is not None:
             parts = first_difference(jr) or inputs.n_tokens
-            generated = _generated(s, fd, parts, saved_replies(spans, inputs.n_tokens))
-            generated_by = s
+            generated = _generated(s, fd, parts, saved)
+            generated_by = s if generated is not None else generated_by
         # a retry that parts before the first recompute did computes those positions otherwise than the
         # server (the first recompute reproduced them bit for bit), so it replays none of the state
         # there and what it leaves is its own: a --swa-full retry of a default window's file sums
@@ -842,7 +843,7 @@ def judge_with_schedules(
             # recomputes reads as drift (a -ub 128 server's long file with 16 bytes of a SWA V
             # layer zeroed: 4.7 floors alone with -ub 256, passed as drift after 9 recomputes).
             # No retry of the clean files left such a shape (41 files, 127 retries, v3 and v4)
-            earlier = _unreplayed_reply(s, saved_replies(spans, inputs.n_tokens), alone.at)
+            earlier = _unreplayed_reply(s, saved, alone.at)
             if earlier is None or not any(_replays_more(x, s, earlier) for x in todo[k + 1 :]):
                 return _left_alone(jr, s, alone, tried)
             # but not a reply replay's cell past an earlier reply it prefilled, while the same
